@@ -1,0 +1,56 @@
+# make demo: set up, then run the worker on the embedded default (file source and sink).
+# make test: set up, start the local Kafka broker, run every test.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SW := $(VENV)/bin/scoring-worker
+BROKER := deploy/kafka-local/broker
+
+.PHONY: setup build demo demo-data test lint bench bench-lazy golden clean broker-start broker-stop
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel "Cython>=3.0" "numpy>=1.26"
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+# Rebuild the Cython extensions when a source changes (pip's editable build is the only builder).
+build: setup $(VENV)/.built
+$(VENV)/.built: $(wildcard cyext/*.pyx cyext/*.pxd cyext/*.h) $(VENV)/.installed
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+demo-data: build
+	$(PY) -m worker.demo prepare
+
+demo: demo-data
+	$(SW) --config config/demo.yaml
+
+test: build
+	$(BROKER) start
+	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; $(BROKER) stop; exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: build
+	$(PY) -m pip install -q ".[bench]" --no-build-isolation --no-deps
+	$(PY) -m pip install -q "treelite==4.6.1" "tl2cgen==1.0.0"
+	$(PY) bench/run.py
+
+bench-lazy: build
+	$(PY) bench/lazy.py
+
+golden: demo-data
+	$(PY) -m worker.demo golden
+
+broker-start:
+	$(BROKER) start
+
+broker-stop:
+	$(BROKER) stop
+
+clean:
+	rm -rf build $(VENV) cyext/*.c worker/*.so *.egg-info

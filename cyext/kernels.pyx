@@ -1,0 +1,346 @@
+# cython: language_level=3
+"""Full-evaluation block kernels: stage 64-row blocks, walk trees, add leaves in tree order.
+
+Trees outer, rows inner, within a block: a group of eight trees stays in L1 while every row of
+the block walks it. Accumulation is in the model's own precision (float32 for XGBoost, which
+makes our margins bit-identical to its own; float64 for scikit-learn).
+"""
+
+cimport cython
+from cython.parallel cimport parallel, prange
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint8_t
+from libc.stdlib cimport malloc, free
+
+import numpy as np
+
+from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, COL_F32,
+                      COL_F64, COL_I8, COL_I16, COL_I32, COL_I64, COL_U8, COL_U16, COL_U32,
+                      COL_U64, COL_BITS, COL_ABSENT)
+from stage cimport stage_block
+from walk cimport walk_padded1, walk_padded8, walk_compact1, walk_compact8, sw_prefetch
+
+ctypedef fused acc_t:
+    float
+    double
+
+_NUMPY_KIND = {
+    np.dtype(np.float32): COL_F32, np.dtype(np.float64): COL_F64,
+    np.dtype(np.int8): COL_I8, np.dtype(np.int16): COL_I16, np.dtype(np.int32): COL_I32,
+    np.dtype(np.int64): COL_I64, np.dtype(np.uint8): COL_U8, np.dtype(np.uint16): COL_U16,
+    np.dtype(np.uint32): COL_U32, np.dtype(np.uint64): COL_U64, np.dtype(np.bool_): COL_U8,
+}
+
+
+cdef class Columns:
+    """Column descriptors over numpy or Arrow memory; keeps every owner alive while it lives."""
+    cdef Column* cols
+    cdef readonly int32_t n_features
+    cdef readonly int64_t n_rows
+    cdef const float* direct      # row-major float32 rows usable without staging
+    cdef list _owners
+
+    def __cinit__(self):
+        self.cols = NULL
+        self.direct = NULL
+
+    def __dealloc__(self):
+        free(self.cols)
+
+    cdef int _alloc(self, int32_t nf) except -1:
+        self.cols = <Column*>malloc(max(nf, 1) * sizeof(Column))
+        if self.cols == NULL:
+            raise MemoryError()
+        self.n_features = nf
+        self._owners = []
+        return 0
+
+    @staticmethod
+    def from_numpy(X):
+        """A 2-D numpy array of any numeric or bool dtype, any memory order."""
+        cdef Columns c = Columns()
+        cdef int32_t j
+        cdef Py_ssize_t addr, s0, s1
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D (rows, features); got shape {X.shape}")
+        if X.dtype.byteorder == ">" or X.dtype not in _NUMPY_KIND:
+            X = X.astype(np.float64)
+        c._alloc(X.shape[1])
+        c._owners.append(X)
+        c.n_rows = X.shape[0]
+        addr = X.__array_interface__["data"][0]
+        s0, s1 = X.strides
+        for j in range(c.n_features):
+            c.cols[j].data = <const char*>(addr + j * s1)
+            c.cols[j].stride = s0
+            c.cols[j].offset = 0
+            c.cols[j].valid = NULL
+            c.cols[j].kind = _NUMPY_KIND[X.dtype]
+        if X.dtype == np.float32 and X.flags.c_contiguous:
+            c.direct = <const float*>addr
+        return c
+
+    @staticmethod
+    def from_arrow(list arrays, int64_t n_rows):
+        """One pyarrow Array per feature (single chunk, numeric or boolean), or None (missing)."""
+        cdef Columns c = Columns()
+        cdef int32_t j
+        c._alloc(len(arrays))
+        c.n_rows = n_rows
+        for j, arr in enumerate(arrays):
+            c.cols[j].valid = NULL
+            c.cols[j].offset = 0
+            c.cols[j].stride = 0
+            c.cols[j].data = NULL
+            if arr is None:
+                c.cols[j].kind = COL_ABSENT
+                continue
+            if len(arr) != n_rows:
+                raise ValueError(f"column {j} has {len(arr)} rows, expected {n_rows}")
+            c._owners.append(arr)
+            bufs = arr.buffers()
+            kind, width = _arrow_kind(arr.type)
+            c.cols[j].kind = kind
+            c.cols[j].stride = width
+            c.cols[j].offset = arr.offset
+            if kind == COL_ABSENT:
+                continue
+            c.cols[j].data = <const char*><Py_ssize_t>bufs[1].address
+            if bufs[0] is not None and arr.null_count > 0:
+                c.cols[j].valid = <const uint8_t*><Py_ssize_t>bufs[0].address
+        return c
+
+
+def _arrow_kind(t):
+    import pyarrow as pa
+    if pa.types.is_boolean(t):
+        return COL_BITS, 0
+    if pa.types.is_null(t):
+        return COL_ABSENT, 0
+    table = {pa.float32(): COL_F32, pa.float64(): COL_F64, pa.int8(): COL_I8,
+             pa.int16(): COL_I16, pa.int32(): COL_I32, pa.int64(): COL_I64, pa.uint8(): COL_U8,
+             pa.uint16(): COL_U16, pa.uint32(): COL_U32, pa.uint64(): COL_U64}
+    if t in table:
+        return table[t], t.bit_width // 8
+    raise TypeError(f"Arrow type {t} is not a numeric or boolean feature type")
+
+
+cdef inline void add_leaf(const ModelView* m, const acc_t* leaves, int64_t t, int64_t slot,
+                          acc_t* acc) noexcept nogil:
+    cdef int32_t k, g = m.group[t]
+    cdef int32_t w = m.n_leaf_out
+    if g >= 0:
+        acc[g] += leaves[slot * w]
+    else:
+        for k in range(w):
+            acc[k] += leaves[slot * w + k]
+
+
+cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
+                     int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
+    """acc[r * n_outputs + g] += trees t0..t1 for rows X[r * ldx], r < n, in tree order."""
+    cdef int64_t slot[INTERLEAVE]
+    cdef int64_t t = t0, ni, s
+    cdef int32_t r, j, G = m.n_outputs
+    cdef bint padded = m.pnodes != NULL
+    ni = (<int64_t>1 << m.depth) - 1
+    while t + INTERLEAVE <= t1:
+        if t + 2 * INTERLEAVE <= t1:  # the next group's top levels, while this one is walked
+            if padded:
+                sw_prefetch(m.pnodes + (t + INTERLEAVE) * ni)
+            else:
+                sw_prefetch(m.cnodes + m.root[t + INTERLEAVE])
+        for r in range(n):
+            if padded:
+                walk_padded8(m, X + r * ldx, t, slot)
+            else:
+                walk_compact8(m, X + r * ldx, t, slot)
+            for j in range(INTERLEAVE):
+                add_leaf(m, leaves, t + j, slot[j], acc + r * G)
+        t += INTERLEAVE
+    while t < t1:
+        for r in range(n):
+            if padded:
+                s = walk_padded1(m, X + r * ldx, t)
+            else:
+                s = walk_compact1(m, X + r * ldx, t)
+            add_leaf(m, leaves, t, s, acc + r * G)
+        t += 1
+
+
+cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
+                     double divisor, const Column* cols, const float* direct, int64_t r_begin,
+                     int64_t r_end, double* out, acc_t* acc, float* buf) noexcept nogil:
+    """Rows r_begin..r_end (at most one block) into out[(r - r_begin) * G + g]."""
+    cdef int32_t n = <int32_t>(r_end - r_begin), r, g, G = m.n_outputs
+    cdef const float* X
+    if direct != NULL:
+        X = direct + r_begin * m.n_features
+    else:
+        stage_block(cols, m.n_features, r_begin, n, buf)
+        X = buf
+    for r in range(n):
+        for g in range(G):
+            acc[r * G + g] = base[g]
+    eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
+    for r in range(n * G):
+        out[r] = <double>acc[r] / divisor if divisor != 1.0 else <double>acc[r]
+    return 0
+
+
+cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, double divisor,
+                   const Column* cols, const float* direct, int64_t n_rows, double* out,
+                   int n_threads) noexcept nogil:
+    """Every row, OpenMP across 64-row blocks; each thread owns its staging buffers."""
+    cdef int64_t n_blocks = (n_rows + BLOCK_ROWS - 1) // BLOCK_ROWS, b, r0, r1
+    cdef int32_t G = m.n_outputs
+    cdef acc_t* acc
+    cdef float* buf
+    cdef int failed = 0
+    if n_blocks <= 1 or n_threads <= 1:
+        acc = <acc_t*>malloc(BLOCK_ROWS * G * sizeof(acc_t))
+        buf = <float*>malloc(BLOCK_ROWS * max(m.n_features, 1) * sizeof(float))
+        if acc == NULL or buf == NULL:
+            free(acc)
+            free(buf)
+            return -1
+        for b in range(n_blocks):
+            r0 = b * BLOCK_ROWS
+            r1 = min(r0 + BLOCK_ROWS, n_rows)
+            score_range(m, leaves, base, divisor, cols, direct, r0, r1, out + r0 * G, acc, buf)
+        free(acc)
+        free(buf)
+        return 0
+    with parallel(num_threads=n_threads):
+        acc = <acc_t*>malloc(BLOCK_ROWS * G * sizeof(acc_t))
+        buf = <float*>malloc(BLOCK_ROWS * max(m.n_features, 1) * sizeof(float))
+        for b in prange(n_blocks, schedule="static"):
+            if acc == NULL or buf == NULL:
+                failed = 1
+            else:
+                r0 = b * BLOCK_ROWS
+                r1 = min(r0 + BLOCK_ROWS, n_rows)
+                score_range(m, leaves, base, divisor, cols, direct, r0, r1, out + r0 * G, acc,
+                            buf)
+        free(acc)
+        free(buf)
+    return -failed
+
+
+cdef class Forest:
+    """Packed model arrays and the view the kernels read. The arrays are owned here."""
+    cdef ModelView view
+    cdef readonly dict arrays
+    cdef readonly bint float32_acc
+    cdef readonly double divisor
+    cdef const float[:, ::1] leaves32
+    cdef const double[:, ::1] leaves64
+    cdef const float[::1] base32
+    cdef const double[::1] base64
+
+    def __init__(self, dict arrays, str layout, int depth, int n_features, int n_outputs,
+                 double divisor):
+        cdef const uint32_t[:, ::1] nodes
+        cdef const int64_t[::1] root
+        cdef const int32_t[::1] group, tdepth
+        self.arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+        a = self.arrays
+        self.divisor = divisor
+        self.view.pnodes = NULL
+        self.view.cnodes = NULL
+        self.view.root = NULL
+        group = a["tree_group"]
+        tdepth = a["tree_depth"]
+        self.view.n_trees = group.shape[0]
+        if self.view.n_trees == 0:
+            raise ValueError("a model needs at least one tree")
+        self.view.group = &group[0]
+        self.view.tdepth = &tdepth[0]
+        self.view.n_features = n_features
+        self.view.n_outputs = n_outputs
+        if layout == "padded":
+            nodes = a["pnodes"]
+            if nodes.shape[0] != self.view.n_trees * ((1 << depth) - 1):
+                raise ValueError("padded node array does not match the tree count and depth")
+            self.view.pnodes = <const PNode*>&nodes[0, 0] if nodes.shape[0] else <const PNode*>1
+            self.view.depth = depth
+        elif layout == "compact":
+            nodes = a["cnodes"]
+            root = a["root"]
+            self.view.cnodes = <const CNode*>&nodes[0, 0]
+            self.view.root = &root[0]
+            self.view.depth = 0
+        else:
+            raise ValueError(f"unknown layout {layout!r}")
+        self.float32_acc = a["leaves"].dtype == np.float32
+        if self.float32_acc:
+            self.leaves32 = a["leaves"]
+            self.base32 = a["base"]
+            self.view.n_leaf_out = self.leaves32.shape[1]
+        else:
+            self.leaves64 = a["leaves"]
+            self.base64 = a["base"]
+            self.view.n_leaf_out = self.leaves64.shape[1]
+        if a["base"].shape[0] != n_outputs:
+            raise ValueError("base has the wrong number of outputs")
+        self._check()
+
+    def _check(self):
+        """Every index the kernels follow stays inside its array (run once at load)."""
+        a = self.arrays
+        nf = self.view.n_features
+        group = a["tree_group"]
+        if group.max() >= self.view.n_outputs or group.min() < -1:
+            raise ValueError("tree_group out of range")
+        if (group < 0).any() and self.view.n_leaf_out != self.view.n_outputs:
+            raise ValueError("vector leaves must have one value per output")
+        n_leaves = a["leaves"].shape[0]
+        if self.view.pnodes != NULL:
+            keys = a["pnodes"][:, 0] & 0x3FFFFFFF
+            if keys.size and keys.max() >= max(nf, 1):
+                raise ValueError("a node reads a feature beyond n_features")
+            if n_leaves != self.view.n_trees << self.view.depth:
+                raise ValueError("padded leaf array has the wrong size")
+        else:
+            cn = a["cnodes"]
+            n = cn.shape[0]
+            leaf = (cn[:, 0] & 0x40000000) != 0
+            if ((cn[:, 0] & 0x3FFFFFFF) >= max(nf, 1)).any():
+                raise ValueError("a node reads a feature beyond n_features")
+            if (cn[~leaf, 2].astype(np.int64) + 1 >= n).any() or (cn[leaf, 3] >= n_leaves).any():
+                raise ValueError("a node points outside the model")
+            if (a["root"] >= n).any() or (a["root"] < 0).any():
+                raise ValueError("a tree root points outside the model")
+            if (cn[leaf, 2] != np.flatnonzero(leaf)).any():
+                raise ValueError("a leaf does not point at itself")
+            # no cycles: children always come after their parent in breadth-first order
+            if (cn[~leaf, 2].astype(np.int64) <= np.flatnonzero(~leaf)).any():
+                raise ValueError("a node points backwards")
+
+    @property
+    def n_trees(self):
+        return self.view.n_trees
+
+    def raw(self, Columns cols, int n_threads=1, object out=None):
+        """Raw scores (rows, n_outputs) float64: (base + trees in order) / divisor."""
+        cdef int64_t n = cols.n_rows
+        cdef int rc
+        cdef double[:, ::1] res
+        if cols.n_features != self.view.n_features:
+            raise ValueError(f"X has {cols.n_features} features, the model expects "
+                             f"{self.view.n_features}")
+        if out is None:
+            out = np.empty((n, self.view.n_outputs), dtype=np.float64)
+        res = out
+        if n == 0:
+            return out
+        with nogil:
+            if self.float32_acc:
+                rc = score_all(&self.view, &self.leaves32[0, 0], &self.base32[0], self.divisor,
+                               cols.cols, cols.direct, n, &res[0, 0], n_threads)
+            else:
+                rc = score_all(&self.view, &self.leaves64[0, 0], &self.base64[0], self.divisor,
+                               cols.cols, cols.direct, n, &res[0, 0], n_threads)
+        if rc != 0:
+            raise MemoryError("could not allocate per-thread block buffers")
+        return out

@@ -1,0 +1,52 @@
+# Fixed-width types and the packed node structs every kernel reads.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+
+# Node key bits: feature index | LEAF flag | default-right flag (missing goes right).
+cdef enum:
+    KEY_FEATURE = 0x3FFFFFFF
+    KEY_LEAF = 0x40000000
+    BLOCK_ROWS = 64           # rows per staged block (XGBoost's kBlockOfRowsSize; 256 measured no faster)
+    INTERLEAVE = 8            # trees walked at once per row: independent dependency chains
+
+ctypedef struct PNode:        # padded level-major node, 8 bytes
+    uint32_t key              # feature index, bit 31 = missing goes right
+    float thr                 # go right iff x > thr (float32); pass-through nodes: +inf
+
+ctypedef struct CNode:        # compact node, 16 bytes (4 per cache line; siblings adjacent)
+    uint32_t key              # feature index, bit 30 = leaf, bit 31 = missing goes right
+    float thr                 # go right iff x > thr; leaves: +inf (step stays put)
+    int32_t child             # global index of the left child (right = child + 1); leaves: self
+    int32_t leaf              # leaf slot in the leaf-value array (leaves only)
+
+ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels.Forest
+    const PNode* pnodes       # padded: n_trees * (2^depth - 1) internal nodes
+    const CNode* cnodes       # compact: all nodes of all trees
+    const int64_t* root       # compact: global node index of each tree's root
+    const int32_t* group      # output column each tree adds to (-1: every column)
+    const int32_t* tdepth     # depth of each tree
+    int32_t depth             # padded depth (0 for compact)
+    int32_t n_leaf_out        # values per leaf (1, or n_outputs for soft-voting forests)
+    int32_t n_outputs         # raw score columns
+    int32_t n_features
+    int64_t n_trees
+
+ctypedef struct Column:       # one feature column to stage from (numpy or Arrow memory)
+    const char* data          # first element (Arrow: buffer start; rows start at `offset`)
+    int64_t stride            # bytes between rows (bit-packed booleans: unused)
+    int64_t offset            # element offset for bit-packed data and the validity bitmap
+    const uint8_t* valid      # Arrow validity bitmap, NULL when every value is present
+    int32_t kind              # one of the COL_* codes
+
+cdef enum:
+    COL_F32 = 0
+    COL_F64 = 1
+    COL_I8 = 2
+    COL_I16 = 3
+    COL_I32 = 4
+    COL_I64 = 5
+    COL_U8 = 6
+    COL_U16 = 7
+    COL_U32 = 8
+    COL_U64 = 9
+    COL_BITS = 10             # Arrow boolean: one bit per row
+    COL_ABSENT = 11           # all missing

@@ -1,0 +1,224 @@
+"""Every supported model kind against the library's own predictions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import worker
+from tests import models as M
+
+ROWS = [1, 63, 64, 65, 129, 1000]
+XGB = [
+    "xgb-binary-logistic", "xgb-binary-logitraw", "xgb-reg-squarederror", "xgb-reg-logistic",
+    "xgb-multi-softprob", "xgb-multi-softmax", "xgb-parallel-tree", "xgb-deep"]
+SKL = ["rf-binary", "rf-multi", "et-multi", "rf-reg", "et-reg", "gb-binary", "gb-multi",
+       "gb-exponential", "gb-reg", "hgb-binary", "hgb-multi", "hgb-reg"]
+NAN_REJECTED = {"gb-binary", "gb-multi", "gb-exponential", "gb-reg"}
+
+
+def layouts(model) -> list[str]:
+    return ["padded", "compact"] if worker.compile_model(model).max_depth <= 12 else ["compact"]
+
+
+@pytest.fixture(scope="module", params=[(n, lay) for n in XGB for lay in ("padded", "compact")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def xgb_case(request):
+    name, layout = request.param
+    booster = M.xgboost_models()[name]
+    return name, booster, worker.compile_model(booster, layout=layout)
+
+
+def xgb_reference_margin(booster, X):
+    return booster.inplace_predict(M.finite_for_library(X), predict_type="margin")
+
+
+@pytest.mark.parametrize("n_rows", ROWS)
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_xgboost_margin_bit_identical(xgb_case, n_rows, n_threads):
+    name, booster, model = xgb_case
+    X = M.hostile_rows(n_rows, M.xgboost_thresholds(booster), seed=n_rows)
+    ref = np.asarray(xgb_reference_margin(booster, X), dtype=np.float64).reshape(n_rows, -1)
+    ours = model.raw(X, n_threads=n_threads)
+    # float32 accumulation in tree order from a float32 base margin: equal to the bit
+    np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("n_rows", [1, 65, 1000])
+def test_xgboost_outputs(xgb_case, n_rows):
+    name, booster, model = xgb_case
+    X = M.hostile_rows(n_rows, M.xgboost_thresholds(booster), seed=7 + n_rows)
+    Xl = M.finite_for_library(X)
+    pred = booster.inplace_predict(Xl)
+    if name in ("xgb-binary-logistic", "xgb-parallel-tree", "xgb-deep"):
+        np.testing.assert_allclose(model.predict_proba(X)[:, 1], pred, atol=1e-6, rtol=0)
+        assert np.array_equal(model.predict(X), (pred > 0.5).astype(int)) or \
+            np.all(np.abs(pred[model.predict(X) != (pred > 0.5)] - 0.5) < 1e-6)
+    elif name == "xgb-multi-softprob":
+        np.testing.assert_allclose(model.predict_proba(X), pred, atol=1e-6, rtol=0)
+    elif name == "xgb-multi-softmax":
+        # XGBoost's softmax predicts the class index; ours breaks ties to the lowest index too
+        np.testing.assert_array_equal(model.predict(X), pred.astype(int))
+    elif name == "xgb-reg-logistic":
+        np.testing.assert_allclose(model.predict(X), pred, atol=1e-6, rtol=0)
+    else:
+        np.testing.assert_allclose(model.predict_margin(X), pred, atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module", params=[(n, lay) for n in SKL for lay in ("auto", "compact")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def skl_case(request):
+    name, layout = request.param
+    est = M.sklearn_models()[name]
+    return name, est, worker.compile_model(est, layout=layout)
+
+
+@pytest.mark.parametrize("n_rows", ROWS)
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_sklearn_matches_library(skl_case, n_rows, n_threads):
+    name, est, model = skl_case
+    X = M.hostile_rows(n_rows, M.sklearn_thresholds(est), seed=n_rows,
+                       nan=name not in NAN_REJECTED)
+    Xl = M.finite_for_library(X)
+    if hasattr(est, "predict_proba"):
+        ref = est.predict_proba(Xl)
+        ours = model.predict_proba(X, n_threads=n_threads)
+        np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=0)
+        # labels equal except where the library's own probabilities tie within 1e-6
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-6
+        lib_labels = est.predict(Xl)
+        assert np.array_equal(model.predict(X, n_threads=n_threads)[clear], lib_labels[clear])
+    else:
+        ref = est.predict(Xl)
+        np.testing.assert_allclose(model.predict(X, n_threads=n_threads), ref, atol=1e-5,
+                                   rtol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["rf-binary", "hgb-binary", "gb-multi"])
+def test_sklearn_nan_follows_tree_default(name):
+    """NaN rows (where the library accepts them) score like the library, every layout."""
+    est = M.sklearn_models()[name]
+    X = M.hostile_rows(300, M.sklearn_thresholds(est), seed=3, inf=False,
+                       nan=name not in NAN_REJECTED)
+    model = worker.compile_model(est)
+    np.testing.assert_allclose(model.predict_proba(X), est.predict_proba(X), atol=1e-5)
+
+
+finite_or_special = st.one_of(
+    st.floats(width=32, allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, 3.0]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n_rows=st.integers(1, 80))
+def test_hypothesis_xgboost_and_forest(data, n_rows):
+    booster = M.xgboost_models()["xgb-multi-softprob"]
+    est = M.sklearn_models()["rf-multi"]
+    thr = np.concatenate([M.xgboost_thresholds(booster), M.sklearn_thresholds(est)])
+    values = st.one_of(finite_or_special, st.sampled_from(thr.tolist()))
+    flat = data.draw(st.lists(values, min_size=n_rows * M.N_FEATURES,
+                              max_size=n_rows * M.N_FEATURES))
+    X = np.asarray(flat, dtype=np.float32).reshape(n_rows, M.N_FEATURES)
+    xm = _compiled(booster)
+    np.testing.assert_array_equal(
+        xm.raw(X), np.asarray(xgb_reference_margin(booster, X), dtype=np.float64))
+    fm = _compiled(est)
+    np.testing.assert_allclose(fm.predict_proba(X), est.predict_proba(M.finite_for_library(X)),
+                               atol=1e-5, rtol=0)
+
+
+_CACHE = {}
+
+
+def _compiled(src):
+    if id(src) not in _CACHE:
+        _CACHE[id(src)] = worker.compile_model(src)
+    return _CACHE[id(src)]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8, bool])
+def test_any_dtype_and_memory_order(order, dtype):
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = _compiled(booster)
+    rng = np.random.default_rng(1)
+    X = (rng.normal(size=(200, M.N_FEATURES)) * 3).astype(dtype)
+    X = np.asarray(X, order=order)
+    ref = booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32),
+                                  predict_type="margin")
+    np.testing.assert_array_equal(model.predict_margin(X), ref.astype(np.float64))
+    # a strided view (every other row, reversed columns) stages the same way
+    V = X[::2, ::-1]
+    names = booster.feature_names
+    booster_rev = booster  # the model is not symmetric: compare against the contiguous copy
+    np.testing.assert_array_equal(
+        model.predict_margin(np.ascontiguousarray(V[:, ::-1])), model.predict_margin(X[::2]))
+    assert names and booster_rev is booster
+
+
+def test_arrow_table_by_column_name_with_nulls_and_types():
+    import pyarrow as pa
+
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = _compiled(booster)
+    rng = np.random.default_rng(5)
+    n = 300
+    X = rng.normal(size=(n, M.N_FEATURES)).astype(np.float32)
+    X[:, 5] = rng.integers(0, 4, size=n)
+    X[:, 6] = rng.random(n) < 0.5
+    null = rng.random(X.shape) < 0.1
+    cols = {}
+    for j, name in enumerate(model.feature_names):
+        mask = null[:, j]
+        if j == 5:
+            cols[name] = pa.array(X[:, j].astype(np.int16), mask=mask)
+        elif j == 6:
+            cols[name] = pa.array(X[:, j].astype(bool), mask=mask)
+        elif j == 0:
+            cols[name] = pa.array(X[:, j].astype(np.float64), mask=mask)
+        else:
+            cols[name] = pa.array(X[:, j], mask=mask)
+    table = pa.table({"txn_id": pa.array(np.arange(n)), **dict(reversed(list(cols.items()))),
+                      "extra": pa.array(["x"] * n)})
+    Xn = X.copy()
+    Xn[null] = np.nan
+    ref = booster.inplace_predict(Xn, predict_type="margin").astype(np.float64)
+    np.testing.assert_array_equal(model.predict_margin(table), ref)
+    # offsets: a slice of a record batch keeps its own rows
+    batch = table.to_batches()[0].slice(37, 100)
+    np.testing.assert_array_equal(model.predict_margin(batch), ref[37:137])
+    # chunked columns
+    chunked = pa.concat_tables([table.slice(0, 100), table.slice(100)])
+    np.testing.assert_array_equal(model.predict_margin(chunked), ref)
+
+
+def test_arrow_missing_or_bad_column_is_an_error():
+    import pyarrow as pa
+
+    model = _compiled(M.xgboost_models()["xgb-binary-logistic"])
+    cols = {n: pa.array(np.zeros(3, dtype=np.float32)) for n in model.feature_names}
+    del cols["feat_2"]
+    with pytest.raises(KeyError, match="feat_2"):
+        model.predict_margin(pa.table(cols))
+    cols["feat_2"] = pa.array(["a", "b", "c"])
+    with pytest.raises(TypeError, match="feat_2"):
+        model.predict_margin(pa.table(cols))
+
+
+def test_wrong_feature_count_is_an_error():
+    model = _compiled(M.xgboost_models()["xgb-binary-logistic"])
+    with pytest.raises(ValueError, match="expects 7"):
+        model.predict_proba(np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="2-D"):
+        model.predict_proba(np.zeros(7))
+
+
+def test_empty_batch():
+    model = _compiled(M.xgboost_models()["xgb-multi-softprob"])
+    assert model.predict_proba(np.zeros((0, M.N_FEATURES), dtype=np.float32)).shape == (0, 3)
+    r = model.score_batch(np.zeros((0, M.N_FEATURES)))
+    assert len(r) == 0

@@ -1,0 +1,10 @@
+"""scoring-worker: exact, fast tree-ensemble scoring for Kafka streams of Arrow batches."""
+
+from .model.artifact import ArtifactError
+from .model.compile import compile_model, load_model
+from .model.compiled import CompiledModel, ScoreResult
+from .model.ir import UnsupportedModelError
+
+__all__ = ["ArtifactError", "CompiledModel", "ScoreResult", "UnsupportedModelError",
+           "compile_model", "load_model"]
+__version__ = "0.1.0"

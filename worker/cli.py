@@ -1,0 +1,100 @@
+"""Commands: run (--config), compile, score, record, replay."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+
+@click.group(invoke_without_command=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="YAML config: run the worker until SIGTERM/SIGINT.")
+@click.version_option(__version__, prog_name="scoring-worker")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None) -> None:
+    """Always-on scoring worker: Arrow record batches in, tree-ensemble scores out."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not config_path:
+        click.echo(ctx.get_help())
+        ctx.exit(2)
+    from .app import run_from_config
+
+    sys.exit(run_from_config(config_path))
+
+
+@main.command("compile")
+@click.argument("source", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the compiled model artifact.")
+@click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto")
+def compile_cmd(source: str, output: str, layout: str) -> None:
+    """Compile an XGBoost model (.json/.ubj) or a scikit-learn estimator file (joblib/pickle:
+    trusted input only; .skops accepted) into a data-only model artifact."""
+    from .model.compile import compile_model
+    from .model.ir import UnsupportedModelError
+
+    try:
+        model = compile_model(source, layout=layout)
+    except UnsupportedModelError as exc:
+        raise click.ClickException(f"cannot compile {source} exactly: {exc}") from None
+    model_id = model.save(output)
+    click.echo(f"{output}: {model.kind} ({model.source}, {model.objective or model.task}), "
+               f"{model.n_trees} trees, {model.work_total} work units, {model.n_features} "
+               f"features, layout {model.layout}, model id {model_id}")
+
+
+@main.command("score")
+@click.option("--model", "model_path", required=True, type=click.Path(exists=True))
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True))
+@click.option("--output", "output_path", required=True, type=click.Path())
+@click.option("--lazy", default="off",
+              type=click.Choice(["off", "certified", "lazyrf", "lazygbm"]))
+@click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
+              help="Decision threshold (repeat for several bands).")
+@click.option("--id-column", default=None, help="Column passed through as `id`.")
+@click.option("--threads", type=int, default=None)
+@click.option("--param", "params", multiple=True, help="Lazy policy parameter KEY=VALUE.")
+def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, threads,
+              params) -> None:
+    """Score an Arrow IPC or Parquet file offline with the same kernels as the worker."""
+    import pyarrow as pa
+
+    from .codec import output_metadata, result_batch
+    from .fileio import read_table, write_table
+    from .model.compile import load_model
+
+    model = load_model(model_path)
+    table = read_table(input_path)
+    kw = {}
+    for p in params:
+        key, _, value = p.partition("=")
+        try:
+            kw[key] = int(value) if value.isdigit() else float(value)
+        except ValueError:
+            kw[key] = value
+    t0 = time.perf_counter()
+    try:
+        r = model.score_batch(table, lazy=lazy, thresholds=list(thresholds), n_threads=threads,
+                              **kw)
+    except (KeyError, TypeError) as exc:
+        raise click.ClickException(f"{input_path}: {exc}") from None
+    elapsed = time.perf_counter() - t0
+    ids = table.column(id_column).combine_chunks() if id_column else None
+    batch = result_batch(ids, r, model.task != "regression")
+    out = pa.Table.from_batches([batch]).replace_schema_metadata(
+        output_metadata(model, source_file=Path(input_path).name))
+    write_table(output_path, out)
+    n = len(r)
+    click.echo(f"scored {n} rows in {elapsed * 1e3:.1f} ms ({n / max(elapsed, 1e-9):,.0f} rows/s),"
+               f" mean work {r.work_units.mean() if n else 0:.1f} of {model.work_total}"
+               f" -> {output_path}")
+
+
+if __name__ == "__main__":
+    main()

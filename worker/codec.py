@@ -1,0 +1,84 @@
+"""Arrow IPC in and out: decode and validate one message, encode one output stream."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from .model.compiled import ScoreResult
+
+CONTENT_TYPE = "application/vnd.apache.arrow.stream"
+STOP_REASONS = ["full", "certificate", "posterior", "flip", "late", "audit"]
+_REASON_CODE = {r: i for i, r in enumerate(STOP_REASONS)}
+
+
+class InvalidMessage(ValueError):
+    """A message that cannot be decoded or validated; ``code`` names the kind of error."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def decode(value: bytes | None, feature_names: list[str], id_column: str | None) -> pa.Table:
+    """One self-contained Arrow IPC stream -> a Table with every feature column, validated."""
+    if not value:
+        raise InvalidMessage("empty", "the message has no value")
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(value))
+        table = reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: {exc}") from None
+    if table.num_rows == 0:
+        raise InvalidMessage("empty_batch", "the Arrow stream has no rows")
+    names = set(table.schema.names)
+    missing = [f for f in feature_names if f not in names]
+    if missing:
+        raise InvalidMessage("missing_column", "missing feature column(s): "
+                             + ", ".join(missing[:10]))
+    for f in feature_names:
+        t = table.schema.field(f).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+                or pa.types.is_null(t)):
+            raise InvalidMessage("bad_type", f"feature column {f!r} has type {t}, expected a "
+                                 "numeric or boolean type")
+    if id_column and id_column not in names:
+        raise InvalidMessage("missing_column", f"missing id column {id_column!r}")
+    return table
+
+
+def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
+                 slice_: slice | None = None) -> pa.RecordBatch:
+    """The SPEC output columns for rows ``slice_`` of a score result."""
+    s = slice_ or slice(0, len(r))
+    n = s.stop - s.start
+    codes = pa.array([_REASON_CODE[x] for x in r.stop_reason[s]], type=pa.int8()) \
+        if n else pa.array([], type=pa.int8())
+    cols = {
+        "id": ids if ids is not None else pa.array(range(s.start, s.stop), type=pa.int64()),
+        "score": pa.array(r.score[s], type=pa.float64()),
+    }
+    if classifier:
+        cols["label"] = pa.array(r.label[s], type=pa.int32())
+    cols.update({
+        "decision": pa.array(r.decision[s], type=pa.int8()),
+        "work_units": pa.array(r.work_units[s], type=pa.int32()),
+        "stop_reason": pa.DictionaryArray.from_arrays(codes, pa.array(STOP_REASONS)),
+        "score_lo": pa.array(r.score_lo[s], type=pa.float64()),
+        "score_hi": pa.array(r.score_hi[s], type=pa.float64()),
+    })
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def output_metadata(model, **extra) -> dict[bytes, bytes]:
+    meta = {"model_id": model.model_id, "work_total": str(model.work_total)}
+    meta.update({k: str(v) for k, v in extra.items() if v is not None})
+    return {k.encode(): v.encode() for k, v in meta.items()}
+
+
+def encode(batch: pa.RecordBatch, metadata: dict[bytes, bytes]) -> bytes:
+    batch = batch.replace_schema_metadata(metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()

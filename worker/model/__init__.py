@@ -1,0 +1,1 @@
+"""Model path: loaders -> intermediate form -> packed arrays -> data-only artifact."""

@@ -1,0 +1,195 @@
+"""CompiledModel: the packed model plus the numpy-side API (SPEC: Python API)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _kernels
+from . import artifact
+
+_META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
+              "objective", "source", "kind", "layout", "depth", "max_depth", "accumulate",
+              "notes")
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
+@dataclass
+class ScoreResult:
+    """Per-row results of ``score_batch`` (numpy arrays, input order)."""
+
+    score: np.ndarray  # float64
+    label: np.ndarray  # class labels (classifiers) or empty
+    decision: np.ndarray  # int8 band index
+    work_units: np.ndarray  # int32
+    stop_reason: np.ndarray  # object/str codes
+    score_lo: np.ndarray  # float64
+    score_hi: np.ndarray  # float64
+    proba: np.ndarray | None = None  # (n, n_classes) for classifiers
+
+    def __len__(self) -> int:
+        return int(self.score.shape[0])
+
+
+class CompiledModel:
+    """A compiled tree ensemble. Build with ``worker.compile_model`` or ``worker.load_model``."""
+
+    def __init__(self, meta: dict, arrays: dict[str, np.ndarray], model_id: str | None = None):
+        self.meta = dict(meta)
+        self.arrays = arrays
+        for key in _META_KEYS:
+            setattr(self, key, self.meta[key])
+        self.classes = list(self.classes)
+        self._classes_arr = np.asarray(self.classes) if self.classes else None
+        self.feature_names = list(self.feature_names)
+        self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
+        self.n_trees = int(arrays["tree_group"].shape[0])
+        self._forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
+                                       int(self.n_outputs), float(self.divisor))
+        self._bytes = None
+        self.model_id = model_id or artifact.dumps(self.meta, self.arrays)[-32:].hex()
+
+    # ---- persistence -------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        return artifact.dumps(self.meta, self.arrays)
+
+    def save(self, path) -> str:
+        """Write the data-only artifact; returns the model id (sha256 of its content)."""
+        return artifact.save(path, self.meta, self.arrays)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays.values()))
+
+    # ---- inputs ------------------------------------------------------------------------
+    def columns(self, X):
+        """Column descriptors for numpy (any dtype/order) or a pyarrow Table/RecordBatch."""
+        if isinstance(X, _kernels.Columns):
+            return X
+        if hasattr(X, "schema") and hasattr(X, "column"):
+            return arrow_columns(X, self.feature_names)
+        cols = _kernels.Columns.from_numpy(X)
+        if cols.n_features != self.n_features:
+            raise ValueError(f"X has {cols.n_features} features, the model expects "
+                             f"{self.n_features}")
+        return cols
+
+    # ---- predictions -------------------------------------------------------------------
+    def raw(self, X, n_threads: int | None = None) -> np.ndarray:
+        """Raw scores (n, n_outputs) float64 (margins; averaged votes for forests)."""
+        cols = self.columns(X)
+        return self._forest.raw(cols, n_threads or default_threads())
+
+    def predict_margin(self, X, n_threads: int | None = None) -> np.ndarray:
+        raw = self.raw(X, n_threads)
+        return raw[:, 0] if self.n_outputs == 1 else raw
+
+    def proba_from_raw(self, raw: np.ndarray) -> np.ndarray:
+        if self.task == "regression":
+            raise AttributeError("predict_proba is for classifiers; this model is a regressor")
+        if self.link == "softmax":
+            z = raw - raw.max(axis=1, keepdims=True)
+            e = np.exp(z)
+            return e / e.sum(axis=1, keepdims=True)
+        if self.link == "vote" and self.n_outputs > 1:
+            return raw
+        if self.link == "vote":
+            p = raw[:, 0]
+        elif self.link == "sigmoid2":
+            p = 1.0 / (1.0 + np.exp(-2.0 * raw[:, 0]))
+        elif self.link == "sigmoid":
+            p = 1.0 / (1.0 + np.exp(-raw[:, 0]))
+        else:  # identity-link binary (binary:logitraw): the margin is not a probability
+            raise AttributeError(f"objective {self.objective} gives margins, not probabilities")
+        return np.column_stack([1.0 - p, p])
+
+    def predict_proba(self, X, n_threads: int | None = None) -> np.ndarray:
+        return self.proba_from_raw(self.raw(X, n_threads))
+
+    def predict(self, X, n_threads: int | None = None) -> np.ndarray:
+        raw = self.raw(X, n_threads)
+        if self.task == "regression":
+            return self.value_from_raw(raw)
+        if self.link == "identity":  # binary:logitraw: XGBoost's label is margin > 0
+            return self._classes_arr[(raw[:, 0] > 0).astype(np.intp)]
+        return self._classes_arr[np.argmax(self.proba_from_raw(raw), axis=1)]
+
+    def value_from_raw(self, raw: np.ndarray) -> np.ndarray:
+        if self.link == "sigmoid":  # reg:logistic
+            return 1.0 / (1.0 + np.exp(-raw[:, 0]))
+        return raw[:, 0]
+
+    def score_from_raw(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(score, label index) per SPEC: P(positive), P(label), or the regression value."""
+        n = raw.shape[0]
+        if self.task == "regression":
+            return self.value_from_raw(raw), np.full(n, -1, dtype=np.int32)
+        if self.link == "identity":
+            m = raw[:, 0]
+            return m, (m > 0).astype(np.int32)
+        proba = self.proba_from_raw(raw)
+        if self.task == "binary":
+            return proba[:, 1], (proba[:, 1] > proba[:, 0]).astype(np.int32)
+        idx = np.argmax(proba, axis=1)
+        return proba[np.arange(n), idx], idx.astype(np.int32)
+
+    def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
+                    **params) -> ScoreResult:
+        if lazy != "off":
+            from ..lazy import score_lazy  # noqa: PLC0415 (optional policy layer)
+
+            return score_lazy(self, X, lazy, thresholds, n_threads, **params)
+        raw = self.raw(X, n_threads)
+        score, label = self.score_from_raw(raw)
+        n = score.shape[0]
+        return ScoreResult(
+            score=score,
+            label=label,
+            decision=decisions(score, thresholds),
+            work_units=np.full(n, self.work_total, dtype=np.int32),
+            stop_reason=np.full(n, "full", dtype=object),
+            score_lo=score.copy(),
+            score_hi=score.copy(),
+        )
+
+
+def decisions(score: np.ndarray, thresholds) -> np.ndarray:
+    """Band index: how many thresholds the score is >= to."""
+    t = np.sort(np.asarray(list(thresholds), dtype=np.float64))
+    return np.searchsorted(t, score, side="right").astype(np.int8)
+
+
+def arrow_columns(data, feature_names: list[str]):
+    """Feature columns by name from a pyarrow Table/RecordBatch (one chunk each)."""
+    import pyarrow as pa
+
+    arrays = []
+    schema_names = set(data.schema.names)
+    missing = [f for f in feature_names if f not in schema_names]
+    if missing:
+        raise KeyError(f"missing feature column(s): {', '.join(missing[:5])}"
+                       + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    for name in feature_names:
+        col = data.column(name)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if pa.types.is_dictionary(col.type):
+            raise TypeError(f"feature column {name!r} is dictionary-encoded, not numeric")
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+                or pa.types.is_boolean(col.type) or pa.types.is_null(col.type)):
+            raise TypeError(f"feature column {name!r} has type {col.type}, expected a numeric "
+                            "or boolean type")
+        if pa.types.is_float16(col.type):
+            col = col.cast(pa.float32())
+        arrays.append(col)
+    return _kernels.Columns.from_arrow(arrays, data.num_rows)

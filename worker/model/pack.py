@@ -1,0 +1,121 @@
+"""Ensemble (IR) -> packed arrays the kernels walk.
+
+Two layouts, chosen per model:
+
+* ``padded``: every tree completed to the model's depth D, internal nodes level-major
+  (children of slot i at 2i+1, 2i+2) as 8-byte (key, threshold) words, 2^D leaves per tree.
+  A leaf above depth D becomes pass-through nodes (threshold +inf, missing left) whose left
+  path carries its value. No child pointers: the walk is ``pos = 2*pos + 1 + go_right``.
+* ``compact``: real nodes only, breadth-first so the top levels share cache lines and siblings
+  are adjacent (right = left + 1); 16-byte nodes with a child index. For deep trees, whose
+  padded form would be exponentially larger.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import Ensemble, Tree
+
+KEY_LEAF = np.uint32(0x40000000)
+KEY_RIGHT = np.uint32(0x80000000)
+# Padded trees above this depth would be mostly padding (and outgrow L2): use compact.
+MAX_PADDED_DEPTH = 10
+
+
+def _keys(tree: Tree, nodes: np.ndarray) -> np.ndarray:
+    key = tree.feature[nodes].astype(np.uint32)
+    key |= np.where(tree.default_left[nodes], np.uint32(0), KEY_RIGHT)
+    return key
+
+
+def pack_padded(ens: Ensemble, depth: int, acc: np.dtype) -> dict[str, np.ndarray]:
+    n_int, n_leaf = (1 << depth) - 1, 1 << depth
+    n_trees, width = ens.n_trees, ens.trees[0].value.shape[1]
+    key = np.zeros((n_trees, n_int), dtype=np.uint32)
+    thr = np.full((n_trees, n_int), np.inf, dtype=np.float32)
+    leaves = np.zeros((n_trees, n_leaf, width), dtype=acc)
+    for t, tree in enumerate(ens.trees):
+        node = np.zeros(1, dtype=np.int64)  # IR node ids on this level
+        pos = np.zeros(1, dtype=np.int64)  # their padded slots
+        for _level in range(depth):
+            internal = tree.feature[node] >= 0
+            ni, pi = node[internal], pos[internal]
+            key[t, pi] = _keys(tree, ni)
+            thr[t, pi] = tree.threshold[ni]
+            # pass-through slots keep key 0 / +inf: everything, missing too, goes left
+            node = np.concatenate([tree.left[ni], tree.right[ni], node[~internal]])
+            pos = np.concatenate([2 * pi + 1, 2 * pi + 2, 2 * pos[~internal] + 1])
+        leaves[t, pos - n_int] = tree.value[node]
+    pnodes = np.empty((n_trees * n_int, 2), dtype=np.uint32)
+    pnodes[:, 0] = key.reshape(-1)
+    pnodes[:, 1] = thr.reshape(-1).view(np.uint32)
+    return {"pnodes": pnodes, "leaves": leaves.reshape(-1, width)}
+
+
+def pack_compact(ens: Ensemble, acc: np.dtype) -> dict[str, np.ndarray]:
+    width = ens.trees[0].value.shape[1]
+    cn, leaves, roots = [], [], []
+    n_nodes = n_leaves = 0
+    for tree in ens.trees:
+        # breadth-first order with each sibling pair adjacent
+        order, level = [np.zeros(1, dtype=np.int64)], np.zeros(1, dtype=np.int64)
+        while True:
+            inner = level[tree.feature[level] >= 0]
+            if inner.size == 0:
+                break
+            level = np.stack([tree.left[inner], tree.right[inner]], axis=1).reshape(-1)
+            order.append(level)
+        order = np.concatenate(order)
+        new_id = np.empty(tree.n_nodes, dtype=np.int64)
+        new_id[order] = np.arange(order.size) + n_nodes
+        is_leaf = tree.feature[order] < 0
+        leaf_slot = np.cumsum(is_leaf) - 1 + n_leaves
+        node = np.zeros((order.size, 4), dtype=np.uint32)
+        key = _keys(tree, order)
+        key[is_leaf] = KEY_LEAF
+        node[:, 0] = key
+        thr = np.where(is_leaf, np.float32(np.inf), tree.threshold[order]).astype(np.float32)
+        node[:, 1] = thr.view(np.uint32)
+        left = np.where(is_leaf, new_id[order], new_id[np.maximum(tree.left[order], 0)])
+        node[:, 2] = left.astype(np.uint32)
+        node[:, 3] = np.where(is_leaf, leaf_slot, 0).astype(np.uint32)
+        cn.append(node)
+        leaves.append(tree.value[order[is_leaf]])
+        roots.append(n_nodes)
+        n_nodes += order.size
+        n_leaves += int(is_leaf.sum())
+    if n_nodes >= 2**31:
+        raise ValueError("model too large for the compact layout (2^31 nodes)")
+    return {
+        "cnodes": np.concatenate(cn),
+        "root": np.asarray(roots, dtype=np.int64),
+        "leaves": np.concatenate(leaves).astype(acc).reshape(-1, width),
+    }
+
+
+def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarray]]:
+    """Return (layout info, arrays) for the kernels."""
+    acc = np.dtype(np.float32 if ens.accumulate == "float32" else np.float64)
+    depths = np.asarray([t.depth() for t in ens.trees], dtype=np.int32)
+    depth = int(depths.max(initial=0))
+    if layout == "auto":
+        layout = "padded" if depth <= MAX_PADDED_DEPTH else "compact"
+    if layout == "padded":
+        if depth > 20:
+            raise ValueError(f"depth {depth} is too deep for the padded layout")
+        arrays = pack_padded(ens, depth, acc)
+    elif layout == "compact":
+        arrays = pack_compact(ens, acc)
+    else:
+        raise ValueError(f"unknown layout {layout!r} (auto, padded or compact)")
+    arrays["tree_depth"] = depths
+    arrays["tree_group"] = ens.tree_group.astype(np.int32)
+    arrays["unit_ptr"] = ens.unit_ptr.astype(np.int64)
+    arrays["base"] = ens.base.astype(acc)
+    mins, maxs = zip(*(t.leaf_range() for t in ens.trees), strict=True)
+    arrays["leaf_min"] = np.asarray(mins, dtype=np.float64)  # per tree, per leaf output
+    arrays["leaf_max"] = np.asarray(maxs, dtype=np.float64)
+    info = {"layout": layout, "depth": depth if layout == "padded" else 0,
+            "max_depth": depth, "accumulate": str(acc)}
+    return info, arrays
