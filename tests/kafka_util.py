@@ -1,0 +1,150 @@
+"""Produce Arrow inputs, run the worker as a process, read outputs back (real broker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import yaml
+from confluent_kafka import Consumer, Producer
+
+from tests import models as M
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def input_table(first_id: int, n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, M.N_FEATURES)).astype(np.float32)
+    X[rng.random(X.shape) < 0.05] = np.nan
+    cols = {"txn_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64))}
+    cols.update({f"feat_{j}": pa.array(X[:, j]) for j in range(M.N_FEATURES)})
+    return pa.table(cols)
+
+
+def produce_inputs(bootstrap: str, topic: str, n_messages: int, rows: int,
+                   partitions: int = 2) -> pa.Table:
+    """Messages of ``rows`` rows each, ids 0..n*rows-1; returns every row produced."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                  "linger.ms": 5})
+    tables = []
+    for i in range(n_messages):
+        t = input_table(i * rows, rows, seed=i)
+        tables.append(t)
+        p.produce(topic, value=arrow_bytes(t), key=f"card-{i}".encode(),
+                  partition=i % partitions)
+        p.poll(0)
+    assert p.flush(60) == 0
+    return pa.concat_tables(tables)
+
+
+def write_config(path: Path, bootstrap: str, model: Path, source: str, sink: str, dlq: str,
+                 group: str, mode: str = "exactly_once", **delivery) -> Path:
+    cfg = {
+        "source": {"type": "kafka", "topic": source},
+        "sink": {"type": "kafka", "topic": sink, "dead_letter_topic": dlq},
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": group,
+                  "client": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000}},
+        "model": {"path": str(model)},
+        "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
+        "delivery": {"mode": mode, "max_wait_ms": 20, **delivery},
+        "logging": {"level": "INFO", "format": "console", "progress": False},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start_worker(config: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "--config", str(config)],
+        cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})})
+
+
+def stop_worker(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout)
+
+
+def read_topic(bootstrap: str, topic: str, expect_messages: int | None = None,
+               timeout: float = 120, committed: bool = True, idle: float = 3.0) -> list:
+    """Every message of a topic, read from the start by a fresh group."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "isolation.level": "read_committed" if committed else "read_uncommitted"})
+    c.subscribe([topic])
+    out, deadline, last = [], time.monotonic() + timeout, time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            msgs = c.consume(500, 0.5)
+            got = [m for m in msgs if m.error() is None]
+            out.extend(got)
+            if got:
+                last = time.monotonic()
+            if expect_messages is not None and len(out) >= expect_messages and \
+                    time.monotonic() - last > idle:
+                break
+            if expect_messages is None and out and time.monotonic() - last > idle:
+                break
+    finally:
+        c.close()
+    return out
+
+
+def output_ids(messages) -> np.ndarray:
+    ids = [pa.ipc.open_stream(m.value()).read_all().column("id").to_numpy() for m in messages]
+    return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+
+
+def wait_for_ids(bootstrap: str, topic: str, n_ids: int, timeout: float = 180) -> list:
+    """Read committed output until n_ids distinct ids arrived (or time out)."""
+    deadline = time.monotonic() + timeout
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    c.subscribe([topic])
+    out, seen = [], set()
+    try:
+        while time.monotonic() < deadline and len(seen) < n_ids:
+            for m in c.consume(500, 0.5):
+                if m.error() is None:
+                    out.append(m)
+                    seen.update(output_ids([m]).tolist())
+        # linger briefly: anything duplicated would arrive now
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            out.extend(m for m in c.consume(500, 0.5) if m.error() is None)
+    finally:
+        c.close()
+    return out
+
+
+def high_watermarks(bootstrap: str, topic: str, consumer=None) -> int:
+    """Sum of high watermarks (includes transaction markers and uncommitted records)."""
+    from confluent_kafka import TopicPartition
+
+    c = consumer or Consumer({"bootstrap.servers": bootstrap,
+                              "group.id": f"wm-{uuid.uuid4().hex}"})
+    meta = c.list_topics(topic, timeout=10).topics[topic]
+    total = 0
+    for p in meta.partitions:
+        _lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        total += max(hi, 0)
+    if consumer is None:
+        c.close()
+    return total

@@ -1,0 +1,420 @@
+"""The run loop: source -> decode -> stage+score (kernels) -> encode -> sink, then commit."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import structlog
+
+from . import codec
+from .config import ConfigError, Settings, load_settings
+from .io.records import Record
+from .metrics import Metrics
+from .model.compiled import CompiledModel
+
+log = structlog.get_logger("worker")
+
+
+@dataclass
+class BatchStats:
+    rows: int = 0
+    messages: int = 0
+    work_units: int = 0
+    stop_reasons: Tally = field(default_factory=Tally)
+    decisions: Tally = field(default_factory=Tally)
+    dead: Tally = field(default_factory=Tally)
+    audit_rows: int = 0
+    audit_disagreements: int = 0
+    kernel_s: float = 0.0
+
+
+class Pipeline:
+    """Decode, score and encode one batch of messages. Never raises for one bad message."""
+
+    def __init__(self, model: CompiledModel, settings: Settings, out_topic: str):
+        self.model = model
+        self.scoring = settings.scoring
+        self.out_topic = out_topic
+        self.lazy_params = settings.scoring.lazy.params
+        if settings.scoring.audit_fraction:
+            self.lazy_params = {**self.lazy_params,
+                                "audit_fraction": settings.scoring.audit_fraction}
+        self.classifier = model.task != "regression"
+
+    def decode(self, rec: Record) -> pa.Table | codec.InvalidMessage:
+        try:
+            return codec.decode(rec.value, self.model.feature_names, self.scoring.id_column)
+        except codec.InvalidMessage as exc:
+            return exc
+
+    def dead_letter(self, rec: Record, err: codec.InvalidMessage) -> Record:
+        headers = list(rec.headers) + [
+            ("error", err.detail.encode()), ("error_code", err.code.encode()),
+            ("source_topic", rec.topic.encode()),
+            ("source_partition", str(rec.partition).encode()),
+            ("source_offset", str(rec.offset).encode()),
+            ("model_id", self.model.model_id.encode()),
+        ]
+        return Record(rec.topic, rec.partition, rec.offset, rec.key, rec.value,
+                      rec.timestamp_ms, headers)
+
+    def _score(self, table: pa.Table):
+        lazy = self.scoring.lazy.mode
+        return self.model.score_batch(table, lazy=lazy, thresholds=self.scoring.thresholds,
+                                      n_threads=self.scoring.threads, **self.lazy_params)
+
+    def process(self, items: list[tuple[Record, pa.Table | codec.InvalidMessage]]
+                ) -> tuple[list[Record], list[Record], BatchStats]:
+        stats = BatchStats(messages=len(items))
+        results: dict[int, Record] = {}
+        dead: list[Record] = []
+        groups: dict[pa.Schema, list[int]] = {}
+        for i, (rec, table) in enumerate(items):
+            if isinstance(table, codec.InvalidMessage):
+                dead.append(self.dead_letter(rec, table))
+                stats.dead[table.code] += 1
+            else:
+                groups.setdefault(table.schema.remove_metadata(), []).append(i)
+        for members in groups.values():
+            # one kernel call per schema: messages of one producer share a schema
+            tables = [items[i][1].replace_schema_metadata(None) for i in members]
+            try:
+                t0 = time.perf_counter()
+                r = self._score(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+                stats.kernel_s += time.perf_counter() - t0
+                parts = [(i, r) for i in members]
+                offsets = np.cumsum([0] + [t.num_rows for t in tables])
+            except (ValueError, TypeError, KeyError) as exc:
+                if len(members) == 1:
+                    rec = items[members[0]][0]
+                    dead.append(self.dead_letter(rec, codec.InvalidMessage("score_error",
+                                                                           str(exc))))
+                    stats.dead["score_error"] += 1
+                    continue
+                for i in members:  # isolate the bad message(s): score one by one
+                    sub_out, sub_dead, sub_stats = self.process([items[i]])
+                    if sub_out:
+                        results[i] = sub_out[0]
+                    dead.extend(sub_dead)
+                    stats.dead.update(sub_stats.dead)
+                    _merge(stats, sub_stats)
+                continue
+            for k, (i, res) in enumerate(parts):
+                rec, table = items[i]
+                sl = slice(int(offsets[k]), int(offsets[k + 1]))
+                results[i] = self._encode(rec, table, res, sl)
+            _account(stats, r)
+        return [results[i] for i in sorted(results)], dead, stats
+
+    def _encode(self, rec: Record, table: pa.Table, r, sl: slice) -> Record:
+        idc = self.scoring.id_column
+        ids = table.column(idc).combine_chunks() if idc else None
+        batch = codec.result_batch(ids, r, self.classifier, sl)
+        meta = codec.output_metadata(self.model, input_topic=rec.topic,
+                                     input_partition=rec.partition, input_offset=rec.offset)
+        value = codec.encode(batch, meta)
+        headers = [("content-type", codec.CONTENT_TYPE.encode()),
+                   ("model_id", self.model.model_id.encode())]
+        return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers)
+
+
+def _account(stats: BatchStats, r) -> None:
+    stats.rows += len(r)
+    stats.work_units += int(r.work_units.sum())
+    stats.stop_reasons.update(r.stop_reason.tolist())
+    stats.decisions.update(r.decision.tolist())
+    audit = getattr(r, "audit", None)
+    if audit:
+        stats.audit_rows += int(audit.get("rows", 0))
+        stats.audit_disagreements += int(audit.get("disagreements", 0))
+
+
+def _merge(into: BatchStats, other: BatchStats) -> None:
+    into.rows += other.rows
+    into.work_units += other.work_units
+    into.stop_reasons.update(other.stop_reasons)
+    into.decisions.update(other.decisions)
+    into.audit_rows += other.audit_rows
+    into.audit_disagreements += other.audit_disagreements
+    into.kernel_s += other.kernel_s
+
+
+class Worker:
+    """Owns the loop; ``stop()`` (from a signal) ends it after the batch in hand commits."""
+
+    def __init__(self, settings: Settings, model: CompiledModel, source, sink,
+                 metrics: Metrics | None = None, progress=None):
+        self.settings, self.model = settings, model
+        self.source, self.sink = source, sink
+        self.metrics = metrics or Metrics()
+        self.pipeline = Pipeline(model, settings, getattr(sink, "topic", "scores"))
+        self.progress = progress
+        self.totals = BatchStats()
+        self._stop = False
+        from .io.kafka import KafkaSink, KafkaSource
+
+        self.transactional = (settings.delivery.mode == "exactly_once"
+                              and isinstance(source, KafkaSource)
+                              and isinstance(sink, KafkaSink) and sink.transactional)
+
+    def stop(self, *_args) -> None:
+        self._stop = True
+
+    def _collect(self) -> list[tuple[Record, pa.Table | codec.InvalidMessage]]:
+        d = self.settings.delivery
+        items: list = []
+        rows = nbytes = 0
+        deadline = None
+        while len(items) < d.max_batch_messages and rows < d.max_batch_rows \
+                and nbytes < d.max_batch_bytes:
+            if deadline is None:
+                timeout = 0.5  # idle: wake up twice a second to notice a stop request
+            else:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+            recs = self.source.poll(d.max_batch_messages - len(items), timeout)
+            for rec in recs:
+                decoded = self.pipeline.decode(rec)
+                items.append((rec, decoded))
+                nbytes += len(rec.value or b"")
+                if isinstance(decoded, pa.Table):
+                    rows += decoded.num_rows
+            if deadline is None and items:
+                deadline = time.monotonic() + d.max_wait_ms / 1000
+            if self.source.exhausted or self._stop or (not recs and deadline is None):
+                break
+        return items
+
+    def _deliver(self, batch: list[Record], outputs: list[Record], dead: list[Record]) -> bool:
+        from .io.kafka import TransactionAborted
+
+        if self.transactional:
+            try:
+                self.sink.commit_transaction(self.source, batch, outputs, dead)
+            except TransactionAborted:
+                self.metrics.transactions_aborted.inc()
+                return False
+            return True
+        self.sink.write(outputs, dead)
+        self.sink.flush()
+        self.source.commit(batch)  # at least once: offsets only after delivery
+        return True
+
+    def run(self) -> int:
+        m = self.metrics
+        last_lag = 0.0
+        while not self._stop:
+            items = self._collect()
+            if not items:
+                if self.source.exhausted:
+                    break
+                m.beat()
+                continue
+            t0 = time.perf_counter()
+            batch = [rec for rec, _ in items]
+            outputs, dead, stats = self.pipeline.process(items)
+            if not self._deliver(batch, outputs, dead):
+                continue  # aborted and rewound: the same messages come again
+            now = time.time()
+            self._observe(stats, batch, time.perf_counter() - t0, now)
+            if self.progress is not None:
+                self.progress(len(batch), stats)
+            if now - last_lag > 5:
+                for part, lag in self.source.lag().items():
+                    m.consumer_lag.labels(part).set(lag)
+                last_lag = now
+        return 0
+
+    def _observe(self, stats: BatchStats, batch: list[Record], seconds: float, now: float):
+        m = self.metrics
+        m.messages_in.inc(stats.messages)
+        m.records_in.inc(stats.rows)
+        m.records_out.inc(stats.rows)
+        for reason, n in stats.dead.items():
+            m.dead_letters.labels(reason).inc(n)
+        m.batch_seconds.observe(seconds)
+        m.score_seconds.observe(stats.kernel_s)
+        m.work_units.inc(stats.work_units)
+        m.work_units_full.inc(stats.rows * self.model.work_total)
+        for reason, n in stats.stop_reasons.items():
+            m.stop_reasons.labels(reason).inc(n)
+        m.audit_rows.inc(stats.audit_rows)
+        m.audit_disagreements.inc(stats.audit_disagreements)
+        for rec in batch:
+            if rec.timestamp_ms > 0:
+                m.end_to_end_seconds.observe(max(now - rec.timestamp_ms / 1000, 0.0))
+        m.beat()
+        _merge(self.totals, stats)
+        self.totals.messages += stats.messages
+        self.totals.dead.update(stats.dead)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
+    import logging
+
+    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr, format="%(message)s")
+    renderer = (structlog.processors.JSONRenderer() if fmt == "json"
+                else structlog.dev.ConsoleRenderer(colors=False))
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso"), renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def build_source(settings: Settings):
+    if settings.source.type == "file":
+        from .io.files import FileSource
+
+        return FileSource(settings.source.path)
+    from .io.kafka import KafkaSource
+
+    topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
+    return KafkaSource(settings.consumer_config(), topics)
+
+
+def build_sink(settings: Settings):
+    s = settings.sink
+    if s.type == "file":
+        from .io.files import FileSink
+
+        return FileSink(s.path, s.dlq_path)
+    from .io.kafka import KafkaSink
+
+    transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
+    return KafkaSink(settings.producer_config(transactional), s.topic, s.dlq_topic,
+                     transactional)
+
+
+def run_from_config(path: str | None, **overrides) -> int:
+    """The `scoring-worker --config FILE` entry point; returns the process exit code."""
+    try:
+        settings = load_settings(path, **overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return run(settings)
+
+
+def run(settings: Settings, summary: bool = True) -> int:
+    from .io.kafka import FatalKafkaError
+    from .model.artifact import ArtifactError
+    from .model.compile import load_model
+
+    configure_logging(settings.logging.level, settings.logging.format)
+    try:
+        model = load_model(settings.model.path)
+    except FileNotFoundError:
+        print(f"config error: model.path: {settings.model.path} does not exist", file=sys.stderr)
+        return 2
+    except ArtifactError as exc:
+        print(f"config error: model.path: {exc}", file=sys.stderr)
+        return 2
+    if settings.scoring.lazy.mode != "off" or settings.scoring.audit_fraction:
+        try:
+            model.score_batch(np.zeros((1, model.n_features), dtype=np.float32),
+                              lazy=settings.scoring.lazy.mode,
+                              thresholds=settings.scoring.thresholds,
+                              **settings.scoring.lazy.params)
+        except (TypeError, ValueError, ImportError) as exc:
+            print(f"config error: scoring.lazy: {exc}", file=sys.stderr)
+            return 2
+    metrics = Metrics()
+    with contextlib.ExitStack() as stack:
+        try:
+            source = build_source(settings)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            return 2
+        stack.callback(source.close)
+        try:
+            sink = build_sink(settings)
+        except FatalKafkaError as exc:
+            log.error("cannot start the producer", error=str(exc))
+            return 1
+        stack.callback(sink.close)
+        if settings.metrics.port:
+            server = metrics.serve(settings.metrics.host, settings.metrics.port)
+            stack.callback(server.shutdown)
+        progress = stack.enter_context(_progress(settings, source))
+        worker = Worker(settings, model, source, sink, metrics, progress)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, worker.stop)
+        log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
+                 source=settings.source.type, sink=settings.sink.type,
+                 delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)
+        t0 = time.perf_counter()
+        try:
+            rc = worker.run()
+        except FatalKafkaError as exc:
+            log.error("fatal Kafka error: exiting for a restart", error=str(exc))
+            return 1
+        elapsed = time.perf_counter() - t0
+    t = worker.totals
+    log.info("worker stopped", records=t.rows, messages=t.messages,
+             dead_letters=sum(t.dead.values()), seconds=round(elapsed, 2))
+    if summary and settings.sink.type == "file":
+        _print_summary(settings, model, t, elapsed)
+    return rc
+
+
+@contextlib.contextmanager
+def _progress(settings: Settings, source):
+    """A progress bar over messages for file sources; a rate line every 10 s otherwise."""
+    total = getattr(source, "total", None)
+    if not settings.logging.progress:
+        yield None
+        return
+    if total:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("messages"), TimeRemainingColumn(),
+                      transient=False) as bar:
+            task = bar.add_task("scoring", total=total)
+            yield lambda n, stats: bar.advance(task, n)
+        return
+    state = {"t": time.monotonic(), "rows": 0}
+
+    def tick(n, stats):
+        state["rows"] += stats.rows
+        now = time.monotonic()
+        if now - state["t"] >= 10:
+            log.info("progress", rows_per_s=round(state["rows"] / (now - state["t"])))
+            state.update(t=now, rows=0)
+
+    yield tick
+
+
+def _print_summary(settings: Settings, model: CompiledModel, t: BatchStats, elapsed: float):
+    try:
+        from .report import summarize
+    except ImportError:
+        summarize = None
+    if summarize is not None:
+        from pathlib import Path
+
+        png = str(Path(settings.sink.path).with_suffix(".png"))
+        text = summarize(settings.sink.path, model.work_total, elapsed, png,
+                         settings.scoring.thresholds, dead_letters=sum(t.dead.values()))
+        from rich.console import Console
+
+        Console(stderr=False).print(text)
+        return
+    print(f"records {t.rows}, messages {t.messages}, {t.rows / max(elapsed, 1e-9):,.0f} rows/s,"
+          f" dead letters {sum(t.dead.values())}")

@@ -1,0 +1,233 @@
+"""Frozen, validated configuration: YAML file, then SCORING_WORKER__SECTION__KEY overrides.
+
+The environment is read here and nowhere else. ``kafka_client_config`` renders the librdkafka
+dictionaries the Kafka layer hands to confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "SCORING_WORKER__"
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SourceConfig(_Section):
+    type: Literal["kafka", "file"] = "file"
+    topic: str | None = None  # kafka: topic to consume (comma-separated for several)
+    path: str | None = None  # file: recorded topic (.arrows)
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if self.type == "kafka" and not self.topic:
+            raise ValueError("source.topic is required when source.type is kafka")
+        if self.type == "file" and not self.path:
+            raise ValueError("source.path is required when source.type is file")
+        return self
+
+
+class SinkConfig(_Section):
+    type: Literal["kafka", "file"] = "file"
+    topic: str | None = None
+    dead_letter_topic: str | None = None  # default: <topic>-dlq
+    path: str | None = None  # file: scores as a recorded topic (.arrows)
+    dead_letter_path: str | None = None  # file: default <path stem>-dlq.arrows
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if self.type == "kafka" and not self.topic:
+            raise ValueError("sink.topic is required when sink.type is kafka")
+        if self.type == "file" and not self.path:
+            raise ValueError("sink.path is required when sink.type is file")
+        return self
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.dead_letter_topic or f"{self.topic}-dlq"
+
+    @property
+    def dlq_path(self) -> str:
+        if self.dead_letter_path:
+            return self.dead_letter_path
+        p = Path(self.path or "out.arrows")
+        return str(p.with_name(p.stem + "-dlq" + p.suffix))
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "scoring-worker"
+    transactional_id: str | None = None  # default: <group_id>-<host>-<random>
+    security_protocol: str | None = None  # e.g. SASL_SSL
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None  # set SCORING_WORKER__KAFKA__SASL_PASSWORD
+    ssl_ca_location: str | None = None
+    client: dict[str, str | int | float | bool] = Field(default_factory=dict)  # librdkafka
+
+    def common(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        for key, value in (("security.protocol", self.security_protocol),
+                           ("sasl.mechanism", self.sasl_mechanism),
+                           ("sasl.username", self.sasl_username),
+                           ("ssl.ca.location", self.ssl_ca_location)):
+            if value is not None:
+                conf[key] = value
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        conf.update(self.client)
+        return conf
+
+
+class ModelConfig(_Section):
+    path: str = "models/demo-xgb.model"
+
+
+class LazyConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")  # extra keys: policy parameters
+    mode: Literal["off", "certified", "lazyrf", "lazygbm"] = "off"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ScoringConfig(_Section):
+    id_column: str | None = "txn_id"
+    block_size: int = Field(64, ge=1, le=4096)  # rows per staged block (the kernels use 64)
+    threads: int | None = Field(None, ge=1, le=256)  # None: all cores
+    thresholds: list[float] = Field(default_factory=lambda: [0.5])
+    lazy: LazyConfig = Field(default_factory=LazyConfig)
+    audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _sorted(cls, v: list[float]) -> list[float]:
+        if not v:
+            raise ValueError("at least one threshold is needed")
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError("thresholds must be strictly increasing")
+        return v
+
+
+class DeliveryConfig(_Section):
+    mode: Literal["exactly_once", "at_least_once"] = "exactly_once"
+    max_batch_rows: int = Field(8192, ge=1)
+    max_batch_bytes: int = Field(16 << 20, ge=1024)
+    max_batch_messages: int = Field(2000, ge=1)
+    max_wait_ms: int = Field(20, ge=0, le=60_000)
+    transaction_timeout_ms: int = Field(60_000, ge=1000)
+
+
+class MetricsConfig(_Section):
+    port: int = Field(0, ge=0, le=65535)  # 0: off
+    host: str = "127.0.0.1"
+
+
+class LoggingConfig(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["console", "json"] = "console"
+    progress: bool = True  # progress bar for file sources; periodic rate lines for Kafka
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
+                                      frozen=True, extra="forbid", case_sensitive=False)
+
+    source: SourceConfig = Field(default_factory=lambda: SourceConfig(
+        type="file", path="data/demo.arrows"))
+    sink: SinkConfig = Field(default_factory=lambda: SinkConfig(type="file",
+                                                                path="out/demo-scores.arrows"))
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings: PydanticBaseSettingsSource,
+                                   env_settings, dotenv_settings, file_secret_settings):
+        return (env_settings, init_settings)  # the environment overrides the YAML file
+
+    # ---- librdkafka dictionaries ----
+    def consumer_config(self) -> dict[str, Any]:
+        return {
+            "group.id": self.kafka.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "partition.assignment.strategy": "cooperative-sticky",
+            # bound memory under a backlog: librdkafka's prefetch queue
+            "queued.max.messages.kbytes": 65536,
+            "max.poll.interval.ms": 300_000,
+            **self.kafka.common(),
+        }
+
+    def producer_config(self, transactional: bool) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "queue.buffering.max.kbytes": 262144,
+            **self.kafka.common(),
+        }
+        if transactional:
+            conf["transactional.id"] = self.kafka.transactional_id or (
+                f"{self.kafka.group_id}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
+            conf["transaction.timeout.ms"] = self.delivery.transaction_timeout_ms
+        return conf
+
+
+def _format_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"config error: {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | Path | None = None, **overrides) -> Settings:
+    """YAML file (optional) -> Settings, with the environment on top. Raises ConfigError."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config error: --config: file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config error: {p} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config error: {p}: the top level must be a mapping of sections")
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+
+
+def environment_overrides() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}

@@ -1,0 +1,205 @@
+"""Thin confluent-kafka wrappers: consumer source, producer sink, transactions.
+
+Error policy (one layer up, in app.py): ``TransactionAborted`` means the batch was rolled back
+and the consumer rewound to its committed offsets (process again); ``FatalKafkaError`` means
+this worker must exit non-zero (fenced, or a fatal client error) so it is restarted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from .records import Record
+
+log = structlog.get_logger("worker.kafka")
+
+
+class FatalKafkaError(RuntimeError):
+    """Unrecoverable: fenced by a newer instance, or a fatal librdkafka error."""
+
+
+class TransactionAborted(RuntimeError):
+    """The transaction was aborted; the consumer was rewound to the committed offsets."""
+
+
+def _headers(msg) -> list[tuple[str, bytes]]:
+    return [(k, v if isinstance(v, bytes) else (v or b"")) for k, v in (msg.headers() or [])]
+
+
+class KafkaSource:
+    """A consumer-group member; every batch is committed before the next poll."""
+
+    def __init__(self, conf: dict, topics: list[str]):
+        self.consumer = Consumer(conf)
+        self.topics = topics
+        self.exhausted = False  # a topic never ends
+        self.total = None
+        self.assigned: set[tuple[str, int]] = set()
+        self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+
+    # Rebalance callbacks run inside poll/consume, i.e. between batches: every batch has been
+    # committed (or aborted and rewound) by then, so there is nothing in flight to settle.
+    def _on_assign(self, consumer, partitions):
+        self.assigned |= {(p.topic, p.partition) for p in partitions}
+        log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
+                                                   for p in partitions])
+
+    def _on_revoke(self, consumer, partitions):
+        self.assigned -= {(p.topic, p.partition) for p in partitions}
+        log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
+                                                  for p in partitions])
+
+    def _on_lost(self, consumer, partitions):
+        self.assigned -= {(p.topic, p.partition) for p in partitions}
+        log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
+                                                  for p in partitions])
+
+    def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
+        out = []
+        for msg in self.consumer.consume(num_messages=max_messages, timeout=timeout_s):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise FatalKafkaError(str(err))
+                log.warning("consumer error", error=str(err))
+                continue
+            ts_type, ts = msg.timestamp()
+            out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(),
+                              msg.value(), ts if ts_type else 0, _headers(msg)))
+        return out
+
+    @staticmethod
+    def next_offsets(batch: list[Record]) -> list[TopicPartition]:
+        """Offsets to commit: the next to consume (last + 1) for every partition in the batch."""
+        last: dict[tuple[str, int], int] = {}
+        for r in batch:
+            key = (r.topic, r.partition)
+            last[key] = max(last.get(key, -1), r.offset)
+        return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
+
+    def commit(self, batch: list[Record]) -> None:
+        if batch:
+            self.consumer.commit(offsets=self.next_offsets(batch), asynchronous=False)
+
+    def rewind(self) -> None:
+        """Seek every assigned partition back to its committed offset (after an abort)."""
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return
+        for tp in self.consumer.committed(assignment, timeout=30):
+            if tp.offset == OFFSET_INVALID:
+                lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
+                tp.offset = lo
+            self.consumer.seek(tp)
+
+    def lag(self) -> dict[str, int]:
+        """Per-partition lag: high watermark minus position (>= 1 after transaction markers)."""
+        out = {}
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return out
+        for tp in self.consumer.position(assignment):
+            try:
+                _lo, hi = self.consumer.get_watermark_offsets(tp, timeout=1, cached=True)
+            except KafkaException:
+                continue
+            if tp.offset >= 0 and hi >= 0:
+                out[f"{tp.topic}[{tp.partition}]"] = max(hi - tp.offset, 0)
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaSink:
+    """Producer for scores and dead letters; transactional in exactly-once mode."""
+
+    def __init__(self, conf: dict, topic: str, dlq_topic: str, transactional: bool):
+        self.producer = Producer(conf)
+        self.topic, self.dlq_topic = topic, dlq_topic
+        self.transactional = transactional
+        self._errors: list[KafkaError] = []
+        if transactional:
+            self._txn(self.producer.init_transactions, 60)
+
+    def _on_delivery(self, err, msg):
+        if err is not None:
+            self._errors.append(err)
+
+    def _produce(self, topic: str, r: Record) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=r.value, key=r.key, headers=r.headers,
+                                      on_delivery=self._on_delivery)
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self.producer.poll(0.1)
+
+    def write(self, outputs: list[Record], dead: list[Record]) -> None:
+        for r in outputs:
+            self._produce(self.topic, r)
+        for r in dead:
+            self._produce(self.dlq_topic, r)
+        self.producer.poll(0)
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        remaining = self.producer.flush(timeout_s)
+        if remaining or self._errors:
+            errs, self._errors = self._errors, []
+            raise KafkaException(errs[0] if errs else KafkaError(KafkaError._MSG_TIMED_OUT))
+
+    @staticmethod
+    def _txn(call, *args):
+        """Run a transactional API call; retriable errors are retried, the rest classified."""
+        for attempt in range(10):
+            try:
+                return call(*args)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal() or err.code() in (KafkaError._FENCED,
+                                                 KafkaError.PRODUCER_FENCED):
+                    raise FatalKafkaError(str(err)) from exc
+                if err.txn_requires_abort():
+                    raise
+                if err.retriable() and attempt < 9:
+                    time.sleep(min(0.1 * 2**attempt, 2.0))
+                    continue
+                raise
+
+    def commit_transaction(self, source: KafkaSource, batch: list[Record],
+                           outputs: list[Record], dead: list[Record]) -> None:
+        """Steps, in order: 1 begin; 2 produce scores and dead letters; 3 add the input
+        offsets (next to consume) with the group metadata; 4 commit. Output and input
+        offsets become visible together or not at all."""
+        try:
+            self._txn(self.producer.begin_transaction)
+            self.write(outputs, dead)
+            self._txn(self.producer.send_offsets_to_transaction,
+                      source.next_offsets(batch), source.consumer.consumer_group_metadata())
+            self._txn(self.producer.commit_transaction, 60)
+        except FatalKafkaError:
+            raise
+        except KafkaException as exc:
+            log.warning("transaction aborted", error=str(exc.args[0]))
+            try:
+                self.producer.abort_transaction(60)
+            except KafkaException as abort_exc:
+                raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
+            source.rewind()
+            raise TransactionAborted(str(exc.args[0])) from exc
+
+    def close(self) -> None:
+        self.producer.flush(10)

@@ -1,0 +1,84 @@
+"""Prometheus metrics and the health endpoint (loopback by default)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.records_in = Counter("scoring_records_in", "Rows decoded from input messages",
+                                  registry=r)
+        self.records_out = Counter("scoring_records_out", "Rows scored and delivered",
+                                   registry=r)
+        self.messages_in = Counter("scoring_messages_in", "Input messages consumed", registry=r)
+        self.dead_letters = Counter("scoring_dead_letters", "Messages sent to the dead-letter "
+                                    "topic", ["reason"], registry=r)
+        self.batch_seconds = Histogram("scoring_batch_seconds", "Decode+score+deliver+commit "
+                                       "time per batch", buckets=_LATENCY, registry=r)
+        self.score_seconds = Histogram("scoring_kernel_seconds", "Kernel time per batch",
+                                       buckets=_LATENCY, registry=r)
+        self.end_to_end_seconds = Histogram("scoring_end_to_end_seconds", "Commit time minus "
+                                            "the input message timestamp",
+                                            buckets=_LATENCY + (30, 60), registry=r)
+        self.work_units = Counter("scoring_work_units", "Work units (trees or boosting "
+                                  "rounds) evaluated", registry=r)
+        self.work_units_full = Counter("scoring_work_units_full", "Work units full "
+                                       "evaluation would have taken", registry=r)
+        self.stop_reasons = Counter("scoring_stop_reasons", "Rows by stop reason", ["reason"],
+                                    registry=r)
+        self.audit_rows = Counter("scoring_audit_rows", "Rows also fully evaluated by the "
+                                  "fidelity audit", registry=r)
+        self.audit_disagreements = Counter("scoring_audit_disagreements", "Audited rows whose "
+                                           "decision differs from full evaluation", registry=r)
+        self.transactions_aborted = Counter("scoring_transactions_aborted", "Aborted "
+                                            "transactions (batch reprocessed)", registry=r)
+        self.consumer_lag = Gauge("scoring_consumer_lag", "High watermark minus position",
+                                  ["partition"], registry=r)
+        self.last_batch = Gauge("scoring_last_batch_timestamp", "Unix time of the last "
+                                "completed loop iteration", registry=r)
+        self.heartbeat = time.time()
+
+    def beat(self) -> None:
+        self.heartbeat = time.time()
+        self.last_batch.set(self.heartbeat)
+
+    def serve(self, host: str, port: int, stale_after_s: float = 60.0) -> ThreadingHTTPServer:
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                if self.path.startswith("/metrics"):
+                    body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
+                elif self.path.startswith(("/healthz", "/health")):
+                    ok = time.time() - metrics.heartbeat < stale_after_s
+                    body = b"ok\n" if ok else b"stalled\n"
+                    ctype, code = "text/plain", 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        return server
