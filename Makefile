@@ -43,8 +43,9 @@ bench: build
 bench-lazy: build
 	$(PY) bench/lazy.py
 
-golden: demo-data
-	$(PY) -m worker.demo golden
+# Regenerate tests/golden/* (review the diff before committing; tests never regenerate it).
+golden: build
+	$(PY) -m tests.golden
 
 broker-start:
 	$(BROKER) start

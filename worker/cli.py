@@ -96,5 +96,85 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
                f" -> {output_path}")
 
 
+@main.command("record")
+@click.option("--bootstrap", default="127.0.0.1:9092", show_default=True)
+@click.option("--topic", required=True)
+@click.option("--output", required=True, type=click.Path(dir_okay=False),
+              help="Recorded topic file (.arrows).")
+@click.option("--from-offset", default="earliest", show_default=True,
+              help="earliest, latest, or an offset applied to every partition.")
+@click.option("--from-timestamp", type=int, default=None,
+              help="Start at the first message at or after this Unix time in milliseconds.")
+@click.option("--max-messages", type=int, default=None)
+@click.option("--max-seconds", type=float, default=None)
+def record_cmd(bootstrap, topic, output, from_offset, from_timestamp, max_messages,
+               max_seconds) -> None:
+    """Record a topic's committed messages into a file, for replay tests."""
+    from rich.progress import Progress
+
+    from .replay import record_topic
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"recording {topic}", total=max_messages)
+        try:
+            n = record_topic(bootstrap, topic, output, from_offset=from_offset,
+                             from_timestamp_ms=from_timestamp, max_messages=max_messages,
+                             max_seconds=max_seconds,
+                             progress=lambda k: bar.advance(task, k))
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"recorded {n} messages from {topic} -> {output}")
+
+
+@main.command("replay")
+@click.argument("input_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="Worker config for scoring settings (source and sink are replaced).")
+@click.option("--model", "model_path", type=click.Path(exists=True), default=None)
+@click.option("--output", type=click.Path(dir_okay=False), default=None,
+              help="Scores file (.arrows); default out/replay-scores.arrows.")
+@click.option("--topic", default=None, help="Publish scores to this topic instead of a file.")
+@click.option("--bootstrap", default=None, help="Kafka bootstrap for --topic.")
+@click.option("--expect", "golden", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Golden scores file: compare id by id, exit 1 on any difference.")
+@click.option("--atol", type=float, default=1e-9, show_default=True)
+@click.option("--rtol", type=float, default=0.0, show_default=True)
+def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap, golden, atol,
+               rtol) -> None:
+    """Replay a recorded topic through the worker pipeline (file -> worker -> file or topic)."""
+    from .app import run
+    from .config import ConfigError, load_settings
+    from .replay import compare
+
+    if golden and topic:
+        raise click.UsageError("--expect compares a scores file: use --output, not --topic")
+    output = output or "out/replay-scores.arrows"
+    over = {"source": {"type": "file", "path": input_path},
+            "sink": ({"type": "kafka", "topic": topic} if topic
+                     else {"type": "file", "path": output}),
+            "delivery": {"mode": "at_least_once"}}
+    try:
+        base = load_settings(config_path) if config_path else load_settings()
+        data = base.model_dump(mode="python")
+        data.update(over)
+        if model_path:
+            data["model"] = {"path": model_path}
+        if bootstrap:
+            data["kafka"]["bootstrap_servers"] = bootstrap
+        if data["kafka"].get("sasl_password") is not None:
+            data["kafka"]["sasl_password"] = base.kafka.sasl_password.get_secret_value()
+        settings = load_settings(None, **data)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    rc = run(settings, summary=golden is None)
+    if rc != 0:
+        sys.exit(rc)
+    if golden:
+        result = compare(output, golden, atol=atol, rtol=rtol)
+        click.echo(result.summary())
+        sys.exit(0 if result.ok else 1)
+
+
 if __name__ == "__main__":
     main()

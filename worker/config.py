@@ -109,6 +109,11 @@ class LazyConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")  # extra keys: policy parameters
     mode: Literal["off", "certified", "lazyrf", "lazygbm"] = "off"
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v):
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
     @property
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
