@@ -1,0 +1,165 @@
+"""Configuration, CLI exit codes, metrics and the file-to-file worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import worker
+from tests import models as M
+from worker.config import ConfigError, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "golden"
+
+
+def run_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "worker.cli", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_example_configs_validate():
+    prod = load_settings(REPO / "config" / "prod.yaml")
+    assert prod.source.type == "kafka" and prod.delivery.mode == "exactly_once"
+    assert prod.scoring.thresholds == [0.5, 0.9] and prod.metrics.host == "127.0.0.1"
+    demo = load_settings(REPO / "config" / "demo.yaml")
+    assert demo.source.type == "file" and demo.sink.type == "file"
+
+
+def test_environment_overrides_yaml(monkeypatch):
+    monkeypatch.setenv("SCORING_WORKER__KAFKA__BOOTSTRAP_SERVERS", "10.0.0.1:9093")
+    monkeypatch.setenv("SCORING_WORKER__SCORING__THREADS", "1")
+    monkeypatch.setenv("SCORING_WORKER__KAFKA__SASL_PASSWORD", "s3cret")
+    s = load_settings(REPO / "config" / "prod.yaml")
+    assert s.kafka.bootstrap_servers == "10.0.0.1:9093"
+    assert s.kafka.group_id == "scoring-worker"  # the rest of the section stays from YAML
+    assert s.scoring.threads == 1
+    assert "s3cret" not in repr(s)  # a secret never prints
+    assert s.consumer_config()["sasl.password"] == "s3cret"
+    assert s.consumer_config()["isolation.level"] == "read_committed"
+    assert "transactional.id" in s.producer_config(transactional=True)
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"scoring": {"threads": 0}}, "scoring.threads"),
+    ({"scoring": {"thresholds": [0.9, 0.5]}}, "scoring.thresholds"),
+    ({"delivery": {"mode": "maybe_once"}}, "delivery.mode"),
+    ({"source": {"type": "kafka"}}, "source"),
+    ({"metrics": {"port": 70000}}, "metrics.port"),
+    ({"scoring": {"lazy": {"mode": "sometimes"}}}, "scoring.lazy.mode"),
+    ({"unknown_section": {}}, "unknown_section"),
+])
+def test_bad_config_exits_2_naming_the_field(tmp_path, doc, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_settings(path)
+    proc = run_cli("--config", path)
+    assert proc.returncode == 2
+    assert field in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_missing_config_and_model_exit_2(tmp_path):
+    proc = run_cli("--config", tmp_path / "nope.yaml")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "none.model")},
+                                   "source": {"type": "file", "path": str(GOLDEN /
+                                                                          "input.arrows")}}))
+    proc = run_cli("--config", cfg)
+    assert proc.returncode == 2 and "model.path" in proc.stderr
+
+
+def test_compile_cli_and_unsupported_model(tmp_path):
+    import joblib
+    from sklearn.ensemble import AdaBoostClassifier
+
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    booster.save_model(tmp_path / "m.json")
+    proc = run_cli("compile", tmp_path / "m.json", "-o", tmp_path / "m.model")
+    assert proc.returncode == 0, proc.stderr
+    assert worker.load_model(tmp_path / "m.model").model_id in proc.stdout
+    X, y, _, _ = M.training_data(nan=False)
+    joblib.dump(AdaBoostClassifier(n_estimators=2).fit(X, y), tmp_path / "ada.joblib")
+    proc = run_cli("compile", tmp_path / "ada.joblib", "-o", tmp_path / "ada.model")
+    assert proc.returncode != 0 and "AdaBoostClassifier" in proc.stderr
+    assert not (tmp_path / "ada.model").exists()
+
+
+def test_score_cli_matches_api(tmp_path):
+    import pyarrow as pa
+
+    from worker.fileio import read_table, write_table
+
+    model = worker.load_model(GOLDEN / "fraud-xgb.model")
+    from worker import demo
+
+    table = demo.generate(500, seed=3)
+    write_table(tmp_path / "in.parquet", table)
+    proc = run_cli("score", "--model", GOLDEN / "fraud-xgb.model", "--input",
+                   tmp_path / "in.parquet", "--output", tmp_path / "out.arrow",
+                   "--id-column", "txn_id", "--threshold", "0.5", "--threshold", "0.9")
+    assert proc.returncode == 0, proc.stderr
+    out = read_table(tmp_path / "out.arrow")
+    ref = model.score_batch(table, thresholds=[0.5, 0.9])
+    np.testing.assert_array_equal(out.column("score").to_numpy(), ref.score)
+    assert out.column("id").to_pylist() == table.column("txn_id").to_pylist()
+    assert out.schema.metadata[b"model_id"].decode() == model.model_id
+    assert isinstance(out.column("stop_reason").type, pa.DictionaryType)
+
+
+def test_file_worker_metrics_and_sigterm(tmp_path):
+    """A slow file run serves /metrics and /healthz, and SIGTERM stops it with exit 0."""
+    import signal
+
+    from worker import demo
+    from worker.io.records import write_records
+
+    write_records(tmp_path / "in.arrows", demo.demo_messages(3000, 5, seed=4))
+    port = 39464
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": {"type": "file", "path": str(tmp_path / "in.arrows")},
+        "sink": {"type": "file", "path": str(tmp_path / "out.arrows")},
+        "model": {"path": str(GOLDEN / "fraud-xgb.model")},
+        "delivery": {"max_batch_messages": 1},
+        "metrics": {"port": port},
+        "logging": {"progress": False},
+    }))
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        body = health = None
+        for _ in range(100):
+            try:
+                health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                              timeout=2).read().decode()
+                if "scoring_records_in_total" in body:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        assert health is not None and health.status == 200
+        assert "scoring_records_in_total" in body and "scoring_batch_seconds" in body
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"worker stopped" in err
+    # it stopped mid-file, after a committed batch: every written message is whole
+    from worker.io.records import read_records
+
+    written = list(read_records(tmp_path / "out.arrows"))
+    assert 0 < len(written) < 3000
