@@ -32,13 +32,16 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class SourceConfig(_Section):
     type: Literal["kafka", "file"] = "file"
-    topic: str | None = None  # kafka: topic to consume (comma-separated for several)
-    path: str | None = None  # file: recorded topic (.arrows)
+    """Where input messages come from: a Kafka topic, or a recorded topic file."""
+    topic: str | None = None
+    """Kafka: topic to consume (comma-separated for several)."""
+    path: str | None = None
+    """File: recorded topic (.arrows)."""
 
     @model_validator(mode="after")
     def _needs(self):
@@ -51,10 +54,15 @@ class SourceConfig(_Section):
 
 class SinkConfig(_Section):
     type: Literal["kafka", "file"] = "file"
+    """Where scores go: a Kafka topic, or a recorded topic file."""
     topic: str | None = None
-    dead_letter_topic: str | None = None  # default: <topic>-dlq
-    path: str | None = None  # file: scores as a recorded topic (.arrows)
-    dead_letter_path: str | None = None  # file: default <path stem>-dlq.arrows
+    """Kafka: output topic, one Arrow IPC stream per input message."""
+    dead_letter_topic: str | None = None
+    """Kafka: topic for undecodable or invalid input (default <topic>-dlq)."""
+    path: str | None = None
+    """File: scores as a recorded topic (.arrows)."""
+    dead_letter_path: str | None = None
+    """File: dead letters (default <path stem>-dlq.arrows)."""
 
     @model_validator(mode="after")
     def _needs(self):
@@ -78,14 +86,23 @@ class SinkConfig(_Section):
 
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
+    """Comma-separated host:port list."""
     group_id: str = "scoring-worker"
-    transactional_id: str | None = None  # default: <group_id>-<host>-<random>
-    security_protocol: str | None = None  # e.g. SASL_SSL
+    """Consumer group; workers with the same group share the partitions."""
+    transactional_id: str | None = None
+    """Exactly-once producer id (default <group_id>-<host>-<random>)."""
+    security_protocol: str | None = None
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
     sasl_mechanism: str | None = None
+    """PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, ..."""
     sasl_username: str | None = None
-    sasl_password: SecretStr | None = None  # set SCORING_WORKER__KAFKA__SASL_PASSWORD
+    """SASL user name."""
+    sasl_password: SecretStr | None = None
+    """SASL password: set it from the environment, never in the file."""
     ssl_ca_location: str | None = None
-    client: dict[str, str | int | float | bool] = Field(default_factory=dict)  # librdkafka
+    """CA certificate file for SSL."""
+    client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Any librdkafka setting, passed through to consumer and producer."""
 
     def common(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
@@ -103,11 +120,14 @@ class KafkaConfig(_Section):
 
 class ModelConfig(_Section):
     path: str = "models/demo-xgb.model"
+    """Compiled model artifact (`scoring-worker compile`)."""
 
 
 class LazyConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")  # extra keys: policy parameters
+    # extra keys are the policy parameters
+    model_config = ConfigDict(frozen=True, extra="allow", use_attribute_docstrings=True)
     mode: Literal["off", "certified", "lazyrf", "lazygbm"] = "off"
+    """Early-stopping policy; other keys of this section are its parameters."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -121,11 +141,16 @@ class LazyConfig(BaseModel):
 
 class ScoringConfig(_Section):
     id_column: str | None = "txn_id"
-    block_size: int = Field(64, ge=1, le=4096)  # rows per staged block (the kernels use 64)
-    threads: int | None = Field(None, ge=1, le=256)  # None: all cores
+    """Input column passed through as `id` (none: the row index in the message)."""
+    block_size: int = Field(64, ge=1, le=4096)
+    """Rows per staged block (informational: the kernels stage 64-row blocks)."""
+    threads: int | None = Field(None, ge=1, le=256)
+    """Kernel threads (default: all cores)."""
     thresholds: list[float] = Field(default_factory=lambda: [0.5])
+    """Decision thresholds on the score, increasing; decision = how many the score is >= to."""
     lazy: LazyConfig = Field(default_factory=LazyConfig)
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Fraction of rows also fully evaluated; disagreements are exported as a metric."""
 
     @field_validator("thresholds")
     @classmethod
@@ -139,27 +164,39 @@ class ScoringConfig(_Section):
 
 class DeliveryConfig(_Section):
     mode: Literal["exactly_once", "at_least_once"] = "exactly_once"
+    """exactly_once: Kafka transactions (outputs and offsets commit together)."""
     max_batch_rows: int = Field(8192, ge=1)
+    """A batch (one transaction) ends once it holds this many rows..."""
     max_batch_bytes: int = Field(16 << 20, ge=1024)
+    """...or this many input bytes..."""
     max_batch_messages: int = Field(2000, ge=1)
+    """...or this many messages..."""
     max_wait_ms: int = Field(20, ge=0, le=60_000)
+    """...or this long after its first message."""
     transaction_timeout_ms: int = Field(60_000, ge=1000)
+    """Broker-side transaction timeout."""
 
 
 class MetricsConfig(_Section):
-    port: int = Field(0, ge=0, le=65535)  # 0: off
+    port: int = Field(0, ge=0, le=65535)
+    """Prometheus /metrics and /healthz port; 0 turns the server off."""
     host: str = "127.0.0.1"
+    """Bind address of the metrics server (loopback by default)."""
 
 
 class LoggingConfig(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""
     format: Literal["console", "json"] = "console"
-    progress: bool = True  # progress bar for file sources; periodic rate lines for Kafka
+    """Structured logs as JSON lines, or human-readable."""
+    progress: bool = True
+    """Progress bar for file sources; periodic rate lines for Kafka."""
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
-                                      frozen=True, extra="forbid", case_sensitive=False)
+                                      frozen=True, extra="forbid", case_sensitive=False,
+                                      use_attribute_docstrings=True)
 
     source: SourceConfig = Field(default_factory=lambda: SourceConfig(
         type="file", path="data/demo.arrows"))

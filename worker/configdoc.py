@@ -1,0 +1,71 @@
+"""Render the configuration reference (README) from the pydantic models: `python -m
+worker.configdoc`. A test checks README.md carries the current rendering."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from .config import ENV_PREFIX, Settings
+
+BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+
+
+def _type_name(annotation) -> str:
+    text = repr(annotation) if not isinstance(annotation, type) else annotation.__name__
+    text = text.replace("typing.", "").replace("pydantic.types.", "")
+    return re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).split(".")[-1], text)
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return "(section)"
+        return repr(value)
+    return repr(field.default)
+
+
+def render() -> str:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str):
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            key = f"{prefix}{name}"
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, key + ".")
+                continue
+            doc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+            typ = _type_name(ann).replace("|", "\\|")
+            lines.append(f"| `{key}` | `{typ}` | `{_default(field)}` | {doc} |")
+        if model.model_config.get("extra") == "allow":
+            lines.append(f"| `{prefix}<param>` | any | | policy parameter, e.g. `tau: 0.95` |")
+
+    walk(Settings, "")
+    lines.append("")
+    lines.append(f"Every key can be set from the environment as `{ENV_PREFIX}SECTION__KEY` "
+                 f"(e.g. `{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS`); the environment wins over "
+                 "the file.")
+    return "\n".join(lines)
+
+
+def update_readme(path: Path) -> bool:
+    text = path.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    new = text[:start] + "\n" + render() + "\n" + text[end:]
+    if new != text:
+        path.write_text(new)
+        return True
+    return False
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--update":
+        changed = update_readme(Path(sys.argv[2] if len(sys.argv) > 2 else "README.md"))
+        print("README.md updated" if changed else "README.md already current")
+    else:
+        print(render())
