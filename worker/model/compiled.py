@@ -15,6 +15,13 @@ _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "class
               "notes")
 
 
+_L = _kernels.Link
+_LINKS = {"sigmoid": int(_L.LINK_SIGMOID), "sigmoid2": int(_L.LINK_SIGMOID2),
+          "softmax": int(_L.LINK_SOFTMAX)}
+_LINK_NONE, _LINK_COPY, _LINK_VOTE1 = int(_L.LINK_NONE), int(_L.LINK_COPY), int(_L.LINK_VOTE1)
+_SMALL = 64  # rows up to one kernel block take Forest.small (GIL held, no threads)
+
+
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
@@ -87,6 +94,10 @@ class CompiledModel:
     # ---- predictions -------------------------------------------------------------------
     def raw(self, X, n_threads: int | None = None) -> np.ndarray:
         """Raw scores (n, n_outputs) float64 (margins; averaged votes for forests)."""
+        if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
+            out = self._forest.small(X, _LINK_NONE)  # None: not a fast-path layout
+            if out is not None:
+                return out
         cols = self.columns(X)
         return self._forest.raw(cols, n_threads or default_threads())
 
@@ -94,26 +105,30 @@ class CompiledModel:
         raw = self.raw(X, n_threads)
         return raw[:, 0] if self.n_outputs == 1 else raw
 
-    def proba_from_raw(self, raw: np.ndarray) -> np.ndarray:
+    def _link_code(self) -> int:
+        """The kernels' code for this model's link (raises for models without probabilities)."""
         if self.task == "regression":
             raise AttributeError("predict_proba is for classifiers; this model is a regressor")
-        if self.link == "softmax":
-            z = raw - raw.max(axis=1, keepdims=True)
-            e = np.exp(z)
-            return e / e.sum(axis=1, keepdims=True)
-        if self.link == "vote" and self.n_outputs > 1:
-            return raw
         if self.link == "vote":
-            p = raw[:, 0]
-        elif self.link == "sigmoid2":
-            p = 1.0 / (1.0 + np.exp(-2.0 * raw[:, 0]))
-        elif self.link == "sigmoid":
-            p = 1.0 / (1.0 + np.exp(-raw[:, 0]))
-        else:  # identity-link binary (binary:logitraw): the margin is not a probability
-            raise AttributeError(f"objective {self.objective} gives margins, not probabilities")
-        return np.column_stack([1.0 - p, p])
+            return _LINK_COPY if self.n_outputs > 1 else _LINK_VOTE1
+        if self.link in _LINKS:
+            return _LINKS[self.link]
+        # identity-link binary (binary:logitraw): the margin is not a probability
+        raise AttributeError(f"objective {self.objective} gives margins, not probabilities")
+
+    def proba_from_raw(self, raw: np.ndarray) -> np.ndarray:
+        # the link runs in C (libm exp) for every batch size: a row's probability is the same
+        # to the bit whether it came alone (predict_proba fast path) or in a batch
+        return _kernels.link_proba(np.ascontiguousarray(raw, dtype=np.float64),
+                                   self._link_code())
 
     def predict_proba(self, X, n_threads: int | None = None) -> np.ndarray:
+        # a few rows of a numpy array: one call into C, no staging, no per-call allocation
+        # beyond the result (measured ~10 us -> ~2 us for one row of model A)
+        if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
+            out = self._forest.small(X, self._link_code())
+            if out is not None:
+                return out
         return self.proba_from_raw(self.raw(X, n_threads))
 
     def predict(self, X, n_threads: int | None = None) -> np.ndarray:
