@@ -361,7 +361,8 @@ def run(settings: Settings, summary: bool = True) -> int:
         elapsed = time.perf_counter() - t0
     t = worker.totals
     log.info("worker stopped", records=t.rows, messages=t.messages,
-             dead_letters=sum(t.dead.values()), seconds=round(elapsed, 2))
+             dead_letters=sum(t.dead.values()), seconds=round(elapsed, 2),
+             audit_rows=t.audit_rows, audit_disagreements=t.audit_disagreements)
     if summary and settings.sink.type == "file":
         _print_summary(settings, model, t, elapsed)
     return rc
