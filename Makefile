@@ -35,9 +35,9 @@ test: build
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Kernels against XGBoost, scikit-learn and TL2cgen (versions pinned in the `bench` extra).
 bench: build
-	$(PY) -m pip install -q ".[bench]" --no-build-isolation --no-deps
-	$(PY) -m pip install -q "treelite==4.6.1" "tl2cgen==1.0.0"
+	$(PY) -m pip install -q "treelite==4.6.1" "tl2cgen==1.0.0" "xgboost==3.2.0" "scikit-learn==1.9.1"
 	$(PY) bench/run.py
 
 bench-lazy: build
