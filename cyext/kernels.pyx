@@ -195,7 +195,7 @@ cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, in
             row[r] = X + r * ldx
             if sw_row_finite(row[r], nf):
                 rule = SW_RULE_FINITE
-            elif used + 2 * nf <= SPLIT_FLOATS:
+            elif m.split_ok and used + 2 * nf <= SPLIT_FLOATS:
                 sw_split_row(row[r], nf, xx + used)
                 row[r] = xx + used
                 used += 2 * nf
@@ -385,6 +385,11 @@ cdef class Forest:
             self.view.depth = 0
         else:
             raise ValueError(f"unknown layout {layout!r}")
+        # HistGradientBoosting's "split on NaN" nodes (threshold +inf, missing right) cannot be
+        # told apart from +inf by the doubled row, which stages NaN as +inf for them
+        words = a["pnodes"] if layout == "padded" else a["cnodes"]
+        self.view.split_ok = not bool(np.any((words[:, 1] == 0x7F800000)
+                                             & ((words[:, 0] >> 31) == 1)))
         self.float32_acc = a["leaves"].dtype == np.float32
         if self.float32_acc:
             self.leaves32 = a["leaves"]

@@ -222,3 +222,25 @@ def test_empty_batch():
     assert model.predict_proba(np.zeros((0, M.N_FEATURES), dtype=np.float32)).shape == (0, 3)
     r = model.score_batch(np.zeros((0, M.N_FEATURES)))
     assert len(r) == 0
+
+
+@pytest.mark.parametrize("layout", ["padded", "compact"])
+@pytest.mark.parametrize("n_rows", [1, 64, 65, 1000])
+def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
+    """HGB's "split on NaN" nodes (threshold +inf, NaN right) route every non-NaN value left,
+    +inf included, and only NaN right: the NaN fast paths must not treat NaN like +inf."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 4))
+    miss = rng.random(3000) < 0.3
+    X[miss, 0] = np.nan
+    y = (miss ^ (rng.random(3000) < 0.05)).astype(int)
+    est = HistGradientBoostingClassifier(max_iter=10, max_depth=3, random_state=0).fit(X, y)
+    thr = np.concatenate([p.nodes["num_threshold"][~p.nodes["is_leaf"].astype(bool)]
+                          for it in est._predictors for p in it])
+    assert np.isinf(thr).any(), "the model must contain a split on NaN"
+    model = worker.compile_model(est, layout=layout)
+    Xt = M.hostile_rows(n_rows, np.array([0.0]), seed=n_rows)[:, :4]
+    np.testing.assert_allclose(model.predict_proba(Xt),
+                               est.predict_proba(M.finite_for_library(Xt)), atol=1e-12)
