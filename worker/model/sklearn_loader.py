@@ -119,21 +119,8 @@ def _gradient_boosting(est, classifier: bool) -> Ensemble:
         classes = list(est.classes_)
     else:
         task, link, classes = "regression", "identity", []
-    return Ensemble(
-        trees=trees,
-        tree_group=np.asarray(group, dtype=np.int32),
-        unit_ptr=np.arange(0, n_stages * k + 1, k, dtype=np.int64),
-        n_outputs=k,
-        base=base,
-        divisor=1.0,
-        link=link,
-        task=task,
-        n_features=int(est.n_features_in_),
-        feature_names=_names(est, int(est.n_features_in_)),
-        classes=classes,
-        kind=type(est).__name__,
-        objective=str(getattr(est, "loss", "")),
-    )
+    return _boosted(est, trees, group, k, base, link, task, classes,
+                    objective=str(getattr(est, "loss", "")))
 
 
 def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
@@ -152,7 +139,6 @@ def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
         for c, pred in enumerate(it):
             trees.append(_hgb_tree(pred.nodes))
             group.append(c)
-    n_iter = len(est._predictors)
     if classifier:
         n_classes = len(est.classes_)
         task = "binary" if n_classes == 2 else "multiclass"
@@ -166,10 +152,17 @@ def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
                 "supported (identity-link losses only)"
             )
         task, link, classes = "regression", "identity", []
+    return _boosted(est, trees, group, k, base, link, task, classes, notes=[
+        "HistGradientBoosting compares float64 features: staging in float32 is exact "
+        "for inputs representable in float32"])
+
+
+def _boosted(est, trees, group, k, base, link, task, classes, **extra) -> Ensemble:
+    """A boosted ensemble of k trees per round, summed in order from ``base``."""
     return Ensemble(
         trees=trees,
         tree_group=np.asarray(group, dtype=np.int32),
-        unit_ptr=np.arange(0, n_iter * k + 1, k, dtype=np.int64),
+        unit_ptr=np.arange(0, len(trees) + 1, k, dtype=np.int64),
         n_outputs=k,
         base=base,
         divisor=1.0,
@@ -179,10 +172,7 @@ def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
         feature_names=_names(est, int(est.n_features_in_)),
         classes=classes,
         kind=type(est).__name__,
-        notes=[
-            "HistGradientBoosting compares float64 features: staging in float32 is exact "
-            "for inputs representable in float32"
-        ],
+        **extra,
     )
 
 
