@@ -130,12 +130,12 @@ def test_prepare_is_idempotent(tmp_path):
 # ---- summary --------------------------------------------------------------------------------
 
 def _output_value(ids, scores, decisions, work, reasons, work_total=150) -> bytes:
-    codes = pa.array([codec.STOP_REASONS.index(r) for r in reasons], type=pa.int8())
+    codes = pa.array([codec.STOP_REASONS.tolist().index(r) for r in reasons], type=pa.int8())
     batch = pa.RecordBatch.from_pydict({
         "id": pa.array(ids, pa.int64()), "score": pa.array(scores, pa.float64()),
         "label": pa.array([int(s >= 0.5) for s in scores], pa.int32()),
         "decision": pa.array(decisions, pa.int8()), "work_units": pa.array(work, pa.int32()),
-        "stop_reason": pa.DictionaryArray.from_arrays(codes, pa.array(codec.STOP_REASONS)),
+        "stop_reason": pa.DictionaryArray.from_arrays(codes, pa.array(codec.STOP_REASONS.tolist())),
         "score_lo": pa.array(scores, pa.float64()), "score_hi": pa.array(scores, pa.float64()),
     })
     return codec.encode(batch, {b"work_total": str(work_total).encode()})

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
-from .model.compiled import ScoreResult
+from .model.compiled import STOP_REASONS, ScoreResult
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
-STOP_REASONS = ["full", "certificate", "posterior", "flip", "late", "audit"]
-_REASON_CODE = {r: i for i, r in enumerate(STOP_REASONS)}
+_REASON_DICTIONARY = pa.array(STOP_REASONS.tolist(), type=pa.string())
 
 
 class InvalidMessage(ValueError):
@@ -52,8 +52,12 @@ def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
     """The SPEC output columns for rows ``slice_`` of a score result."""
     s = slice_ or slice(0, len(r))
     n = s.stop - s.start
-    codes = pa.array([_REASON_CODE[x] for x in r.stop_reason[s]], type=pa.int8()) \
-        if n else pa.array([], type=pa.int8())
+    if r.stop_code is not None:
+        codes = r.stop_code[s]
+    else:  # results built without codes: map the strings (one vectorised pass per reason)
+        codes = np.zeros(n, dtype=np.int8)
+        for i, reason in enumerate(STOP_REASONS):
+            codes[r.stop_reason[s] == reason] = i
     cols = {
         "id": ids if ids is not None else pa.array(range(s.start, s.stop), type=pa.int64()),
         "score": pa.array(r.score[s], type=pa.float64()),
@@ -63,7 +67,8 @@ def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
     cols.update({
         "decision": pa.array(r.decision[s], type=pa.int8()),
         "work_units": pa.array(r.work_units[s], type=pa.int32()),
-        "stop_reason": pa.DictionaryArray.from_arrays(codes, pa.array(STOP_REASONS)),
+        "stop_reason": pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int8()),
+                                                      _REASON_DICTIONARY),
         "score_lo": pa.array(r.score_lo[s], type=pa.float64()),
         "score_hi": pa.array(r.score_hi[s], type=pa.float64()),
     })

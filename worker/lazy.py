@@ -54,10 +54,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kernels
-from .model.compiled import CompiledModel, ScoreResult, decisions, default_threads
+from .model.compiled import STOP_REASONS, CompiledModel, ScoreResult, decisions, default_threads
 
 POLICIES = {"certified": 0, "lazyrf": 1, "lazygbm": 2}
-REASONS = np.array(["full", "certificate", "posterior", "flip", "late", "audit"], dtype=object)
+REASONS = STOP_REASONS
 VARIANTS = {"prototype": 0, "certificate_only": 1, "certificate_plus_flip": 2}
 BAND_SINGLE, BAND_VOTE, BAND_SOFTMAX = 0, 1, 2
 CLS_MARGIN = 1e-9  # multiclass leader margin (relative) and softmax-probability cut margin
@@ -447,6 +447,7 @@ def score_lazy(model: CompiledModel, X, lazy: str, thresholds=(0.5,), n_threads=
         decision=decisions(score, thresholds),
         work_units=units,
         stop_reason=REASONS[reason],
+        stop_code=np.asarray(reason, dtype=np.int8),
         score_lo=lo,
         score_hi=hi,
     )
@@ -477,4 +478,5 @@ def _audit(model, X, cols, result: ScoreResult, thresholds, fraction, seed, n_th
 
 def _subset(r: ScoreResult, idx: np.ndarray) -> ScoreResult:
     return ScoreResult(r.score[idx], r.label[idx], r.decision[idx], r.work_units[idx],
-                       r.stop_reason[idx], r.score_lo[idx], r.score_hi[idx])
+                       r.stop_reason[idx], r.score_lo[idx], r.score_hi[idx],
+                       stop_code=None if r.stop_code is None else r.stop_code[idx])

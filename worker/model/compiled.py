@@ -27,6 +27,11 @@ def default_threads() -> int:
                else os.cpu_count() or 1)
 
 
+# stop reasons, in code order (the output's dictionary-encoded `stop_reason` column)
+STOP_REASONS = np.array(["full", "certificate", "posterior", "flip", "late", "audit"],
+                        dtype=object)
+
+
 @dataclass
 class ScoreResult:
     """Per-row results of ``score_batch`` (numpy arrays, input order)."""
@@ -39,6 +44,7 @@ class ScoreResult:
     score_lo: np.ndarray  # float64
     score_hi: np.ndarray  # float64
     proba: np.ndarray | None = None  # (n, n_classes) for classifiers
+    stop_code: np.ndarray | None = None  # int8 index into STOP_REASONS (same rows)
 
     def __len__(self) -> int:
         return int(self.score.shape[0])
@@ -173,6 +179,7 @@ class CompiledModel:
             decision=decisions(score, thresholds),
             work_units=np.full(n, self.work_total, dtype=np.int32),
             stop_reason=np.full(n, "full", dtype=object),
+            stop_code=np.zeros(n, dtype=np.int8),
             score_lo=score.copy(),
             score_hi=score.copy(),
         )
