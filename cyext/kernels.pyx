@@ -389,7 +389,7 @@ cdef class Forest:
         # told apart from +inf by the doubled row, which stages NaN as +inf for them
         words = a["pnodes"] if layout == "padded" else a["cnodes"]
         self.view.split_ok = not bool(np.any((words[:, 1] == 0x7F800000)
-                                             & ((words[:, 0] >> 31) == 1)))
+                                             & ((words[:, 0] & 1) == 1)))
         self.float32_acc = a["leaves"].dtype == np.float32
         if self.float32_acc:
             self.leaves32 = a["leaves"]
@@ -419,7 +419,7 @@ cdef class Forest:
             raise ValueError("vector leaves must have one value per output")
         n_leaves = a["leaves"].shape[0]
         if self.view.pnodes != NULL:
-            keys = a["pnodes"][:, 0] & 0x3FFFFFFF
+            keys = a["pnodes"][:, 0] >> 1
             if keys.size and keys.max() >= max(nf, 1):
                 raise ValueError("a node reads a feature beyond n_features")
             if n_leaves != self.view.n_trees << self.view.depth:
@@ -427,8 +427,8 @@ cdef class Forest:
         else:
             cn = a["cnodes"]
             n = cn.shape[0]
-            leaf = (cn[:, 0] & 0x40000000) != 0
-            if ((cn[:, 0] & 0x3FFFFFFF) >= max(nf, 1)).any():
+            leaf = (cn[:, 0] & 0x80000000) != 0
+            if (((cn[:, 0] & 0x7FFFFFFF) >> 1) >= max(nf, 1)).any():
                 raise ValueError("a node reads a feature beyond n_features")
             if (cn[~leaf, 2].astype(np.int64) + 1 >= n).any() or (cn[leaf, 3] >= n_leaves).any():
                 raise ValueError("a node points outside the model")

@@ -13,7 +13,7 @@ from libc.math cimport exp, log, fabs, sqrt, tanh, INFINITY
 from libc.string cimport memcpy
 from libc.stdint cimport int8_t, uint64_t
 
-from swtypes cimport KEY_FEATURE, KEY_LEAF
+from swtypes cimport KEY_LEAF, sw_feat
 from walk cimport go_right
 
 cdef enum:
@@ -309,7 +309,7 @@ cdef inline void walk_rows8_padded(const ModelView* m, const float* X, int64_t l
     for d in range(m.depth):
         for j in range(INTERLEAVE):
             nd = base + p[j]
-            p[j] = 2 * p[j] + 1 + go_right(X[j * ldx + (nd.key & KEY_FEATURE)], nd.key, nd.thr)
+            p[j] = 2 * p[j] + 1 + go_right(X[j * ldx + sw_feat(nd.key)], nd.key, nd.thr)
     for j in range(INTERLEAVE):
         slot[j] = t * (ni + 1) + (p[j] - ni)
 
@@ -328,7 +328,7 @@ cdef inline void walk_rows8_compact(const ModelView* m, const float* X, int64_t 
         if all_leaf:
             break
         for j in range(INTERLEAVE):
-            nd[j] = m.cnodes + nd[j].child + go_right(X[j * ldx + (nd[j].key & KEY_FEATURE)],
+            nd[j] = m.cnodes + nd[j].child + go_right(X[j * ldx + sw_feat(nd[j].key)],
                                                       nd[j].key, nd[j].thr)
     for j in range(INTERLEAVE):
         slot[j] = nd[j].leaf

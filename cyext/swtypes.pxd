@@ -1,19 +1,27 @@
 # Fixed-width types and the packed node structs every kernel reads.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
-# Node key bits: feature index | LEAF flag | default-right flag (missing goes right).
+# Node key: 2 * feature + (1 if a missing value goes right), bit 31 = leaf (compact nodes).
+# 2f + right is the index into a doubled row (x at 2f, x at 2f+1, a NaN staged as -inf at 2f
+# and +inf at 2f+1): the NaN-row walk reads x2[key] with no arithmetic on the key at all.
+cdef extern from *:
+    """
+    #define SW_KEY_LEAF 0x80000000u
+    static inline uint32_t sw_feat(uint32_t key) { return (key & 0x7FFFFFFFu) >> 1; }
+    """
+    const uint32_t KEY_LEAF "SW_KEY_LEAF"
+    uint32_t sw_feat(uint32_t key) noexcept nogil   # the feature index of a node key
+
 cdef enum:
-    KEY_FEATURE = 0x3FFFFFFF
-    KEY_LEAF = 0x40000000
     BLOCK_ROWS = 64           # rows per staged block (XGBoost's kBlockOfRowsSize; 256 measured no faster)
     INTERLEAVE = 8            # trees walked at once per row: independent dependency chains
 
 ctypedef struct PNode:        # padded level-major node, 8 bytes
-    uint32_t key              # feature index, bit 31 = missing goes right
+    uint32_t key              # 2 * feature + missing-goes-right
     float thr                 # go right iff x > thr (float32); pass-through nodes: +inf
 
 ctypedef struct CNode:        # compact node, 16 bytes (4 per cache line; siblings adjacent)
-    uint32_t key              # feature index, bit 30 = leaf, bit 31 = missing goes right
+    uint32_t key              # 2 * feature + missing-goes-right; bit 31 = leaf
     float thr                 # go right iff x > thr; leaves: +inf (step stays put)
     int32_t child             # global index of the left child (right = child + 1); leaves: self
     int32_t leaf              # leaf slot in the leaf-value array (leaves only)

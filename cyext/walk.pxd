@@ -1,7 +1,7 @@
 # Branch-free tree walks over one staged float32 row. Each returns leaf slots; callers add values.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
-from swtypes cimport ModelView, PNode, CNode, KEY_FEATURE, KEY_LEAF, INTERLEAVE
+from swtypes cimport ModelView, PNode, CNode, KEY_LEAF, INTERLEAVE, sw_feat
 
 cdef extern from "prefetch.h":
     void sw_prefetch(const void* p) noexcept nogil
@@ -9,7 +9,7 @@ cdef extern from "prefetch.h":
 
 cdef inline uint32_t go_right(float v, uint32_t key, float thr) noexcept nogil:
     # x > thr, or missing (v != v) with the default-right bit set: no branch either way
-    return (v > thr) | ((v != v) & (key >> 31))
+    return (v > thr) | ((v != v) & (key & 1))
 
 
 cdef inline int64_t walk_padded1(const ModelView* m, const float* x, int64_t t) noexcept nogil:
@@ -20,7 +20,7 @@ cdef inline int64_t walk_padded1(const ModelView* m, const float* x, int64_t t) 
     cdef const PNode* nd
     for d in range(m.depth):
         nd = base + p
-        p = 2 * p + 1 + go_right(x[nd.key & KEY_FEATURE], nd.key, nd.thr)
+        p = 2 * p + 1 + go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
     return t * (ni + 1) + (p - ni)
 
 
@@ -38,7 +38,7 @@ cdef inline void walk_padded8(const ModelView* m, const float* x, int64_t t,
     for d in range(m.depth):
         for j in range(INTERLEAVE):
             nd = base + j * ni + p[j]
-            p[j] = 2 * p[j] + 1 + go_right(x[nd.key & KEY_FEATURE], nd.key, nd.thr)
+            p[j] = 2 * p[j] + 1 + go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
     for j in range(INTERLEAVE):
         slot[j] = (t + j) * (ni + 1) + (p[j] - ni)
 
@@ -46,7 +46,7 @@ cdef inline void walk_padded8(const ModelView* m, const float* x, int64_t t,
 cdef inline int64_t walk_compact1(const ModelView* m, const float* x, int64_t t) noexcept nogil:
     cdef const CNode* nd = m.cnodes + m.root[t]
     while not (nd.key & KEY_LEAF):
-        nd = m.cnodes + nd.child + go_right(x[nd.key & KEY_FEATURE], nd.key, nd.thr)
+        nd = m.cnodes + nd.child + go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
     return nd.leaf
 
 
@@ -66,7 +66,7 @@ cdef inline void walk_compact8(const ModelView* m, const float* x, int64_t t,
         if all_leaf:
             break
         for j in range(INTERLEAVE):
-            nd[j] = m.cnodes + nd[j].child + go_right(x[nd[j].key & KEY_FEATURE], nd[j].key,
+            nd[j] = m.cnodes + nd[j].child + go_right(x[sw_feat(nd[j].key)], nd[j].key,
                                                       nd[j].thr)
     for j in range(INTERLEAVE):
         slot[j] = nd[j].leaf
@@ -86,13 +86,18 @@ cdef extern from *:
     /* Three step rules, the same answers (go right iff x > thr; a NaN goes the node's way):
        STEP: NaN tested at every step. FINITE: rows without NaN, `v > thr` alone (about half
        the instructions per step: measured 1.4x rows/s on model A). SPLIT: rows with NaN, read
-       from a doubled row xx[2f + right] (NaN staged as -inf at 2f, +inf at 2f+1; no real node
-       has threshold +inf, pass-through nodes read 2f). The index 2f + right: and/shr/lea (a
-       rotate measured the same). A NaN row costs ~0.07 us more per call (staging), not per
+       from a doubled row xx[2f + right] (NaN staged as -inf at 2f, +inf at 2f+1; pass-through
+       nodes read 2f; models with HistGradientBoosting's NaN-only splits, threshold +inf, keep
+       STEP: ModelView.split_ok). A NaN row costs ~0.07 us more per call (staging), not per
        step. */
-    #define SW_IDX_F(key) ((key) & 0x3FFFFFFFu)
-    #define SW_IDX_SPLIT(key) (((key) & 0x3FFFFFFFu) * 2 + ((key) >> 31))
-    #define SW_STEP(v, key, thr) ((uint32_t)((v) > (thr)) | ((uint32_t)((v) != (v)) & ((key) >> 31)))
+    /* key = 2f + right: FINITE reads x[key >> 1]; SPLIT reads xx[key] with no arithmetic on
+       the key (it was and/shr/lea with the feature and the direction in separate bits). Compact
+       keys carry the leaf flag in bit 31, masked off first (SW_C*). */
+    #define SW_IDX_F(key) ((key) >> 1)
+    #define SW_IDX_SPLIT(key) (key)
+    #define SW_CIDX_F(key) (((key) & 0x7FFFFFFFu) >> 1)
+    #define SW_CIDX_SPLIT(key) ((key) & 0x7FFFFFFFu)
+    #define SW_STEP(v, key, thr) ((uint32_t)((v) > (thr)) | ((uint32_t)((v) != (v)) & ((key) & 1u)))
     #define SW_GT(v, key, thr) ((uint32_t)((v) > (thr)))
     #define SW_DEF_WALK(W, D, IDX, RULE, NAME)                                                  \
     static void NAME(const void *vbase, const float *x, int64_t *slot) {                        \
@@ -144,7 +149,7 @@ cdef extern from *:
         const sw_cnode *nd[CW];                                                                  \
         _Pragma("GCC unroll 16") for (int j = 0; j < CW; j++) nd[j] = c + root[j];               \
         for (;;) {                                                                              \
-            uint32_t all = 0x40000000u;                                                         \
+            uint32_t all = 0x80000000u;                                                         \
             _Pragma("GCC unroll 16") for (int j = 0; j < CW; j++) all &= nd[j]->key;             \
             if (all) break;                                                                     \
             _Pragma("GCC unroll 16") for (int j = 0; j < CW; j++) {                               \
@@ -155,9 +160,9 @@ cdef extern from *:
         }                                                                                       \
         _Pragma("GCC unroll 16") for (int j = 0; j < CW; j++) slot[j] = nd[j]->leaf;             \
     }
-    SW_DEF_CWALK(SW_IDX_F, SW_STEP, sw_cwalk8n)
-    SW_DEF_CWALK(SW_IDX_F, SW_GT, sw_cwalk8f)
-    SW_DEF_CWALK(SW_IDX_SPLIT, SW_GT, sw_cwalk8s)
+    SW_DEF_CWALK(SW_CIDX_F, SW_STEP, sw_cwalk8n)
+    SW_DEF_CWALK(SW_CIDX_F, SW_GT, sw_cwalk8f)
+    SW_DEF_CWALK(SW_CIDX_SPLIT, SW_GT, sw_cwalk8s)
     static const sw_cwalk_fn sw_cwalk_tab[3] = {sw_cwalk8n, sw_cwalk8f, sw_cwalk8s};
     static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
 

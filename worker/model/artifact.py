@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"SWMODEL\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: node keys are 2 * feature + missing-goes-right
 _ALLOWED = {"<u4", "<i4", "<i8", "<f4", "<f8", "|u1"}
 
 

@@ -17,16 +17,16 @@ import numpy as np
 
 from .ir import Ensemble, Tree
 
-KEY_LEAF = np.uint32(0x40000000)
-KEY_RIGHT = np.uint32(0x80000000)
+KEY_LEAF = np.uint32(0x80000000)  # node key: 2 * feature + missing-goes-right; bit 31 = leaf
 # Padded trees above this depth would be mostly padding (and outgrow L2): use compact.
 MAX_PADDED_DEPTH = 10
 
 
 def _keys(tree: Tree, nodes: np.ndarray) -> np.ndarray:
-    key = tree.feature[nodes].astype(np.uint32)
-    key |= np.where(tree.default_left[nodes], np.uint32(0), KEY_RIGHT)
-    return key
+    if tree.feature.max(initial=0) >= 2**30:
+        raise ValueError("more than 2^30 features")
+    right = (~tree.default_left[nodes]).astype(np.uint32)
+    return tree.feature[nodes].astype(np.uint32) * np.uint32(2) + right
 
 
 def pack_padded(ens: Ensemble, depth: int, acc: np.dtype) -> dict[str, np.ndarray]:
