@@ -174,52 +174,87 @@ cdef inline void add_leaves(const ModelView* m, const acc_t* leaves, int64_t t, 
             add_leaf(m, leaves, t + j, lbase + slot[j], acc)
 
 
+ctypedef struct RowPlan:       # a staged row's walk, chosen once per row (see plan_rows)
+    const float* x            # the row, or its doubled copy for the SPLIT rule
+    sw_walk_fn w8             # 8-tree walk for the row's missing-value rule
+    sw_walk_fn w16            # 16-tree walk
+
+
+cdef inline bint plannable(const ModelView* m, int32_t n) noexcept nogil:
+    return m.pnodes != NULL and m.depth >= 1 and m.depth <= 10 and n <= BLOCK_ROWS
+
+
+cdef int32_t plan_rows(const ModelView* m, const float* X, int64_t ldx, int32_t n, float* xx,
+                       int32_t xx_cap, RowPlan* plan) noexcept nogil:
+    """The missing-value variant of each row, chosen once per row (rows with NaN doubled into
+    xx while it has room; the others keep the NaN-testing walk). Returns the floats of xx used."""
+    cdef int32_t r, rule, used = 0, nf = m.n_features
+    for r in range(n):
+        plan[r].x = X + r * ldx
+        if sw_row_finite(plan[r].x, nf):
+            rule = SW_RULE_FINITE
+        elif m.split_ok and used + 2 * nf <= xx_cap:
+            sw_split_row(plan[r].x, nf, xx + used)
+            plan[r].x = xx + used
+            used += 2 * nf
+            rule = SW_RULE_SPLIT
+        else:
+            rule = SW_RULE_NAN
+        plan[r].w8 = sw_walk_fn_for(m.depth, 0, rule)
+        plan[r].w16 = sw_walk_fn_for(m.depth, 1, rule)
+    return used
+
+
+cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan* plan,
+                          int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
+    """Trees t0.. in groups of 16 then 8 for planned rows; returns the first tree not walked
+    (fewer than 8 remain: callers finish them with the generic walks)."""
+    cdef int64_t slot[WIDE]
+    cdef int64_t t = t0, lbase, ni = (<int64_t>1 << m.depth) - 1
+    cdef int32_t r, G = m.n_outputs
+    cdef bint one = G == 1 and m.n_leaf_out == 1   # every tree adds one value to acc[0]
+    # 16 trees per row at once: for a row alone its only independent chains are trees
+    # (measured A native p50 1.28 -> 0.95 us); for blocks, with the chains in registers,
+    # +10-20% rows/s over 8 on A and B (one call per row measured as fast as walking a
+    # list of rows in one call)
+    while t + WIDE <= t1:
+        lbase = t * (ni + 1)
+        for r in range(n):
+            plan[r].w16(m.pnodes + t * ni, plan[r].x, slot)
+            add_leaves(m, leaves, t, WIDE, lbase, slot, acc + r * G, one)
+        t += WIDE
+    while t + INTERLEAVE <= t1:
+        lbase = t * (ni + 1)
+        for r in range(n):
+            plan[r].w8(m.pnodes + t * ni, plan[r].x, slot)
+            add_leaves(m, leaves, t, INTERLEAVE, lbase, slot, acc + r * G, one)
+        t += INTERLEAVE
+    return t
+
+
 cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
                      int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
     """acc[r * n_outputs + g] += trees t0..t1 for rows X[r * ldx], r < n, in tree order."""
-    cdef int64_t slot[WIDE]
-    cdef int64_t t = t0, ni, s, lbase
-    cdef int32_t r, j, G = m.n_outputs, nf = m.n_features, used = 0, rule
-    cdef bint padded = m.pnodes != NULL
-    cdef bint one = G == 1 and m.n_leaf_out == 1   # every tree adds one value to acc[0]
-    cdef sw_walk_fn walk8[BLOCK_ROWS]
-    cdef sw_walk_fn walk16[BLOCK_ROWS]
-    cdef const float* row[BLOCK_ROWS]
+    cdef RowPlan plan[BLOCK_ROWS]
     cdef float xx[SPLIT_FLOATS]   # doubled rows with NaN (on the stack: no allocation per call)
+    if plannable(m, n) and t0 + INTERLEAVE <= t1:
+        plan_rows(m, X, ldx, n, xx, SPLIT_FLOATS, plan)
+        t0 = eval_planned(m, leaves, plan, n, t0, t1, acc)
+    eval_rest(m, leaves, X, ldx, n, t0, t1, acc)
+
+
+cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
+                    int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
+    """eval_trees without the padded planned walks: compact models and remainders."""
+    cdef int64_t slot[WIDE]
+    cdef int64_t t = t0, ni, s
+    cdef int32_t r, j, G = m.n_outputs, nf = m.n_features
+    cdef bint padded = m.pnodes != NULL
+    cdef bint one = G == 1 and m.n_leaf_out == 1
     cdef uint8_t rules[COMPACT_ROWS]
     cdef sw_cwalk_fn cwalk_f = sw_cwalk_fn_for(SW_RULE_FINITE)
     cdef sw_cwalk_fn cwalk_n = sw_cwalk_fn_for(SW_RULE_NAN)
     ni = (<int64_t>1 << m.depth) - 1
-    if padded and m.depth >= 1 and m.depth <= 10 and n <= BLOCK_ROWS:
-        for r in range(n):  # the missing-value variant, chosen once per row
-            row[r] = X + r * ldx
-            if sw_row_finite(row[r], nf):
-                rule = SW_RULE_FINITE
-            elif m.split_ok and used + 2 * nf <= SPLIT_FLOATS:
-                sw_split_row(row[r], nf, xx + used)
-                row[r] = xx + used
-                used += 2 * nf
-                rule = SW_RULE_SPLIT
-            else:
-                rule = SW_RULE_NAN
-            walk8[r] = sw_walk_fn_for(m.depth, 0, rule)
-            walk16[r] = sw_walk_fn_for(m.depth, 1, rule)
-        # 16 trees per row at once: for a row alone its only independent chains are trees
-        # (measured A native p50 1.28 -> 0.95 us); for blocks, with the chains in registers,
-        # +10-20% rows/s over 8 on A and B (one call per row measured as fast as walking a
-        # list of rows in one call)
-        while t + WIDE <= t1:
-            lbase = t * (ni + 1)
-            for r in range(n):
-                walk16[r](m.pnodes + t * ni, row[r], slot)
-                add_leaves(m, leaves, t, WIDE, lbase, slot, acc + r * G, one)
-            t += WIDE
-        while t + INTERLEAVE <= t1:
-            lbase = t * (ni + 1)
-            for r in range(n):
-                walk8[r](m.pnodes + t * ni, row[r], slot)
-                add_leaves(m, leaves, t, INTERLEAVE, lbase, slot, acc + r * G, one)
-            t += INTERLEAVE
     if not padded and n <= COMPACT_ROWS:
         # compact: rule per row as above; doubled NaN rows in a per-call buffer when the stack
         # one is too small (rows without room keep the NaN-testing rule)

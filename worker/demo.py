@@ -443,9 +443,21 @@ def outputs(root: str | Path) -> list[Path]:
 
 
 def is_prepared(root: str | Path) -> bool:
-    """Every demo file exists and is newer than this module (the generator's definition)."""
+    """Every demo file exists, is newer than this module (the generator's definition), and
+    the compiled models are in the artifact format this build reads."""
+    import struct
+
+    from .model import artifact
+
     source_mtime = Path(__file__).stat().st_mtime
-    return all(p.exists() and p.stat().st_mtime >= source_mtime for p in outputs(root))
+    if not all(p.exists() and p.stat().st_mtime >= source_mtime for p in outputs(root)):
+        return False
+    for p in outputs(root):
+        if p.suffix == ".model":
+            head = p.read_bytes()[:len(artifact.MAGIC) + 4]
+            if struct.unpack_from("<I", head, len(artifact.MAGIC))[0] != artifact.FORMAT_VERSION:
+                return False
+    return True
 
 
 def prepare(root: str | Path = ".", force: bool = False, train_rows: int = TRAIN_ROWS,

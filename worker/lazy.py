@@ -61,7 +61,10 @@ REASONS = STOP_REASONS
 VARIANTS = {"prototype": 0, "certificate_only": 1, "certificate_plus_flip": 2}
 BAND_SINGLE, BAND_VOTE, BAND_SOFTMAX = 0, 1, 2
 CLS_MARGIN = 1e-9  # multiclass leader margin (relative) and softmax-probability cut margin
-DEFAULT_CHUNK_TREES = 8  # certified: check after about this many trees (INTERLEAVE in walk.pxd)
+# certified: check after about this many trees. 16 (the wide walk) measured 1.29x full speed
+# on the demo XGBoost model against 1.02x for 8 (63.5% -> 66.5% of the work): a check costs
+# about as much as walking 8 trees for a row
+DEFAULT_CHUNK_TREES = 16
 
 _PARAMS = {
     "certified": {"chunk"},
