@@ -191,11 +191,14 @@ cdef inline void bounds_at(const LazyCfg* c, int64_t u, int32_t G, const acc_t* 
     for g in range(G):
         a = <double>acc[g]
         e = (c.nrem[o + g] + 4.0) * (c.eps * (fabs(a) + c.sabs[o + g]) + 1e-44)
-        lo[g] = (a + c.smin[o + g] - e) / divisor
-        hi[g] = (a + c.smax[o + g] + e) / divisor
+        lo[g] = a + c.smin[o + g] - e
+        hi[g] = a + c.smax[o + g] + e
+        if divisor != 1.0:  # boosters: no division on the check's path (x / 1.0 == x exactly)
+            lo[g] /= divisor
+            hi[g] /= divisor
 
 
-cdef bint certified_stop(const LazyCfg* c, int32_t G, const double* lo,
+cdef inline bint certified_stop(const LazyCfg* c, int32_t G, const double* lo,
                          const double* hi) noexcept nogil:
     """The decision band (and label) of the full model is settled by these bounds."""
     cdef int32_t k, L = 0
