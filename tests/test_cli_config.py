@@ -163,3 +163,28 @@ def test_file_worker_metrics_and_sigterm(tmp_path):
 
     written = list(read_records(tmp_path / "out.arrows"))
     assert 0 < len(written) < 3000
+
+
+def test_pipeline_dead_letters_what_it_cannot_decode_and_keeps_the_rest():
+    """Duplicate columns, a wrong id column, a non-Arrow value: each message is dead-lettered
+    with its reason, the good messages around them are scored."""
+    import pyarrow as pa
+
+    from tests.kafka_util import arrow_bytes, input_table
+    from worker.app import Pipeline
+    from worker.config import load_settings
+    from worker.io.records import Record
+
+    model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    pipe = Pipeline(model, load_settings(None), "scores")
+    good = input_table(0, 4, seed=1)
+    dup = pa.Table.from_arrays(list(good.columns) + [good.column("feat_2")],
+                               names=good.column_names + ["feat_2"])
+    values = [arrow_bytes(good), arrow_bytes(dup), b"\x00garbage",
+              arrow_bytes(good.drop_columns(["txn_id"])), arrow_bytes(input_table(4, 3, seed=2))]
+    recs = [Record("in", 0, i, b"k%d" % i, v) for i, v in enumerate(values)]
+    outputs, dead, stats = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert [o.key for o in outputs] == [b"k0", b"k4"]
+    codes = {d.offset: dict(d.headers)["error_code"] for d in dead}
+    assert codes == {1: b"duplicate_column", 2: b"not_arrow", 3: b"missing_column"}
+    assert stats.rows == 7

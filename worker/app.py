@@ -53,6 +53,8 @@ class Pipeline:
             return codec.decode(rec.value, self.model.feature_names, self.scoring.id_column)
         except codec.InvalidMessage as exc:
             return exc
+        except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
+            return codec.InvalidMessage("invalid", f"{type(exc).__name__}: {exc}")
 
     def dead_letter(self, rec: Record, err: codec.InvalidMessage) -> Record:
         headers = list(rec.headers) + [
@@ -91,7 +93,7 @@ class Pipeline:
                 stats.kernel_s += time.perf_counter() - t0
                 parts = [(i, r) for i in members]
                 offsets = np.cumsum([0] + [t.num_rows for t in tables])
-            except (ValueError, TypeError, KeyError) as exc:
+            except Exception as exc:  # noqa: BLE001 (isolate, dead-letter, keep running)
                 if len(members) == 1:
                     rec = items[members[0]][0]
                     dead.append(self.dead_letter(rec, codec.InvalidMessage("score_error",

@@ -32,6 +32,11 @@ def decode(value: bytes | None, feature_names: list[str], id_column: str | None)
     if table.num_rows == 0:
         raise InvalidMessage("empty_batch", "the Arrow stream has no rows")
     names = set(table.schema.names)
+    wanted = set(feature_names) | ({id_column} if id_column else set())
+    dup = sorted(n for n in wanted if table.schema.get_all_field_indices(n)[1:])
+    if dup:
+        raise InvalidMessage("duplicate_column", "column(s) named more than once: "
+                             + ", ".join(dup[:10]))
     missing = [f for f in feature_names if f not in names]
     if missing:
         raise InvalidMessage("missing_column", "missing feature column(s): "
