@@ -4,6 +4,7 @@ Everything else about delivery runs against the real broker in test_worker_kafka
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -103,3 +104,95 @@ def test_fenced_or_fatal_errors_exit(err):
     with pytest.raises(FatalKafkaError):
         sink_with(p).commit_transaction(src, BATCH, OUT, [])
     assert "commit" not in p.calls and src.rewound == 0
+
+
+class StubStreamSource:
+    """Polls scripted record lists; a rebalance revokes partitions during a given poll."""
+
+    exhausted = False
+    total = None
+
+    def __init__(self, polls, revoke_on_poll=None, revoked=frozenset()):
+        self.polls, self.n = list(polls), 0
+        self.revoke_on_poll, self.revoked_set = revoke_on_poll, set(revoked)
+        self.pending_revoked: set = set()
+        self.rewound = self.committed = 0
+
+    def poll(self, max_messages, timeout_s):
+        self.n += 1
+        if self.n == self.revoke_on_poll:
+            self.pending_revoked |= self.revoked_set
+        return self.polls.pop(0) if self.polls else []
+
+    def take_revoked(self):
+        out, self.pending_revoked = self.pending_revoked, set()
+        return out
+
+    def commit(self, batch):
+        self.committed += 1
+
+    def rewind(self):
+        self.rewound += 1
+
+    def lag(self):
+        return {}
+
+
+class FailingSink:
+    topic = "scores"
+
+    def __init__(self):
+        self.writes = 0
+
+    def write(self, outputs, dead):
+        self.writes += 1
+
+    def flush(self, timeout_s=0):
+        raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out"))
+
+
+def _worker(source, sink, **delivery):
+    import worker
+    from tests import models as M
+    from worker.app import Worker
+    from worker.config import load_settings
+
+    model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    settings = load_settings(None, delivery={"mode": "at_least_once", "max_wait_ms": 1000,
+                                             **delivery})
+    return Worker(settings, model, source, sink)
+
+
+def _rec(partition, offset):
+    from tests.kafka_util import arrow_bytes, input_table
+
+    return Record("in", partition, offset, b"k", arrow_bytes(input_table(offset, 2, seed=1)))
+
+
+def test_rebalance_inside_a_batch_drops_revoked_partitions():
+    first = [_rec(0, 0), _rec(1, 0)]
+    second = [_rec(0, 1), _rec(1, 1)]
+    src = StubStreamSource([first, second], revoke_on_poll=2, revoked={("in", 0)})
+    items = _worker(src, FailingSink())._collect()
+    assert [(r.partition, r.offset) for r, _ in items] == [(1, 0), (1, 1)]
+
+
+def test_at_least_once_delivery_failure_rewinds_and_does_not_commit():
+    src, sink = StubStreamSource([]), FailingSink()
+    w = _worker(src, sink)
+    batch = [_rec(0, 0)]
+    outputs, dead, _ = w.pipeline.process([(r, w.pipeline.decode(r)) for r in batch])
+    assert w._deliver(batch, outputs, dead) is False
+    assert src.rewound == 1 and src.committed == 0
+
+
+def test_audit_selection_is_by_stream_position():
+    from worker.lazy import audit_mask
+
+    firsts = sum(bool(audit_mask(1, 0.01, seed=s)[0]) for s in range(2000))
+    assert 5 <= firsts <= 40  # ~1% of single-row batches, not every one
+    many = audit_mask(200_000, 0.01, seed=0)
+    assert abs(many.mean() - 0.01) < 0.002
+    # contiguous batches select the same rows as one long batch
+    split = np.concatenate([audit_mask(700, 0.01, seed=0), audit_mask(1300, 0.01, seed=700)])
+    assert np.array_equal(split, audit_mask(2000, 0.01, seed=0))

@@ -17,7 +17,7 @@ from . import codec
 from .config import ConfigError, Settings, load_settings
 from .io.records import Record
 from .metrics import Metrics
-from .model.compiled import CompiledModel
+from .model.compiled import CompiledModel, default_threads
 
 log = structlog.get_logger("worker")
 
@@ -47,6 +47,8 @@ class Pipeline:
             self.lazy_params = {**self.lazy_params,
                                 "audit_fraction": settings.scoring.audit_fraction}
         self.classifier = model.task != "regression"
+        self.threads = settings.scoring.threads or default_threads()  # resolved once
+        self.rows_seen = 0
 
     def decode(self, rec: Record) -> pa.Table | codec.InvalidMessage:
         try:
@@ -69,8 +71,13 @@ class Pipeline:
 
     def _score(self, table: pa.Table):
         lazy = self.scoring.lazy.mode
-        return self.model.score_batch(table, lazy=lazy, thresholds=self.scoring.thresholds,
-                                      n_threads=self.scoring.threads, **self.lazy_params)
+        params = self.lazy_params
+        if "audit_fraction" in params:  # audit by position in the stream, not in the batch
+            params = {**params, "audit_seed": self.rows_seen}
+        r = self.model.score_batch(table, lazy=lazy, thresholds=self.scoring.thresholds,
+                                   n_threads=self.threads, **params)
+        self.rows_seen += len(r)
+        return r
 
     def process(self, items: list[tuple[Record, pa.Table | codec.InvalidMessage]]
                 ) -> tuple[list[Record], list[Record], BatchStats]:
@@ -111,7 +118,12 @@ class Pipeline:
             for k, (i, res) in enumerate(parts):
                 rec, table = items[i]
                 sl = slice(int(offsets[k]), int(offsets[k + 1]))
-                results[i] = self._encode(rec, table, res, sl)
+                try:
+                    results[i] = self._encode(rec, table, res, sl)
+                except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
+                    dead.append(self.dead_letter(rec, codec.InvalidMessage("encode_error",
+                                                                           str(exc))))
+                    stats.dead["encode_error"] += 1
             _account(stats, r)
         return [results[i] for i in sorted(results)], dead, stats
 
@@ -191,6 +203,13 @@ class Worker:
                     rows += decoded.num_rows
             if deadline is None and items:
                 deadline = time.monotonic() + d.max_wait_ms / 1000
+            revoked = self.source.take_revoked()
+            if revoked:
+                # a rebalance ran inside that poll: messages of partitions no longer ours are
+                # dropped (their new owner reads them from the committed offset) and the batch
+                # ends here, so nothing of a revoked partition is produced or committed
+                items = [it for it in items if (it[0].topic, it[0].partition) not in revoked]
+                break
             if self.source.exhausted or self._stop or (not recs and deadline is None):
                 break
         return items
@@ -205,9 +224,20 @@ class Worker:
                 self.metrics.transactions_aborted.inc()
                 return False
             return True
-        self.sink.write(outputs, dead)
-        self.sink.flush()
-        self.source.commit(batch)  # at least once: offsets only after delivery
+        from confluent_kafka import KafkaException
+
+        try:
+            self.sink.write(outputs, dead)
+            self.sink.flush()
+        except KafkaException as exc:  # not delivered: read the batch again
+            log.warning("delivery failed: the batch will be read again", error=str(exc))
+            self.source.rewind()
+            return False
+        try:
+            self.source.commit(batch)  # at least once: offsets only after delivery
+        except KafkaException as exc:  # e.g. a rebalance: the next owner reads them again
+            log.warning("offset commit failed: these messages may be delivered again",
+                        error=str(exc))
         return True
 
     def run(self) -> int:

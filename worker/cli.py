@@ -82,9 +82,11 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     try:
         r = model.score_batch(table, lazy=lazy, thresholds=list(thresholds), n_threads=threads,
                               **kw)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise click.ClickException(f"{input_path}: {exc}") from None
     elapsed = time.perf_counter() - t0
+    if id_column and id_column not in table.column_names:
+        raise click.ClickException(f"{input_path}: no id column {id_column!r}")
     ids = table.column(id_column).combine_chunks() if id_column else None
     batch = result_batch(ids, r, model.task != "regression")
     out = pa.Table.from_batches([batch]).replace_schema_metadata(

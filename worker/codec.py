@@ -54,7 +54,8 @@ def decode(value: bytes | None, feature_names: list[str], id_column: str | None)
 
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
                  slice_: slice | None = None) -> pa.RecordBatch:
-    """The SPEC output columns for rows ``slice_`` of a score result."""
+    """The SPEC output columns for rows ``slice_`` of a score result; ``ids`` are those rows'
+    ids (one message's id column), or None for each row's index in its message."""
     s = slice_ or slice(0, len(r))
     n = s.stop - s.start
     if r.stop_code is not None:
@@ -64,7 +65,8 @@ def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
         for i, reason in enumerate(STOP_REASONS):
             codes[r.stop_reason[s] == reason] = i
     cols = {
-        "id": ids if ids is not None else pa.array(range(s.start, s.stop), type=pa.int64()),
+        # without an id column: the row's index in its own message
+        "id": ids if ids is not None else pa.array(range(n), type=pa.int64()),
         "score": pa.array(r.score[s], type=pa.float64()),
     }
     if classifier:

@@ -405,11 +405,15 @@ def score_bounds(model: CompiledModel, raw_lo: np.ndarray, raw_hi: np.ndarray) -
 
 
 def audit_mask(n: int, fraction: float, seed: int = 0) -> np.ndarray:
-    """Deterministic row selection: splitmix64(seed, row index) / 2^64 < fraction."""
+    """Deterministic row selection: splitmix64 of (seed + row index + 1) / 2^64 < fraction.
+
+    Callers scoring a stream pass the number of rows before this batch as ``seed``, so the
+    selection is a hash of each row's position in the stream (row 0 of a batch is not special).
+    """
     if fraction <= 0 or n == 0:
         return np.zeros(n, dtype=bool)
     with np.errstate(over="ignore"):
-        z = np.arange(n, dtype=np.uint64) + np.uint64(seed & (2**64 - 1)) * np.uint64(
+        z = (np.arange(n, dtype=np.uint64) + np.uint64((seed + 1) & (2**64 - 1))) * np.uint64(
             0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)

@@ -132,12 +132,10 @@ def compare(output: str | Path, golden: str | Path, atol: float = 1e-9, rtol: fl
     res = Comparison(rows=out.num_rows, golden_rows=gold.num_rows)
     if gold.num_rows == 0 and out.num_rows == 0:
         return res
-    oid = out.column("id").to_numpy(zero_copy_only=False)
-    gid = gold.column("id").to_numpy(zero_copy_only=False)
-    for ids, name in ((oid, "output"), (gid, "golden")):
-        u, c = np.unique(ids, return_counts=True)
-        if (c > 1).any() and name == "output":
-            res.duplicated = u[c > 1].tolist()
+    oid = _ids(out)
+    gid = _ids(gold)
+    u, c = np.unique(oid, return_counts=True)
+    res.duplicated = u[c > 1].tolist()
     res.missing = np.setdiff1d(gid, oid).tolist()
     res.extra = np.setdiff1d(oid, gid).tolist()
     common, oi, gi = np.intersect1d(oid, gid, return_indices=True)
@@ -156,6 +154,12 @@ def compare(output: str | Path, golden: str | Path, atol: float = 1e-9, rtol: fl
         res.differences[col] = [(common[k].item(), _py(a[k]), _py(b[k]))
                                 for k in np.flatnonzero(bad)]
     return res
+
+
+def _ids(table: pa.Table) -> np.ndarray:
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return table.column("id").to_numpy(zero_copy_only=False)
 
 
 def _py(v):

@@ -39,6 +39,13 @@ class FileSource:
     def commit(self, batch: list[Record]) -> None:
         """Nothing to commit: a file is replayed from its start."""
 
+    def take_revoked(self) -> set:
+        """A file has no partitions to lose."""
+        return set()
+
+    def rewind(self) -> None:
+        raise RuntimeError("a file source cannot re-read a batch")
+
     def lag(self) -> dict[str, int]:
         return {}
 

@@ -42,14 +42,16 @@ class KafkaSource:
     def __init__(self, conf: dict, topics: list[str]):
         self.consumer = Consumer(conf)
         self.topics = topics
+        self.revoked: set[tuple[str, int]] = set()  # since the last take_revoked()
         self.exhausted = False  # a topic never ends
         self.total = None
         self.assigned: set[tuple[str, int]] = set()
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
-    # Rebalance callbacks run inside poll/consume, i.e. between batches: every batch has been
-    # committed (or aborted and rewound) by then, so there is nothing in flight to settle.
+    # Rebalance callbacks run inside poll/consume. Between batches nothing is in flight (every
+    # batch is committed, or aborted and rewound, before the next one starts); within a batch,
+    # the worker drops the messages of revoked partitions (take_revoked) before delivering.
     def _on_assign(self, consumer, partitions):
         self.assigned |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
@@ -57,13 +59,20 @@ class KafkaSource:
 
     def _on_revoke(self, consumer, partitions):
         self.assigned -= {(p.topic, p.partition) for p in partitions}
+        self.revoked |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
     def _on_lost(self, consumer, partitions):
         self.assigned -= {(p.topic, p.partition) for p in partitions}
+        self.revoked |= {(p.topic, p.partition) for p in partitions}
         log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
+
+    def take_revoked(self) -> set[tuple[str, int]]:
+        """Partitions revoked or lost since the last call (rebalances run inside poll)."""
+        revoked, self.revoked = self.revoked, set()
+        return revoked
 
     def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
         out = []
@@ -147,6 +156,13 @@ class KafkaSink:
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
+            except KafkaException as exc:
+                if topic != self.dlq_topic or exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                # a dead letter too large to carry its input: keep the headers (error, source
+                # partition and offset), drop the value, say so
+                r = Record(r.topic, r.partition, r.offset, r.key, None, r.timestamp_ms,
+                           list(r.headers) + [("value_dropped", b"message too large")])
 
     def write(self, outputs: list[Record], dead: list[Record]) -> None:
         for r in outputs:
@@ -184,6 +200,7 @@ class KafkaSink:
         """Steps, in order: 1 begin; 2 produce scores and dead letters; 3 add the input
         offsets (next to consume) with the group metadata; 4 commit. Output and input
         offsets become visible together or not at all."""
+        self._errors = []
         try:
             self._txn(self.producer.begin_transaction)
             self.write(outputs, dead)
