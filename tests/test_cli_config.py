@@ -188,3 +188,18 @@ def test_pipeline_dead_letters_what_it_cannot_decode_and_keeps_the_rest():
     codes = {d.offset: dict(d.headers)["error_code"] for d in dead}
     assert codes == {1: b"duplicate_column", 2: b"not_arrow", 3: b"missing_column"}
     assert stats.rows == 7
+
+
+@pytest.mark.parametrize("lazy,field", [
+    ({"mode": "off", "tua": 0.9}, "scoring.lazy"),
+    ({"mode": "certified", "tua": 0.9}, "scoring.lazy"),
+])
+def test_misspelled_lazy_parameters_exit_2(tmp_path, lazy, field):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": {"type": "file", "path": str(GOLDEN / "input.arrows")},
+        "sink": {"type": "file", "path": str(tmp_path / "o.arrows")},
+        "model": {"path": str(GOLDEN / "fraud-xgb.model")},
+        "scoring": {"lazy": lazy}}))
+    proc = run_cli("--config", cfg)
+    assert proc.returncode == 2 and field in proc.stderr, proc.stderr

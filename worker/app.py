@@ -351,7 +351,15 @@ def run(settings: Settings, summary: bool = True) -> int:
     except ArtifactError as exc:
         print(f"config error: model.path: {exc}", file=sys.stderr)
         return 2
-    if settings.scoring.lazy.mode != "off" or settings.scoring.audit_fraction:
+    if settings.scoring.lazy.mode == "off" and settings.scoring.lazy.params:
+        print("config error: scoring.lazy: parameters "
+              f"{sorted(settings.scoring.lazy.params)} given with mode off", file=sys.stderr)
+        return 2
+    if settings.scoring.lazy.mode == "off" and settings.scoring.audit_fraction:
+        print("config error: scoring.audit_fraction: the audit compares a lazy policy with "
+              "full evaluation; set scoring.lazy.mode", file=sys.stderr)
+        return 2
+    if settings.scoring.lazy.mode != "off":
         try:
             model.score_batch(np.zeros((1, model.n_features), dtype=np.float32),
                               lazy=settings.scoring.lazy.mode,
