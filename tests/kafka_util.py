@@ -53,7 +53,8 @@ def produce_inputs(bootstrap: str, topic: str, n_messages: int, rows: int,
 
 
 def write_config(path: Path, bootstrap: str, model: Path, source: str, sink: str, dlq: str,
-                 group: str, mode: str = "exactly_once", **delivery) -> Path:
+                 group: str, mode: str = "exactly_once", metrics_port: int = 0,
+                 **delivery) -> Path:
     cfg = {
         "source": {"type": "kafka", "topic": source},
         "sink": {"type": "kafka", "topic": sink, "dead_letter_topic": dlq},
@@ -63,6 +64,7 @@ def write_config(path: Path, bootstrap: str, model: Path, source: str, sink: str
         "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
         "delivery": {"mode": mode, "max_wait_ms": 20, **delivery},
         "logging": {"level": "INFO", "format": "console", "progress": False},
+        "metrics": {"port": metrics_port},
     }
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -36,6 +36,12 @@ def _config(tmp_path, kafka_bootstrap, model_path, topics, mode="exactly_once", 
                           group=f"g-{topics['in']}", mode=mode, **delivery)
 
 
+def _metrics(port: int) -> str:
+    import urllib.request
+
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
 def test_scores_equal_offline_and_malformed_go_to_dlq(tmp_path, kafka_bootstrap, model_path,
                                                       topics):
     from confluent_kafka import Producer
@@ -55,11 +61,14 @@ def test_scores_equal_offline_and_malformed_go_to_dlq(tmp_path, kafka_bootstrap,
     for name, value in malformed.items():
         p.produce(topics["in"], value=value, key=name.encode(), partition=0)
     p.flush(30)
-    proc = K.start_worker(_config(tmp_path, kafka_bootstrap, model_path, topics),
-                          tmp_path / "worker.log")
+    port = 39465
+    proc = K.start_worker(_config(tmp_path, kafka_bootstrap, model_path, topics,
+                                  metrics_port=port), tmp_path / "worker.log")
     try:
         out = K.wait_for_ids(kafka_bootstrap, topics["out"], rows.num_rows)
         dlq = K.read_topic(kafka_bootstrap, topics["dlq"], expect_messages=len(malformed))
+        time.sleep(6)  # the lag gauge refreshes every 5 s
+        metrics = _metrics(port)
     finally:
         rc = K.stop_worker(proc)
     assert rc == 0, (tmp_path / "worker.log").read_text()
@@ -86,6 +95,10 @@ def test_scores_equal_offline_and_malformed_go_to_dlq(tmp_path, kafka_bootstrap,
         ids = t.column("id").to_numpy()
         assert np.all(np.diff(ids) == 1)
         assert m.key() == f"card-{ids[0] // 25}".encode()
+    # the metrics saw it all: rows, dead letters by reason, lag per owned partition
+    assert f"scoring_records_in_total {float(rows.num_rows)}" in metrics
+    assert 'scoring_dead_letters_total{reason="not_arrow"} 2.0' in metrics
+    assert f'scoring_consumer_lag{{partition="{topics["in"]}[0]"}}' in metrics
     # each malformed message: unchanged value, headers naming the error and the source
     assert len(dlq) == len(malformed)
     for m in dlq:

@@ -244,6 +244,12 @@ class Worker:
         m = self.metrics
         last_lag = 0.0
         while not self._stop:
+            now = time.time()
+            if now - last_lag > 5:  # idle or busy: lag of the partitions we own right now
+                m.consumer_lag.clear()
+                for part, lag in self.source.lag().items():
+                    m.consumer_lag.labels(part).set(lag)
+                last_lag = now
             items = self._collect()
             if not items:
                 if self.source.exhausted:
@@ -259,10 +265,6 @@ class Worker:
             self._observe(stats, batch, time.perf_counter() - t0, now)
             if self.progress is not None:
                 self.progress(len(batch), stats)
-            if now - last_lag > 5:
-                for part, lag in self.source.lag().items():
-                    m.consumer_lag.labels(part).set(lag)
-                last_lag = now
         return 0
 
     def _observe(self, stats: BatchStats, batch: list[Record], seconds: float, now: float):
