@@ -57,7 +57,6 @@ from . import _kernels
 from .model.compiled import STOP_REASONS, CompiledModel, ScoreResult, decisions, default_threads
 
 POLICIES = {"certified": 0, "lazyrf": 1, "lazygbm": 2}
-REASONS = STOP_REASONS
 VARIANTS = {"prototype": 0, "certificate_only": 1, "certificate_plus_flip": 2}
 BAND_SINGLE, BAND_VOTE, BAND_SOFTMAX = 0, 1, 2
 CLS_MARGIN = 1e-9  # multiclass leader margin (relative) and softmax-probability cut margin
@@ -453,7 +452,7 @@ def score_lazy(model: CompiledModel, X, lazy: str, thresholds=(0.5,), n_threads=
         label=label,
         decision=decisions(score, thresholds),
         work_units=units,
-        stop_reason=REASONS[reason],
+        stop_reason=STOP_REASONS[reason],
         stop_code=np.asarray(reason, dtype=np.int8),
         score_lo=lo,
         score_hi=hi,

@@ -45,7 +45,6 @@ class KafkaSource:
         self.revoked: set[tuple[str, int]] = set()  # since the last take_revoked()
         self.exhausted = False  # a topic never ends
         self.total = None
-        self.assigned: set[tuple[str, int]] = set()
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
@@ -53,18 +52,15 @@ class KafkaSource:
     # batch is committed, or aborted and rewound, before the next one starts); within a batch,
     # the worker drops the messages of revoked partitions (take_revoked) before delivering.
     def _on_assign(self, consumer, partitions):
-        self.assigned |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
                                                    for p in partitions])
 
     def _on_revoke(self, consumer, partitions):
-        self.assigned -= {(p.topic, p.partition) for p in partitions}
         self.revoked |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
     def _on_lost(self, consumer, partitions):
-        self.assigned -= {(p.topic, p.partition) for p in partitions}
         self.revoked |= {(p.topic, p.partition) for p in partitions}
         log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
