@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from models import CACHE, BenchModel
 
 

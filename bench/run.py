@@ -21,10 +21,9 @@ sys.path.insert(1, str(HERE.parent))  # the working tree's `worker`, not an inst
 
 import engines as E  # noqa: E402
 import measure as M  # noqa: E402
+import models  # noqa: E402
 import numpy as np  # noqa: E402
 import report  # noqa: E402
-
-import models  # noqa: E402
 
 
 def main(argv=None) -> int:

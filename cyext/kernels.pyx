@@ -125,8 +125,16 @@ cdef class Columns:
             c.cols[j].offset = arr.offset
             if kind == COL_ABSENT:
                 continue
+            # the gather reads rows offset .. offset + n_rows of each buffer: prove they exist
+            # (the caller validated the array; this guards every other way in)
+            end = arr.offset + n_rows
+            if arr.offset < 0 or bufs[1] is None or bufs[1].size < (
+                    (end + 7) // 8 if kind == COL_BITS else end * width):
+                raise ValueError(f"column {j}: data buffer too small for {n_rows} rows")
             c.cols[j].data = <const char*><Py_ssize_t>bufs[1].address
-            if bufs[0] is not None and arr.null_count > 0:
+            if bufs[0] is not None and arr.null_count != 0:
+                if bufs[0].size < (end + 7) // 8:
+                    raise ValueError(f"column {j}: validity bitmap too small for {n_rows} rows")
                 c.cols[j].valid = <const uint8_t*><Py_ssize_t>bufs[0].address
         return c
 

@@ -17,14 +17,16 @@ from . import codec
 from .config import ConfigError, Settings, load_settings
 from .io.records import Record
 from .metrics import Metrics
-from .model.compiled import CompiledModel, default_threads
+from .model.compiled import STOP_REASONS, CompiledModel, default_threads
+from .report import ScoreSample
 
 log = structlog.get_logger("worker")
 
 
 @dataclass
 class BatchStats:
-    rows: int = 0
+    rows: int = 0  # rows published (scored and encoded)
+    rows_in: int = 0  # rows of the messages that decoded
     messages: int = 0
     work_units: int = 0
     stop_reasons: Tally = field(default_factory=Tally)
@@ -33,6 +35,8 @@ class BatchStats:
     audit_rows: int = 0
     audit_disagreements: int = 0
     kernel_s: float = 0.0
+    # this batch's published (score, work units) arrays, for the run's bounded sample
+    scores: list = field(default_factory=list)
 
 
 class Pipeline:
@@ -41,6 +45,7 @@ class Pipeline:
     def __init__(self, model: CompiledModel, settings: Settings, out_topic: str):
         self.model = model
         self.scoring = settings.scoring
+        self.max_message_rows = settings.delivery.max_message_rows
         self.out_topic = out_topic
         self.lazy_params = settings.scoring.lazy.params
         if settings.scoring.audit_fraction:
@@ -52,7 +57,8 @@ class Pipeline:
 
     def decode(self, rec: Record) -> pa.Table | codec.InvalidMessage:
         try:
-            return codec.decode(rec.value, self.model.feature_names, self.scoring.id_column)
+            return codec.decode(rec.value, self.model.feature_names, self.scoring.id_column,
+                                self.max_message_rows)
         except codec.InvalidMessage as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
@@ -90,6 +96,7 @@ class Pipeline:
                 dead.append(self.dead_letter(rec, table))
                 stats.dead[table.code] += 1
             else:
+                stats.rows_in += table.num_rows
                 groups.setdefault(table.schema.remove_metadata(), []).append(i)
         for members in groups.values():
             # one kernel call per schema: messages of one producer share a schema
@@ -115,6 +122,7 @@ class Pipeline:
                     stats.dead.update(sub_stats.dead)
                     _merge(stats, sub_stats)
                 continue
+            published = None  # rows of messages that failed to encode are not counted
             for k, (i, res) in enumerate(parts):
                 rec, table = items[i]
                 sl = slice(int(offsets[k]), int(offsets[k + 1]))
@@ -124,7 +132,10 @@ class Pipeline:
                     dead.append(self.dead_letter(rec, codec.InvalidMessage("encode_error",
                                                                            str(exc))))
                     stats.dead["encode_error"] += 1
-            _account(stats, r)
+                    if published is None:
+                        published = np.ones(len(r), dtype=bool)
+                    published[sl] = False
+            _account(stats, r, published)
         return [results[i] for i in sorted(results)], dead, stats
 
     def _encode(self, rec: Record, table: pa.Table, r, sl: slice) -> Record:
@@ -139,11 +150,26 @@ class Pipeline:
         return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers)
 
 
-def _account(stats: BatchStats, r) -> None:
-    stats.rows += len(r)
-    stats.work_units += int(r.work_units.sum())
-    stats.stop_reasons.update(r.stop_reason.tolist())
-    stats.decisions.update(r.decision.tolist())
+def _account(stats: BatchStats, r, rows: np.ndarray | None = None) -> None:
+    """Count the rows of ``r`` that are published (all, or where ``rows`` is True)."""
+    score, work, decision = r.score, r.work_units, r.decision
+    codes = r.stop_code if r.stop_code is not None else None
+    if rows is not None:
+        score, work, decision = score[rows], work[rows], decision[rows]
+        codes = codes[rows] if codes is not None else None
+    stats.rows += len(score)
+    stats.work_units += int(work.sum())
+    if codes is not None:
+        for code, n in enumerate(np.bincount(codes, minlength=len(STOP_REASONS)).tolist()):
+            if n:
+                stats.stop_reasons[STOP_REASONS[code]] += n
+    else:
+        stats.stop_reasons.update((r.stop_reason if rows is None
+                                   else r.stop_reason[rows]).tolist())
+    for band, n in enumerate(np.bincount(decision.astype(np.int64)).tolist()):
+        if n:
+            stats.decisions[band] += n
+    stats.scores.append((score, work))
     audit = getattr(r, "audit", None)
     if audit:
         stats.audit_rows += int(audit.get("rows", 0))
@@ -158,6 +184,7 @@ def _merge(into: BatchStats, other: BatchStats) -> None:
     into.audit_rows += other.audit_rows
     into.audit_disagreements += other.audit_disagreements
     into.kernel_s += other.kernel_s
+    into.scores.extend(other.scores)
 
 
 class Worker:
@@ -171,6 +198,7 @@ class Worker:
         self.pipeline = Pipeline(model, settings, getattr(sink, "topic", "scores"))
         self.progress = progress
         self.totals = BatchStats()
+        self.sample = ScoreSample()
         self._stop = False
         from .io.kafka import KafkaSink, KafkaSource
 
@@ -270,7 +298,7 @@ class Worker:
     def _observe(self, stats: BatchStats, batch: list[Record], seconds: float, now: float):
         m = self.metrics
         m.messages_in.inc(stats.messages)
-        m.records_in.inc(stats.rows)
+        m.records_in.inc(stats.rows_in)
         m.records_out.inc(stats.rows)
         for reason, n in stats.dead.items():
             m.dead_letters.labels(reason).inc(n)
@@ -286,7 +314,11 @@ class Worker:
             if rec.timestamp_ms > 0:
                 m.end_to_end_seconds.observe(max(now - rec.timestamp_ms / 1000, 0.0))
         m.beat()
+        for score, work in stats.scores:
+            self.sample.add(score, work)
+        stats.scores = []  # the run keeps its bounded sample, not every score
         _merge(self.totals, stats)
+        self.totals.rows_in += stats.rows_in
         self.totals.messages += stats.messages
         self.totals.dead.update(stats.dead)
 
@@ -406,7 +438,7 @@ def run(settings: Settings, summary: bool = True) -> int:
              dead_letters=sum(t.dead.values()), seconds=round(elapsed, 2),
              audit_rows=t.audit_rows, audit_disagreements=t.audit_disagreements)
     if summary and settings.sink.type == "file":
-        _print_summary(settings, model, t, elapsed)
+        _print_summary(settings, model, worker, elapsed)
     return rc
 
 
@@ -444,20 +476,19 @@ def _progress(settings: Settings, source):
     yield tick
 
 
-def _print_summary(settings: Settings, model: CompiledModel, t: BatchStats, elapsed: float):
-    try:
-        from .report import summarize
-    except ImportError:
-        summarize = None
-    if summarize is not None:
-        from pathlib import Path
+def _print_summary(settings: Settings, model: CompiledModel, worker: Worker, elapsed: float):
+    """The end-of-run summary from the loop's own counts (memory bounded by the sample)."""
+    from pathlib import Path
 
-        png = str(Path(settings.sink.path).with_suffix(".png"))
-        text = summarize(settings.sink.path, model.work_total, elapsed, png,
-                         settings.scoring.thresholds, dead_letters=sum(t.dead.values()))
-        from rich.console import Console
+    from rich.console import Console
 
-        Console(stderr=False).print(text)
-        return
-    print(f"records {t.rows}, messages {t.messages}, {t.rows / max(elapsed, 1e-9):,.0f} rows/s,"
-          f" dead letters {sum(t.dead.values())}")
+    from .report import summary_of_run
+
+    t = worker.totals
+    png = Path(settings.sink.path).with_suffix(".png")
+    s, note = summary_of_run(t.rows, t.messages, elapsed, model.work_total, t.work_units,
+                             settings.scoring.thresholds, t.stop_reasons, t.decisions,
+                             sum(t.dead.values()), worker.sample, png)
+    Console(stderr=False).print(s.table())
+    if note:
+        print(note)

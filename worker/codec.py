@@ -20,20 +20,28 @@ class InvalidMessage(ValueError):
         self.detail = detail
 
 
-def decode(value: bytes | None, feature_names: list[str], id_column: str | None) -> pa.Table:
-    """One self-contained Arrow IPC stream -> a Table with every feature column, validated."""
+def decode(value: bytes | None, feature_names: list[str], id_column: str | None,
+           max_rows: int | None = None) -> pa.Table:
+    """One self-contained Arrow IPC stream -> a Table of the feature (and id) columns, each
+    fully validated: nothing native reads a buffer whose size pyarrow has not checked against
+    the lengths, offsets and null counts the message claims."""
     if not value:
         raise InvalidMessage("empty", "the message has no value")
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(value))
         table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: {exc}") from None
+        schema_names = table.schema.names  # field names are UTF-8 (or the decode fails here)
+    except (pa.ArrowException, OSError, MemoryError, ValueError) as exc:
+        raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
+                             f"{_short(exc)}") from None
     if table.num_rows == 0:
         raise InvalidMessage("empty_batch", "the Arrow stream has no rows")
-    names = set(table.schema.names)
-    wanted = set(feature_names) | ({id_column} if id_column else set())
-    dup = sorted(n for n in wanted if table.schema.get_all_field_indices(n)[1:])
+    if max_rows is not None and table.num_rows > max_rows:
+        raise InvalidMessage("too_large", f"{table.num_rows} rows, more than "
+                             f"delivery.max_message_rows ({max_rows})")
+    names = set(schema_names)
+    wanted = list(feature_names) + ([id_column] if id_column else [])
+    dup = sorted({n for n in wanted if table.schema.get_all_field_indices(n)[1:]})
     if dup:
         raise InvalidMessage("duplicate_column", "column(s) named more than once: "
                              + ", ".join(dup[:10]))
@@ -41,15 +49,28 @@ def decode(value: bytes | None, feature_names: list[str], id_column: str | None)
     if missing:
         raise InvalidMessage("missing_column", "missing feature column(s): "
                              + ", ".join(missing[:10]))
+    if id_column and id_column not in names:
+        raise InvalidMessage("missing_column", f"missing id column {id_column!r}")
     for f in feature_names:
         t = table.schema.field(f).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
                 or pa.types.is_null(t)):
             raise InvalidMessage("bad_type", f"feature column {f!r} has type {t}, expected a "
                                  "numeric or boolean type")
-    if id_column and id_column not in names:
-        raise InvalidMessage("missing_column", f"missing id column {id_column!r}")
+    # only the columns read from here on; the others are never touched
+    keep = set(wanted)
+    table = table.select([n for n in schema_names if n in keep])  # in the message's order
+    try:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
+            from None
     return table
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:limit]
 
 
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,

@@ -165,6 +165,8 @@ class ScoringConfig(_Section):
 class DeliveryConfig(_Section):
     mode: Literal["exactly_once", "at_least_once"] = "exactly_once"
     """exactly_once: Kafka transactions (outputs and offsets commit together)."""
+    max_message_rows: int = Field(1_000_000, ge=1)
+    """A message of more rows is dead-lettered (`too_large`) instead of scored."""
     max_batch_rows: int = Field(8192, ge=1)
     """A batch (one transaction) ends once it holds this many rows..."""
     max_batch_bytes: int = Field(16 << 20, ge=1024)

@@ -87,12 +87,61 @@ def produce_records(bootstrap: str, topic: str, path: str | Path, keep_partition
 
 
 def scores_table(path: str | Path) -> pa.Table:
-    """Every output row of a scores file (recorded topic of Arrow streams), in file order."""
+    """Every output row of a scores file (recorded topic of Arrow streams), in file order;
+    ids of differing types across messages are promoted where Arrow can (else strings)."""
     tables = [pa.ipc.open_stream(r.value).read_all().replace_schema_metadata(None)
               for r in read_records(path)]
     if not tables:
         return pa.table({})
-    return pa.concat_tables(tables)
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.concat_tables([t.set_column(t.schema.get_field_index("id"), "id",
+                                              t.column("id").cast(pa.string()))
+                                 for t in tables], promote_options="permissive")
+
+
+@dataclass
+class _Rows:
+    keys: list  # one hashable key per row (see _key)
+    columns: dict[str, list]  # column -> values, row order as keys
+    messages: int = 0
+
+
+def _key(value, where, row: int):
+    """An id as a key that keeps its type (1, 1.0 and "1" are different ids); a row without a
+    usable id (null, NaN) is keyed by its place: input partition, offset and row."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ("row", *where, row)
+    return (type(value).__name__, value)
+
+
+def _show(key) -> str:
+    if key[0] == "row":
+        return f"<no id: partition {key[1]} offset {key[2]} row {key[3]}>"
+    return repr(key[1])
+
+
+def _rows(path: str | Path) -> _Rows:
+    rows = _Rows([], {})
+    for m, rec in enumerate(read_records(path)):
+        t = pa.ipc.open_stream(pa.py_buffer(rec.value or b"")).read_all()
+        meta = t.schema.metadata or {}
+        where = ((meta.get(b"input_partition", b"?").decode(),
+                  meta.get(b"input_offset", b"?").decode())
+                 if b"input_offset" in meta else ("?", str(m)))
+        ids = t.column("id").to_pylist() if "id" in t.schema.names else [None] * t.num_rows
+        rows.keys.extend(_key(v, where, r) for r, v in enumerate(ids))
+        have = len(rows.keys) - t.num_rows
+        for name in t.schema.names:
+            if name == "id":
+                continue
+            col = rows.columns.setdefault(name, [None] * have)
+            col.extend(t.column(name).to_pylist())
+        for col in rows.columns.values():  # columns absent from this message
+            col.extend([None] * (len(rows.keys) - len(col)))
+        rows.messages += 1
+    return rows
 
 
 @dataclass
@@ -127,40 +176,40 @@ class Comparison:
 
 def compare(output: str | Path, golden: str | Path, atol: float = 1e-9, rtol: float = 0.0
             ) -> Comparison:
-    """Id-by-id comparison of two scores files; floats within atol + rtol*|golden|."""
-    out, gold = scores_table(output), scores_table(golden)
-    res = Comparison(rows=out.num_rows, golden_rows=gold.num_rows)
-    if gold.num_rows == 0 and out.num_rows == 0:
-        return res
-    oid = _ids(out)
-    gid = _ids(gold)
-    u, c = np.unique(oid, return_counts=True)
-    res.duplicated = u[c > 1].tolist()
-    res.missing = np.setdiff1d(gid, oid).tolist()
-    res.extra = np.setdiff1d(oid, gid).tolist()
-    common, oi, gi = np.intersect1d(oid, gid, return_indices=True)
-    for col in gold.column_names:
-        if col == "id":
-            continue
-        if col not in out.column_names:
+    """Row-by-row comparison of two scores files, rows matched by id (of any type, mixed
+    types too); rows without an id by their input partition, offset and row. Floats match
+    within atol + rtol*|golden|, NaN matches NaN."""
+    out, gold = _rows(output), _rows(golden)
+    res = Comparison(rows=len(out.keys), golden_rows=len(gold.keys))
+    where_out: dict = {}
+    dup = set()
+    for i, k in enumerate(out.keys):
+        if k in where_out:
+            dup.add(k)
+        where_out[k] = i
+    where_gold = {k: i for i, k in enumerate(gold.keys)}
+    res.duplicated = sorted(_show(k) for k in dup)
+    res.missing = [_show(k) for k in gold.keys if k not in where_out]
+    res.extra = [_show(k) for k in out.keys if k not in where_gold]
+    common = [k for k in gold.keys if k in where_out]
+    oi = np.asarray([where_out[k] for k in common], dtype=np.int64)
+    gi = np.asarray([where_gold[k] for k in common], dtype=np.int64)
+    for col, gvals in gold.columns.items():
+        if col not in out.columns:
             res.differences[col] = [(None, "absent", "present")]
             continue
-        a = out.column(col).to_numpy(zero_copy_only=False)[oi]
-        b = gold.column(col).to_numpy(zero_copy_only=False)[gi]
-        if a.dtype.kind == "f":
-            bad = ~(np.isclose(a, b, atol=atol, rtol=rtol) | (np.isnan(a) & np.isnan(b)))
-        else:
-            bad = a != b
-        res.differences[col] = [(common[k].item(), _py(a[k]), _py(b[k]))
-                                for k in np.flatnonzero(bad)]
+        ovals = out.columns[col]
+        a = [ovals[i] for i in oi]
+        b = [gvals[i] for i in gi]
+        bad = [k for k, (x, y) in enumerate(zip(a, b, strict=True)) if not _same(x, y, atol,
+                                                                                  rtol)]
+        res.differences[col] = [(_show(common[k]), a[k], b[k]) for k in bad]
     return res
 
 
-def _ids(table: pa.Table) -> np.ndarray:
-    if table.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    return table.column("id").to_numpy(zero_copy_only=False)
-
-
-def _py(v):
-    return v.item() if isinstance(v, np.generic) else v
+def _same(x, y, atol: float, rtol: float) -> bool:
+    if isinstance(x, float) and isinstance(y, float):
+        if x != x or y != y:
+            return x != x and y != y
+        return abs(x - y) <= atol + rtol * abs(y)
+    return x == y

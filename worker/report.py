@@ -82,7 +82,7 @@ class Summary:
         if self.undecodable:
             t.add_row("undecodable output", f"[red]{self.undecodable:,}[/]")
         work = f"{self.mean_work_units:,.2f}"
-        if self.work_total:
+        if self.work_total and self.work_fraction is not None:
             work += f" of {self.work_total:,} ({self.work_fraction:.1%})"
         t.add_row("mean work units", work)
         total = max(self.records, 1)
@@ -123,7 +123,10 @@ def read_output(path: str | Path) -> tuple[pa.Table | None, int, int, int | None
         meta = t.schema.metadata or {}
         if work_total is None and b"work_total" in meta:
             work_total = int(meta[b"work_total"])
-        tables.append(t.replace_schema_metadata(None))
+        # the summary reads no ids: messages whose ids differ in type concatenate all the same
+        keep = [c for c in ("score", "work_units", "decision", "stop_reason")
+                if c in t.schema.names]
+        tables.append(t.select(keep).replace_schema_metadata(None))
     table = pa.concat_tables(tables, promote_options="permissive") if tables else None
     return table, messages, undecodable, work_total
 
@@ -180,6 +183,69 @@ def summarize(output_path: str | Path, model_work_total: int | None = None,
     if png_path is not None:
         summary.png_path = plot(score, work, png_path, summary.thresholds, work_total)
     return summary
+
+
+class ScoreSample:
+    """A uniform sample of (score, work units) pairs of a run (reservoir sampling, Vitter's
+    algorithm R, vectorised per batch): the run summary's quantiles and histograms in bounded
+    memory, however long the run."""
+
+    def __init__(self, capacity: int = 1 << 16, seed: int = 0):
+        self.capacity = capacity
+        self.seen = 0
+        self.score = np.empty(capacity, dtype=np.float64)
+        self.work = np.empty(capacity, dtype=np.int64)
+        self._rng = np.random.default_rng(seed)
+
+    def add(self, score: np.ndarray, work: np.ndarray) -> None:
+        n = len(score)
+        free = min(max(self.capacity - self.seen, 0), n)
+        if free:
+            self.score[self.seen:self.seen + free] = score[:free]
+            self.work[self.seen:self.seen + free] = work[:free]
+        if n > free:
+            # item k of the run (1-based) replaces a random slot with probability capacity / k
+            k = self.seen + np.arange(free + 1, n + 1, dtype=np.float64)
+            take = np.flatnonzero(self._rng.random(n - free) < self.capacity / k) + free
+            slots = self._rng.integers(0, self.capacity, take.size)
+            self.score[slots] = score[take]
+            self.work[slots] = work[take]
+        self.seen += n
+
+    @property
+    def values(self) -> tuple[np.ndarray, np.ndarray]:
+        m = min(self.seen, self.capacity)
+        return self.score[:m], self.work[:m]
+
+
+def summary_of_run(records: int, messages: int, elapsed_s: float, work_total: int,
+                   work_units: int, thresholds, stop_reasons: dict, decisions: dict,
+                   dead_letters: int, sample: ScoreSample, png_path: str | Path | None = None
+                   ) -> tuple[Summary, str | None]:
+    """The end-of-run summary from the run loop's counts; ``(summary, note)`` where the note
+    says why no PNG was written (matplotlib is an optional extra)."""
+    labels = band_labels(thresholds)
+    score, work = sample.values
+    finite = score[np.isfinite(score)]
+    quantiles = {}
+    if finite.size:
+        qs = np.quantile(finite, [0.5, 0.99, 0.999])
+        quantiles = {k: float(v) for k, v in zip(("p50", "p99", "p99.9"), qs, strict=True)}
+    summary = Summary(
+        records=records, messages=messages, elapsed_s=elapsed_s, work_total=work_total,
+        mean_work_units=work_units / records if records else 0.0,
+        stop_reasons=dict(Counter(stop_reasons).most_common()),
+        thresholds=sorted(float(x) for x in thresholds),
+        decisions={label: int(decisions.get(i, 0)) for i, label in enumerate(labels)},
+        dead_letters=dead_letters, score_quantiles=quantiles)
+    note = None
+    if png_path is not None and records:
+        try:
+            summary.png_path = plot(score, work, png_path, summary.thresholds, work_total)
+        except ImportError:
+            note = ("no histogram PNG: matplotlib is not installed "
+                    "(pip install 'scoring-worker[plot]')")
+    return summary, note
 
 
 def plot(score: np.ndarray, work: np.ndarray, png_path: str | Path, thresholds=(),

@@ -1,0 +1,284 @@
+"""Hostile input messages: Hypothesis builds Arrow tables of every shape a producer can send
+(numeric, boolean, null, dictionary, nested and string columns, slices, nulls, compression),
+then mutates their IPC bytes: bit flips, truncation, length and offset lies in the flatbuffer
+metadata, lies in the body (compressed-length prefixes, buffer contents).
+
+Each case runs through the worker's message path (``Pipeline.decode`` + ``Pipeline.process``,
+the code the run loop calls) and must end scored or dead-lettered. A scored message must be
+valid Arrow (pyarrow's full validation is the oracle) and its scores must equal scoring the
+same rows from numpy; a crash is caught by the parent process (see ``tests.fuzz.runner``).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import strategies as st
+
+from worker import demo
+from worker.io.records import Record
+
+FEATURES = demo.FEATURES
+ID = demo.ID_COLUMN
+
+_NUMERIC = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
+            pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64(), pa.bool_()]
+_LIES = [0, 1, 7, 63, 64, 65, 1000, 1_000_000, 10_000_000, 2**31 - 1, 2**31, 2**32,
+         2**62, 2**63 - 1, -1, -8, -(2**63)]
+
+
+def _feature_array(draw, name: str, n: int, rng: np.random.Generator, style: str) -> pa.Array:
+    kind = {"demo": "demo", "numeric": draw(st.sampled_from(["demo", "numeric", "null"]))}.get(
+        style) or draw(st.sampled_from(["demo", "numeric", "dictionary", "string", "list"]))
+    null_p = draw(st.sampled_from([0.0, 0.0, 0.1, 0.9, 1.0]))
+    mask = rng.random(n) < null_p if null_p else None
+    if kind == "demo":
+        t = demo.FEATURE_TYPES[name]
+    elif kind == "numeric":
+        t = draw(st.sampled_from(_NUMERIC))
+    elif kind == "null":
+        return pa.nulls(n)
+    elif kind == "dictionary":
+        idx = pa.array(rng.integers(0, 3, n), type=pa.int8(), mask=mask)
+        return pa.DictionaryArray.from_arrays(idx, pa.array([0.5, 1.5, 2.5]))
+    elif kind == "string":
+        return pa.array([str(v) for v in rng.integers(0, 100, n)], mask=mask)
+    else:
+        return pa.array([[float(v)] for v in rng.normal(size=n)], mask=mask)
+    if pa.types.is_boolean(t):
+        return pa.array(rng.random(n) < 0.5, mask=mask)
+    values = rng.normal(scale=50.0, size=n)
+    special = rng.random(n)
+    values[special < 0.05] = np.nan
+    values[(special >= 0.05) & (special < 0.08)] = np.inf
+    values[(special >= 0.08) & (special < 0.1)] = -np.inf
+    if pa.types.is_floating(t):
+        arr = values.astype(t.to_pandas_dtype())
+    else:
+        info = np.iinfo(t.to_pandas_dtype())
+        arr = np.clip(np.nan_to_num(values), info.min, info.max).astype(t.to_pandas_dtype())
+    return pa.array(arr, type=t, mask=mask)
+
+
+def _id_array(draw, n: int, first: int, rng: np.random.Generator) -> pa.Array:
+    kind = draw(st.sampled_from(["int64", "int64", "string", "dictionary", "null", "float"]))
+    ids = np.arange(first, first + n, dtype=np.int64)
+    if kind == "int64":
+        return pa.array(ids)
+    if kind == "string":
+        return pa.array([f"t{i}" for i in ids])
+    if kind == "dictionary":
+        return pa.DictionaryArray.from_arrays(pa.array(np.arange(n) % 4, type=pa.int32()),
+                                              pa.array(["a", "b", "c", "d"]))
+    if kind == "null":
+        return pa.nulls(n, type=pa.int64())
+    return pa.array(ids.astype(np.float64))
+
+
+@st.composite
+def tables(draw) -> pa.Table:
+    """A table a producer could send: the model's features (sometimes of other types, missing,
+    duplicated or reordered), an id column of any type, and extra columns."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    n = draw(st.sampled_from([0, 1, 2, 3, 7, 63, 64, 65, 200]))
+    offset = draw(st.sampled_from([0, 0, 0, 1, 5]))
+    cols, names = [], []
+    if draw(st.integers(0, 9)):
+        cols.append(_id_array(draw, n + offset, 1000, rng))
+        names.append(ID)
+    feats = list(FEATURES)
+    if draw(st.integers(0, 9)) == 0:
+        feats.remove(draw(st.sampled_from(feats)))
+    if draw(st.integers(0, 9)) == 0:
+        feats.append(draw(st.sampled_from(feats)))  # a column named twice
+    if draw(st.booleans()):
+        rng.shuffle(feats)
+    style = draw(st.sampled_from(["demo", "demo", "numeric", "numeric", "hostile"]))
+    hostile = draw(st.sampled_from(feats))
+    for name in feats:
+        cols.append(_feature_array(draw, name, n + offset, rng,
+                                   style if name == hostile else style.replace("hostile",
+                                                                               "demo")))
+        names.append(name)
+    if draw(st.booleans()):
+        names.append("extra_struct")
+        cols.append(pa.StructArray.from_arrays([pa.array(np.arange(n + offset))], ["a"]))
+    t = pa.Table.from_arrays(cols, names=names)
+    return t.slice(offset, n) if offset else t
+
+
+def ipc_bytes(table: pa.Table, compression: str | None, chunks: int) -> bytes:
+    sink = pa.BufferOutputStream()
+    opts = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
+        if chunks > 1 and table.num_rows > 1:
+            step = max(1, table.num_rows // chunks)
+            for b in table.to_batches(max_chunksize=step):
+                w.write_batch(b)
+        else:
+            w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def messages_of(data: bytes) -> list[tuple[int, int, int]]:
+    """(metadata start, metadata end, body end) of each IPC message in a stream."""
+    out, pos = [], 0
+    while pos + 8 <= len(data):
+        cont, mlen = struct.unpack_from("<Ii", data, pos)
+        if cont != 0xFFFFFFFF or mlen <= 0:
+            break
+        start = pos + 8
+        end = start + mlen
+        body = _body_length(data[start:end])
+        out.append((start, end, end + body))
+        pos = end + body
+    return out
+
+
+def _body_length(meta: bytes) -> int:
+    """Message.bodyLength from the flatbuffer (field 3 of the root table), 0 when absent."""
+    try:
+        root = struct.unpack_from("<I", meta, 0)[0]
+        vt = root - struct.unpack_from("<i", meta, root)[0]
+        vt_len = struct.unpack_from("<H", meta, vt)[0]
+        if vt_len < 4 + 2 * 4:
+            return 0
+        off = struct.unpack_from("<H", meta, vt + 4 + 2 * 3)[0]
+        return struct.unpack_from("<q", meta, root + off)[0] if off else 0
+    except struct.error:
+        return 0
+
+
+@st.composite
+def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
+    """One mutation of an IPC stream; returns (bytes, what was done)."""
+    kind = draw(st.sampled_from(["none", "none", "row_lie", "row_lie", "row_lie", "meta_lie",
+                                 "meta_lie", "body_lie", "body_lie", "bitflip", "truncate"]))
+    buf = bytearray(data)
+    msgs = messages_of(data)
+    if kind == "none" or not buf:
+        return bytes(buf), "none"
+    if kind == "row_lie":
+        # the record batch length and every field node length hold the row count
+        lie = draw(st.sampled_from(_LIES))
+        pat = struct.pack("<q", table.num_rows)
+        hits = [i for i in range(len(buf) - 7) if buf[i:i + 8] == pat]
+        if not hits:
+            return bytes(buf), "none"
+        every = draw(st.booleans())
+        for i in hits if every else [draw(st.sampled_from(hits))]:
+            buf[i:i + 8] = struct.pack("<q", lie)
+        return bytes(buf), f"row_lie {lie} {'all' if every else 'one'}"
+    if kind in ("meta_lie", "body_lie") and msgs:
+        start, end, body_end = draw(st.sampled_from(msgs))
+        lo, hi = (start, end) if kind == "meta_lie" else (end, body_end)
+        if hi - lo < 8:
+            return bytes(buf), "none"
+        pos = lo + 8 * draw(st.integers(0, (hi - lo) // 8 - 1))
+        lie = draw(st.sampled_from(_LIES))
+        width = draw(st.sampled_from([8, 4]))
+        buf[pos:pos + width] = struct.pack("<q" if width == 8 else "<i",
+                                           lie if width == 8 else max(min(lie, 2**31 - 1),
+                                                                      -(2**31)))
+        return bytes(buf), f"{kind} @{pos} {lie}/{width}"
+    if kind == "bitflip":
+        flips = draw(st.lists(st.integers(0, len(buf) * 8 - 1), min_size=1, max_size=8))
+        for b in flips:
+            buf[b >> 3] ^= 1 << (b & 7)
+        return bytes(buf), f"bitflip {flips}"
+    cut = draw(st.integers(0, len(buf) - 1))
+    return bytes(buf[:cut]), f"truncate {cut}"
+
+
+@st.composite
+def cases(draw) -> tuple[bytes, str]:
+    table = draw(tables())
+    compression = draw(st.sampled_from([None, None, "lz4", "zstd"]))
+    chunks = draw(st.sampled_from([1, 1, 3]))
+    data = ipc_bytes(table, compression, chunks)
+    value, what = draw(mutated(data, table))
+    return value, f"{what}; rows {table.num_rows}, compression {compression}, chunks {chunks}"
+
+
+def as_record(value: bytes, i: int) -> Record:
+    return Record("fuzz", 0, i, b"k", value, 1, [("content-type", b"x")])
+
+
+def features_numpy(table: pa.Table) -> np.ndarray:
+    """The model's features as float64, missing -> NaN: the oracle the scores are checked with
+    (pyarrow's own conversions, no code of ours)."""
+    cols = []
+    for name in FEATURES:
+        c = table.column(name).combine_chunks()
+        if pa.types.is_null(c.type):
+            cols.append(np.full(table.num_rows, np.nan, dtype=np.float32))
+            continue
+        missing = c.is_null().to_numpy(zero_copy_only=False)
+        if pa.types.is_boolean(c.type):
+            c = pc.cast(c, pa.int8())
+        # integers straight to float32 (as the staging does), never through float64
+        v = c.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
+        v[missing] = np.nan
+        cols.append(v)
+    return np.column_stack(cols)
+
+
+def check(pipeline, value: bytes, i: int) -> str:
+    """Run one message through the worker's message path; raise AssertionError on any broken
+    invariant. Returns 'scored' or the dead-letter code."""
+    rec = as_record(value, i)
+    decoded = pipeline.decode(rec)
+    outputs, dead, _stats = pipeline.process([(rec, decoded)])
+    assert len(outputs) + len(dead) == 1, f"{len(outputs)} outputs, {len(dead)} dead letters"
+    if dead:
+        h = dict(dead[0].headers)
+        code = h["error_code"].decode()
+        return code if code != "invalid" else f"invalid: {h['error'].decode()[:80]}"
+    try:
+        # the columns the worker reads (extra columns are ignored, valid or not)
+        table = pa.ipc.open_stream(value).read_all()
+        table = table.select(FEATURES + [ID])
+        table.validate(full=True)
+    except Exception as exc:  # noqa: BLE001
+        raise AssertionError(f"scored a message that is not valid Arrow: {exc}") from None
+    out = pa.ipc.open_stream(outputs[0].value).read_all()
+    out.validate(full=True)
+    assert out.num_rows == table.num_rows, (out.num_rows, table.num_rows)
+    want = pipeline.model.predict_proba(features_numpy(table), n_threads=1)
+    got = out.column("score").to_numpy()
+    np.testing.assert_array_equal(got, want[:, 1])
+    return "scored"
+
+
+def check_factory(state):
+    """The child's check: the golden model behind the worker's own Pipeline (one thread).
+    Every case is also appended to ``cases.arrows`` (a recorded topic) so that the whole run
+    loop can replay them afterwards."""
+    from worker.app import Pipeline
+    from worker.config import load_settings
+    from worker.io.records import RecordWriter
+    from worker.model.compile import load_model
+
+    from .runner import GOLDEN_MODEL
+
+    model = load_model(GOLDEN_MODEL)
+    settings = load_settings(None, scoring={"id_column": ID, "threads": 1})
+    pipeline = Pipeline(model, settings, "scores")
+    writer = RecordWriter(state / "cases.arrows")
+    pending: list[Record] = []
+
+    def run(value: bytes, what: str, i: int) -> str:
+        pending.append(as_record(value, i))
+        if len(pending) >= 50:
+            writer.write(pending)
+            pending.clear()
+        return check(pipeline, value, i)
+
+    import atexit
+
+    atexit.register(lambda: (writer.write(pending), writer.close()))
+    return run

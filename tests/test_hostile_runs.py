@@ -1,0 +1,141 @@
+"""Runs that end well whatever the messages held: ids of any type, null ids, huge row-count
+lies, no matplotlib; counters that count what was published."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from worker import codec, demo
+from worker.io.records import Record, read_records, write_records
+from worker.replay import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+MODEL = GOLDEN / "fraud-xgb.model"
+
+
+def _message(n: int, seed: int, ids: pa.Array | None) -> bytes:
+    t = demo.generate(n, seed=seed).select(demo.FEATURES)
+    if ids is not None:
+        t = t.add_column(0, demo.ID_COLUMN, ids)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def _recording(path: Path, values: list[bytes]) -> Path:
+    write_records(path, [Record("t", 0, i, b"k", v, 1, []) for i, v in enumerate(values)])
+    return path
+
+
+def _replay(rec: Path, out: Path, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "worker.cli", "replay", str(rec), "--model",
+                           str(MODEL), "--output", str(out), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_ids_of_mixed_types_and_nulls_end_in_a_summary_and_compare(tmp_path):
+    # before: the end-of-run summary failed in concat_tables (exit 1), and --expect reported
+    # null ids as missing when a run was compared with itself
+    rec = _recording(tmp_path / "in.arrows", [
+        _message(5, 1, pa.array(np.arange(5, dtype=np.int64))),
+        _message(4, 2, pa.array(["a", "b", "c", "d"])),
+        _message(3, 3, pa.nulls(3, pa.int64())),
+        _message(3, 4, pa.array([1.0, float("nan"), None])),
+        _message(2, 5, pa.array([0, 1], type=pa.int64())),  # ids 0, 1 again: duplicates
+    ])
+    out = tmp_path / "out.arrows"
+    proc = _replay(rec, out)
+    assert proc.returncode == 0, proc.stderr
+    assert "records" in proc.stdout and "17" in proc.stdout
+    res = compare(out, out)
+    assert res.rows == res.golden_rows == 17
+    assert not res.missing and not res.extra and not any(res.differences.values())
+    assert res.duplicated == ["0", "1"]  # int ids 0 and 1 appear twice; "a" != 0
+    proc = _replay(rec, tmp_path / "again.arrows", "--expect", out)
+    assert proc.returncode == 1 and "duplicated" in proc.stdout  # duplicates are reported
+
+
+def test_compare_tells_ids_of_different_types_apart(tmp_path):
+    a = _recording(tmp_path / "a.arrows", [_message(3, 1, pa.array([1, 2, 3]))])
+    b = _recording(tmp_path / "b.arrows", [_message(3, 1, pa.array(["1", "2", "3"]))])
+    assert _replay(a, tmp_path / "sa.arrows").returncode == 0
+    assert _replay(b, tmp_path / "sb.arrows").returncode == 0
+    res = compare(tmp_path / "sa.arrows", tmp_path / "sb.arrows")
+    assert len(res.missing) == 3 and len(res.extra) == 3
+
+
+def test_no_matplotlib_means_no_png_and_exit_0(tmp_path):
+    # a plain `pip install` has no matplotlib: the run ends with a note, not a traceback
+    block = tmp_path / "block"
+    (block / "matplotlib").mkdir(parents=True)
+    (block / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib')\n")
+    rec = _recording(tmp_path / "in.arrows", [_message(5, 1, pa.array(np.arange(5)))])
+    env = {**os.environ, "PYTHONPATH": f"{block}{os.pathsep}{ROOT}"}
+    proc = _replay(rec, tmp_path / "out.arrows", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "no histogram PNG: matplotlib is not installed" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out.png").exists()
+    proc = _replay(rec, tmp_path / "out2.arrows")  # with matplotlib: the PNG
+    assert proc.returncode == 0 and (tmp_path / "out2.png").exists()
+
+
+def test_counters_count_published_rows_not_dead_letters(tmp_path, monkeypatch):
+    from worker.app import Worker
+    from worker.config import load_settings
+    from worker.io.files import FileSink, FileSource
+    from worker.model.compile import load_model
+
+    lie = (ROOT / "tests" / "fuzz" / "corpus" / "messages" / "sigsegv-row-lie-1m.bin")
+    rec = _recording(tmp_path / "in.arrows", [
+        _message(5, 1, pa.array(np.arange(5))), lie.read_bytes(),
+        _message(7, 2, pa.array(np.arange(7))), _message(4, 3, pa.array(np.arange(4)))])
+    settings = load_settings(None, scoring={"threads": 1})
+    real = codec.encode
+    calls = []
+
+    def encode(batch, meta):  # the third message fails to encode: dead-lettered, not counted
+        calls.append(batch.num_rows)
+        if batch.num_rows == 4:
+            raise pa.ArrowInvalid("simulated encode failure")
+        return real(batch, meta)
+
+    monkeypatch.setattr(codec, "encode", encode)
+    w = Worker(settings, load_model(MODEL), FileSource(rec),
+               FileSink(tmp_path / "o.arrows", tmp_path / "d.arrows"))
+    assert w.run() == 0
+    w.sink.close()
+    reg = w.metrics.registry
+    assert reg.get_sample_value("scoring_records_out_total") == 12
+    assert reg.get_sample_value("scoring_records_in_total") == 16
+    assert reg.get_sample_value("scoring_messages_in_total") == 4
+    assert reg.get_sample_value("scoring_dead_letters_total", {"reason": "invalid_arrow"}) == 1
+    assert reg.get_sample_value("scoring_dead_letters_total", {"reason": "encode_error"}) == 1
+    assert w.totals.rows == 12 and len(list(read_records(tmp_path / "o.arrows"))) == 2
+
+
+@pytest.mark.parametrize("rows", [10_000_000, 1_000_000])
+def test_row_count_lie_is_dead_lettered_by_the_cli(tmp_path, rows):
+    # the issue's attack: every length field of a ~50 KB message claims `rows` rows
+    import struct
+
+    value = bytearray(_message(200, 7, pa.array(np.arange(200))))
+    value = bytes(value).replace(struct.pack("<q", 200), struct.pack("<q", rows))
+    rec = _recording(tmp_path / "in.arrows", [value])
+    out = tmp_path / "out.arrows"
+    proc = _replay(rec, out)
+    assert proc.returncode == 0, proc.stderr
+    assert list(read_records(out)) == []
+    (dead,) = read_records(tmp_path / "out-dlq.arrows")
+    # some lies leave a stream pyarrow cannot read, the others fail validation
+    assert dict(dead.headers)["error_code"] in (b"not_arrow", b"invalid_arrow")
+    assert dead.value == value
