@@ -416,7 +416,9 @@ cdef class Forest:
         self.view.n_outputs = n_outputs
         if layout == "padded":
             nodes = a["pnodes"]
-            if nodes.shape[0] != self.view.n_trees * ((1 << depth) - 1):
+            if not 0 <= depth <= 20:
+                raise ValueError(f"padded depth {depth} outside 0..20")
+            if nodes.shape[0] != self.view.n_trees * ((<int64_t>1 << depth) - 1):
                 raise ValueError("padded node array does not match the tree count and depth")
             self.view.pnodes = <const PNode*>&nodes[0, 0] if nodes.shape[0] else <const PNode*>1
             self.view.depth = depth

@@ -56,3 +56,19 @@ def test_fuzz_messages_through_the_worker(tmp_path):
     assert len(scored) == rep.outcomes["scored"] and len(scored) > 0
     for r in scored:
         pa.ipc.open_stream(r.value).read_all().validate(full=True)
+
+
+@pytest.mark.parametrize("path", sorted((CORPUS / "artifacts").glob("*.bin")),
+                         ids=lambda p: p.stem)
+def test_artifact_corpus_is_refused(tmp_path, path):
+    # before the fix each of these (checksums resealed) crashed the kernel or spun forever
+    from tests.fuzz import artifacts
+
+    assert artifacts.check(path.read_bytes(), tmp_path / "m.model") == "refused"
+
+
+def test_fuzz_artifacts(tmp_path):
+    rep = runner.run("artifacts", 2000, tmp_path / "fuzz", seed=20261130)
+    assert rep.ok, rep.summary()
+    assert rep.cases >= 2000
+    assert rep.outcomes["refused"] > 0 and rep.outcomes["loaded"] > 0, rep.summary()

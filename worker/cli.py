@@ -11,6 +11,19 @@ import click
 from . import __version__
 
 
+def _config_exit(message: str) -> None:
+    """A bad argument or input: one line on stderr, exit 2 (no traceback)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
 @click.group(invoke_without_command=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="YAML config: run the worker until SIGTERM/SIGINT.")
@@ -67,10 +80,21 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
 
     from .codec import output_metadata, result_batch
     from .fileio import read_table, write_table
+    from .model.artifact import ArtifactError
     from .model.compile import load_model
 
-    model = load_model(model_path)
-    table = read_table(input_path)
+    if _same_file(input_path, output_path) or _same_file(model_path, output_path):
+        _config_exit("--output: would overwrite an input of this command")
+    try:
+        model = load_model(model_path)
+    except ArtifactError as exc:
+        _config_exit(f"--model: {exc}")
+    try:
+        table = read_table(input_path)
+        table.validate(full=True)  # nothing native reads a buffer pyarrow has not checked
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        _config_exit(f"--input: {input_path} is not a readable Arrow IPC or Parquet table: "
+                     f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     kw = {}
     for p in params:
         key, _, value = p.partition("=")

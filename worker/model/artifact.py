@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -60,16 +61,45 @@ def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray]
     if hashlib.sha256(body).digest() != digest:
         raise ArtifactError(f"{what}: checksum mismatch: the compiled model is truncated or "
                             "corrupted")
-    header = json.loads(body[start:start + hlen])
+    try:
+        header = json.loads(body[start:start + hlen])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{what}: header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("meta"), dict) \
+            or not isinstance(header.get("arrays"), list):
+        raise ArtifactError(f"{what}: header lacks its 'meta' mapping or 'arrays' list")
     arrays, base = {}, start + hlen
     for spec in header["arrays"]:
-        if spec["dtype"] not in _ALLOWED:
-            raise ArtifactError(f"{what}: array {spec['name']!r} has unsupported dtype")
-        lo = base + spec["offset"]
-        buf = body[lo:lo + spec["nbytes"]]
-        arr = np.frombuffer(buf, dtype=np.dtype(spec["dtype"])).reshape(spec["shape"])
-        arrays[spec["name"]] = arr
+        name, arr = _array(spec, body, base, what)
+        if name in arrays:
+            raise ArtifactError(f"{what}: array {name!r} stored twice")
+        arrays[name] = arr
     return header["meta"], arrays, digest.hex()
+
+
+def _array(spec, body: bytes, base: int, what: str) -> tuple[str, np.ndarray]:
+    """One array spec of the header, checked against the body before numpy sees it."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ArtifactError(f"{what}: an array spec without a name")
+    name = spec["name"]
+    if not isinstance(spec.get("dtype"), str) or spec["dtype"] not in _ALLOWED:
+        raise ArtifactError(f"{what}: array {name!r} has unsupported dtype {spec.get('dtype')!r}")
+    shape, offset, nbytes = spec.get("shape"), spec.get("offset"), spec.get("nbytes")
+    ints = [offset, nbytes] + (shape if isinstance(shape, list) else [None])
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 2 or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ints):
+        raise ArtifactError(f"{what}: array {name!r}: shape, offset and nbytes must be "
+                            "non-negative integers (1 or 2 dimensions)")
+    itemsize = np.dtype(spec["dtype"]).itemsize
+    if math.prod(shape) * itemsize != nbytes:
+        raise ArtifactError(f"{what}: array {name!r}: shape {shape} does not hold {nbytes} "
+                            "bytes")
+    lo = base + offset
+    if lo + nbytes > len(body):
+        raise ArtifactError(f"{what}: array {name!r} lies outside the file")
+    arr = np.frombuffer(body, dtype=np.dtype(spec["dtype"]), count=nbytes // itemsize,
+                        offset=lo).reshape(shape)
+    return name, arr
 
 
 def save(path: str | Path, meta: dict, arrays: dict[str, np.ndarray]) -> str:
@@ -79,4 +109,13 @@ def save(path: str | Path, meta: dict, arrays: dict[str, np.ndarray]) -> str:
 
 
 def load(path: str | Path) -> tuple[dict, dict[str, np.ndarray], str]:
-    return loads(Path(path).read_bytes(), what=str(path))
+    p = Path(path)
+    if p.is_dir():
+        raise ArtifactError(f"{p} is a directory, not a compiled model")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ArtifactError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    return loads(data, what=str(p))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _kernels
-from . import artifact
+from . import artifact, structure
 
 _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
               "objective", "source", "kind", "layout", "depth", "max_depth", "accumulate",
@@ -54,6 +54,7 @@ class CompiledModel:
     """A compiled tree ensemble. Build with ``worker.compile_model`` or ``worker.load_model``."""
 
     def __init__(self, meta: dict, arrays: dict[str, np.ndarray], model_id: str | None = None):
+        structure.check(meta, arrays)  # nothing native reads an array before this passes
         self.meta = dict(meta)
         self.arrays = arrays
         for key in _META_KEYS:

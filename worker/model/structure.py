@@ -1,0 +1,157 @@
+"""Structural check of a compiled model's meta and arrays, run at load before any kernel reads
+them: the artifact's checksum proves the bytes are the ones written, not that a writer told
+the truth. Every index the kernels follow is proved in range, every leaf is encoded as the
+walks require, every shape and dtype is the one the format says. A violation raises
+``ArtifactError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .artifact import ArtifactError
+
+TASKS = {"binary", "multiclass", "regression"}
+LINKS = {"identity", "sigmoid", "sigmoid2", "softmax", "vote"}
+LAYOUTS = {"padded", "compact"}
+MAX_PADDED_DEPTH = 20  # the packer's limit: 2^20 leaves per tree, shifts done in 64 bits
+KEY_LEAF = 0x80000000
+INF_BITS = 0x7F800000  # float32 +inf: a compact leaf's threshold (a leaf steps onto itself)
+MAX_FEATURES = 1 << 30  # node keys hold 2 * feature + 1 in 31 bits
+
+
+def _fail(field: str, what: str):
+    raise ArtifactError(f"invalid compiled model: {field}: {what}")
+
+
+def _int(meta: dict, key: str, lo: int, hi: int) -> int:
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        _fail(f"meta.{key}", f"{v!r} is not an integer in [{lo}, {hi}]")
+    return v
+
+
+def _array(arrays: dict, name: str, dtype, ndim: int, shape: tuple | None = None) -> np.ndarray:
+    a = arrays.get(name)
+    if a is None:
+        _fail(f"arrays.{name}", "missing")
+    if a.dtype != np.dtype(dtype):
+        _fail(f"arrays.{name}", f"dtype {a.dtype}, expected {np.dtype(dtype)}")
+    if a.ndim != ndim:
+        _fail(f"arrays.{name}", f"{a.ndim}-D, expected {ndim}-D")
+    if shape is not None:
+        for axis, want in enumerate(shape):
+            if want is not None and a.shape[axis] != want:
+                _fail(f"arrays.{name}", f"shape {a.shape}, expected {shape} (None: any)")
+    return a
+
+
+def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Raise ArtifactError unless the kernels can walk this model safely."""
+    if not isinstance(meta, dict):
+        _fail("meta", "not a mapping")
+    for key, kind in (("task", str), ("link", str), ("layout", str), ("accumulate", str),
+                      ("feature_names", list), ("classes", list)):
+        if not isinstance(meta.get(key), kind):
+            _fail(f"meta.{key}", f"{meta.get(key)!r} is not a {kind.__name__}")
+    for key in ("objective", "source", "kind", "notes"):
+        if key not in meta:
+            _fail(f"meta.{key}", "missing")
+    if meta["task"] not in TASKS:
+        _fail("meta.task", f"{meta['task']!r}, expected one of {sorted(TASKS)}")
+    if meta["link"] not in LINKS:
+        _fail("meta.link", f"{meta['link']!r}, expected one of {sorted(LINKS)}")
+    layout = meta["layout"]
+    if layout not in LAYOUTS:
+        _fail("meta.layout", f"{layout!r}, expected padded or compact")
+    nf = _int(meta, "n_features", 1, MAX_FEATURES - 1)
+    G = _int(meta, "n_outputs", 1, 1 << 16)
+    depth = _int(meta, "depth", 0, MAX_PADDED_DEPTH if layout == "padded" else 0)
+    _int(meta, "max_depth", 0, 1 << 20)
+    names = meta["feature_names"]
+    if len(names) != nf or not all(isinstance(n, str) for n in names):
+        _fail("meta.feature_names", f"{len(names)} names for {nf} features (or not strings)")
+    if len(set(names)) != nf:
+        _fail("meta.feature_names", "a feature is named twice")
+    # the combinations the loaders write (the link code and the output shape follow them)
+    task, link, n_classes = meta["task"], meta["link"], len(meta["classes"])
+    want = {"binary": (G == 1 and n_classes == 2, {"sigmoid", "sigmoid2", "identity", "vote"}),
+            "multiclass": (G == n_classes >= 2, {"softmax", "vote"}),
+            "regression": (G == 1 and n_classes == 0, {"identity", "sigmoid"})}[task]
+    if not want[0]:
+        _fail("meta.classes", f"{n_classes} classes and {G} outputs do not fit a {task} model")
+    if link not in want[1]:
+        _fail("meta.link", f"{link!r} is not a link of a {task} model")
+    divisor = meta.get("divisor")
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) \
+            or not math.isfinite(divisor) or divisor <= 0:
+        _fail("meta.divisor", f"{divisor!r} is not a finite number > 0")
+    acc = {"float32": np.float32, "float64": np.float64}.get(meta["accumulate"])
+    if acc is None:
+        _fail("meta.accumulate", f"{meta['accumulate']!r}, expected float32 or float64")
+
+    group = _array(arrays, "tree_group", np.int32, 1)
+    n_trees = group.shape[0]
+    if n_trees == 0:
+        _fail("arrays.tree_group", "a model needs at least one tree")
+    if group.min() < -1 or group.max() >= G:
+        _fail("arrays.tree_group", f"an output index outside [-1, {G})")
+    tdepth = _array(arrays, "tree_depth", np.int32, 1, (n_trees,))
+    if tdepth.min() < 0 or (layout == "padded" and tdepth.max() > depth):
+        _fail("arrays.tree_depth", "a tree depth outside the layout's depth")
+    unit_ptr = _array(arrays, "unit_ptr", np.int64, 1)
+    if unit_ptr.shape[0] < 2 or unit_ptr[0] != 0 or unit_ptr[-1] != n_trees \
+            or np.any(np.diff(unit_ptr) <= 0):
+        _fail("arrays.unit_ptr", f"not strictly increasing from 0 to the tree count {n_trees}")
+    leaves = _array(arrays, "leaves", acc, 2)
+    width = leaves.shape[1]
+    if width not in (1, G):
+        _fail("arrays.leaves", f"{width} values per leaf, expected 1 or {G}")
+    if np.any(group < 0) and width != G:
+        _fail("arrays.leaves", "trees adding to every output need one value per output")
+    _array(arrays, "base", acc, 1, (G,))
+    for name in ("leaf_min", "leaf_max"):
+        _array(arrays, name, np.float64, 2, (n_trees, width))
+    if layout == "padded":
+        _check_padded(arrays, n_trees, depth, nf, leaves.shape[0])
+    else:
+        _check_compact(arrays, n_trees, nf, leaves.shape[0])
+
+
+def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> None:
+    n_int = (1 << depth) - 1
+    nodes = _array(arrays, "pnodes", np.uint32, 2, (n_trees * n_int, 2))
+    if n_leaves != n_trees << depth:
+        _fail("arrays.leaves", f"{n_leaves} leaves, the padded layout has {n_trees << depth}")
+    key = nodes[:, 0]
+    if key.size and (key.max() >= 2 * nf):
+        _fail("arrays.pnodes", f"a node key reads a feature beyond n_features ({nf})")
+
+
+def _check_compact(arrays, n_trees: int, nf: int, n_leaves: int) -> None:
+    nodes = _array(arrays, "cnodes", np.uint32, 2, (None, 4))
+    n = nodes.shape[0]
+    if n >= 1 << 31:
+        _fail("arrays.cnodes", "more than 2^31 nodes")
+    root = _array(arrays, "root", np.int64, 1, (n_trees,))
+    if root.size and (root.min() < 0 or root.max() >= n):
+        _fail("arrays.root", "a tree root outside the node array")
+    key, thr, child, slot = (nodes[:, k].astype(np.int64) for k in range(4))
+    leaf = (key & KEY_LEAF) != 0
+    here = np.arange(n, dtype=np.int64)
+    if np.any(key[leaf] != KEY_LEAF):
+        _fail("arrays.cnodes", "a leaf key carries bits besides the leaf flag")
+    if np.any(thr[leaf] != INF_BITS):
+        _fail("arrays.cnodes", "a leaf threshold is not +inf (the walks would step off it)")
+    if np.any(child[leaf] != here[leaf]):
+        _fail("arrays.cnodes", "a leaf does not point at itself")
+    if np.any(slot[leaf] >= n_leaves):
+        _fail("arrays.cnodes", "a leaf slot outside the leaf array")
+    inner = ~leaf
+    if np.any(key[inner] >= 2 * nf):
+        _fail("arrays.cnodes", f"a node key reads a feature beyond n_features ({nf})")
+    # children come after their parent (no cycles) and both lie inside the array
+    if np.any(child[inner] <= here[inner]) or np.any(child[inner] + 1 >= n):
+        _fail("arrays.cnodes", "a child index before its node or outside the array")
