@@ -97,6 +97,9 @@ def test_model_files(tmp_path):
     est = M.sklearn_models()["rf-multi"]
     joblib.dump(est, tmp_path / "rf.joblib")
     sio.dump(est, tmp_path / "rf.skops")
-    a = worker.compile_model(tmp_path / "rf.joblib")
+    with pytest.raises(worker.UnsupportedModelError, match="trust-pickle"):
+        worker.compile_model(tmp_path / "rf.joblib")
+    with pytest.warns(UserWarning, match="runs code from the file"):
+        a = worker.compile_model(tmp_path / "rf.joblib", trust_pickle=True)
     b = worker.compile_model(tmp_path / "rf.skops")
     assert a.model_id == b.model_id

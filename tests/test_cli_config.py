@@ -92,7 +92,11 @@ def test_compile_cli_and_unsupported_model(tmp_path):
     X, y, _, _ = M.training_data(nan=False)
     joblib.dump(AdaBoostClassifier(n_estimators=2).fit(X, y), tmp_path / "ada.joblib")
     proc = run_cli("compile", tmp_path / "ada.joblib", "-o", tmp_path / "ada.model")
+    assert proc.returncode != 0 and "--trust-pickle" in proc.stderr  # nothing was unpickled
+    proc = run_cli("compile", tmp_path / "ada.joblib", "-o", tmp_path / "ada.model",
+                   "--trust-pickle")
     assert proc.returncode != 0 and "AdaBoostClassifier" in proc.stderr
+    assert "runs code from the file" in proc.stderr
     assert not (tmp_path / "ada.model").exists()
 
 

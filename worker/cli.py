@@ -46,16 +46,24 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Where to write the compiled model artifact.")
 @click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto")
-def compile_cmd(source: str, output: str, layout: str) -> None:
-    """Compile an XGBoost model (.json/.ubj) or a scikit-learn estimator file (joblib/pickle:
-    trusted input only; .skops accepted) into a data-only model artifact."""
+@click.option("--trust-pickle", is_flag=True,
+              help="Allow a joblib/pickle source: loading one runs code from the file.")
+def compile_cmd(source: str, output: str, layout: str, trust_pickle: bool) -> None:
+    """Compile an XGBoost model (.json/.ubj) or a scikit-learn estimator file (.skops, read
+    with an allow-list of tree-ensemble types; joblib/pickle only with --trust-pickle) into a
+    data-only model artifact."""
     from .model.compile import compile_model
     from .model.ir import UnsupportedModelError
 
+    if _same_file(source, output):
+        _config_exit("-o/--output: would overwrite the source model")
+    if trust_pickle:
+        click.echo(f"warning: --trust-pickle: loading {source} runs code from the file",
+                   err=True)
     try:
-        model = compile_model(source, layout=layout)
+        model = compile_model(source, layout=layout, trust_pickle=trust_pickle)
     except UnsupportedModelError as exc:
-        raise click.ClickException(f"cannot compile {source} exactly: {exc}") from None
+        raise click.ClickException(f"cannot compile {source}: {exc}") from None
     model_id = model.save(output)
     click.echo(f"{output}: {model.kind} ({model.source}, {model.objective or model.task}), "
                f"{model.n_trees} trees, {model.work_total} work units, {model.n_features} "

@@ -10,27 +10,59 @@ from . import artifact, pack, sklearn_loader, xgboost_loader
 from .compiled import CompiledModel
 from .ir import Ensemble, UnsupportedModelError
 
+# The only types a skops file may name beyond those skops trusts by default (numpy arrays,
+# builtins, scikit-learn estimators and losses): the tree structures of the estimators the
+# compiler supports. Anything else is refused by name; nothing outside this list is built.
+SKOPS_TRUSTED = (
+    "sklearn.tree._tree.Tree",
+    "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
+)
 
-def _read_estimator(path: Path):
-    """Trusted offline input only: joblib/pickle execute code on load; skops does not."""
+
+def _read_estimator(path: Path, trust_pickle: bool = False):
+    """A scikit-learn estimator file. skops: loaded with an explicit allow-list. joblib or
+    pickle runs code from the file while loading it: only with ``trust_pickle``."""
     if path.suffix == ".skops":
         import skops.io as sio
 
-        return sio.load(path, trusted=sio.get_untrusted_types(file=path))
+        try:
+            untrusted = sio.get_untrusted_types(file=path)
+        except Exception as exc:  # noqa: BLE001 (a zip or schema skops cannot read)
+            raise UnsupportedModelError(f"{path} is not a readable skops file: {exc}") from None
+        refused = sorted(t for t in untrusted if t not in SKOPS_TRUSTED)
+        if refused:
+            raise UnsupportedModelError(
+                f"{path} names types outside the allow-list of tree ensembles: "
+                + ", ".join(refused[:8]) + " (nothing was loaded)")
+        return sio.load(path, trusted=list(untrusted))
+    if not trust_pickle:
+        raise UnsupportedModelError(
+            f"{path} is a joblib/pickle file: loading it runs code from the file. Save the "
+            "estimator with skops (.skops), or pass --trust-pickle (Python: "
+            "trust_pickle=True) for a file you made yourself")
+    import warnings
+
     import joblib
 
+    warnings.warn(f"loading {path} with joblib/pickle runs code from the file (--trust-pickle)",
+                  stacklevel=2)
     return joblib.load(path)
 
 
-def to_ir(source) -> Ensemble:
+def to_ir(source, trust_pickle: bool = False) -> Ensemble:
     if xgboost_loader.is_xgboost_source(source):
-        return xgboost_loader.to_ir(source)
-    if isinstance(source, (str, Path)):
+        ens = xgboost_loader.to_ir(source)
+    elif isinstance(source, (str, Path)):
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"model source {path} does not exist")
-        return to_ir(_read_estimator(path))
-    return sklearn_loader.to_ir(source)
+        ens = sklearn_loader.to_ir(_read_estimator(path, trust_pickle))
+    else:
+        ens = sklearn_loader.to_ir(source)
+    # before anything walks the trees (our packer, or the library's own predict in verify)
+    for i, tree in enumerate(ens.trees):
+        tree.check(ens.n_features, f"tree {i}")
+    return ens
 
 
 def meta_of(ens: Ensemble, info: dict) -> dict:
@@ -52,7 +84,7 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
         ref = xgboost_loader.reference_margin(source, X)
         ours = model.raw(X, n_threads=1)
     else:
-        est = source if not isinstance(source, (str, Path)) else _read_estimator(Path(source))
+        est = source  # an XGBoost source or a fitted estimator (compile_model reads files)
         try:
             ref = sklearn_loader.reference(est, X)
         except ValueError:  # estimators that reject NaN at prediction
@@ -67,8 +99,15 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
     return err
 
 
-def compile_model(source, layout: str = "auto", check: bool = True) -> CompiledModel:
-    """XGBoost Booster/XGBModel/.json/.ubj, a fitted scikit-learn estimator, or a file of one."""
+def compile_model(source, layout: str = "auto", check: bool = True,
+                  trust_pickle: bool = False) -> CompiledModel:
+    """XGBoost Booster/XGBModel/.json/.ubj, a fitted scikit-learn estimator, or a file of one
+    (.skops; joblib/pickle only with ``trust_pickle``: loading those runs code)."""
+    if isinstance(source, (str, Path)) and not xgboost_loader.is_xgboost_source(source):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"model source {path} does not exist")
+        source = _read_estimator(path, trust_pickle)  # read once, verified against itself
     ens = to_ir(source)
     info, arrays = pack.pack(ens, layout)
     model = CompiledModel(meta_of(ens, info), arrays)

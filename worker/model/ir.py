@@ -35,6 +35,23 @@ class Tree:
     def n_nodes(self) -> int:
         return int(self.feature.shape[0])
 
+    def check(self, n_features: int, where: str) -> None:
+        """A tree every walk from the root leaves: children inside the tree, no node with two
+        parents (so no cycle through the root's tree), features below ``n_features``. Run
+        before anything walks a tree read from a file (a skops file can hold any arrays)."""
+        n = self.n_nodes
+        arrays = (self.threshold, self.left, self.right, self.default_left, self.value)
+        if n == 0 or any(a.shape[0] != n for a in arrays):
+            raise UnsupportedModelError(f"{where}: malformed tree (node arrays differ in length)")
+        inner = self.feature >= 0
+        kids = np.concatenate([self.left[inner], self.right[inner]]).astype(np.int64)
+        if np.any(self.feature >= n_features):
+            raise UnsupportedModelError(f"{where}: a node reads a feature beyond {n_features}")
+        if kids.size and (kids.min() < 1 or kids.max() >= n
+                          or np.unique(kids).size != kids.size):
+            raise UnsupportedModelError(f"{where}: malformed tree (a child outside the tree or "
+                                        "a node with two parents)")
+
     def depth(self) -> int:
         """Maximum number of splits on a root-to-leaf path."""
         best, stack = 0, [(0, 0)]

@@ -1,0 +1,124 @@
+"""No code from model files: a skops file naming a type outside the allow-list is refused by
+name before anything is built; joblib/pickle only with --trust-pickle."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import worker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _evil_skops(tmp_path: Path, marker: Path) -> Path:
+    """A skops file whose schema asks skops to build an attribute by calling os.system (the
+    issue's attack): a ConstructorFromReduceNode calls whatever type its schema names."""
+    import skops.io as sio
+    from sklearn.ensemble import RandomForestClassifier
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    good = tmp_path / "good.skops"
+    sio.dump(RandomForestClassifier(n_estimators=2).fit(X, X[:, 0] > 0), good)
+    with zipfile.ZipFile(good) as z:
+        schema = json.loads(z.read("schema.json"))
+        files = {n: z.read(n) for n in z.namelist() if n != "schema.json"}
+
+    # an attribute of the forest, built by calling the type the schema names
+    schema["content"]["content"]["n_estimators"] = {
+        "__class__": "system", "__module__": "os", "__loader__": "ConstructorFromReduceNode",
+        "__id__": 1, "content": {
+            "__class__": "tuple", "__module__": "builtins", "__loader__": "TupleNode",
+            "__id__": 2, "content": [{"__class__": "str", "__module__": "builtins",
+                                      "__loader__": "JsonNode", "is_json": True, "__id__": 3,
+                                      "content": json.dumps(f"touch {marker}")}]}}
+    evil = tmp_path / "evil.skops"
+    with zipfile.ZipFile(evil, "w") as z:
+        z.writestr("schema.json", json.dumps(schema))
+        for n, b in files.items():
+            z.writestr(n, b)
+    return evil
+
+
+def test_the_attack_file_is_real(tmp_path):
+    # control: trusting every type the file names (what compile did before) runs the command
+    import skops.io as sio
+
+    marker = tmp_path / "pwned"
+    evil = _evil_skops(tmp_path, marker)
+    assert "os.system" in sio.get_untrusted_types(file=evil)
+    with contextlib.suppress(Exception):
+        sio.load(evil, trusted=sio.get_untrusted_types(file=evil))
+    assert marker.exists()
+
+
+def test_skops_outside_the_allow_list_is_refused_by_name(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = _evil_skops(tmp_path, marker)
+    with pytest.raises(worker.UnsupportedModelError, match=r"allow-list.*os\.system"):
+        worker.compile_model(evil)
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "compile", str(evil), "-o",
+                           str(tmp_path / "m.model")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode != 0 and "os.system" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists() and not (tmp_path / "m.model").exists()
+
+
+def test_supported_estimators_load_from_skops(tmp_path):
+    import skops.io as sio
+
+    from tests import models as M
+
+    for name in ("rf-binary", "gb-multi", "hgb-reg", "et-multi"):
+        est = M.sklearn_models()[name]
+        sio.dump(est, tmp_path / f"{name}.skops")
+        m = worker.compile_model(tmp_path / f"{name}.skops")
+        assert m.model_id == worker.compile_model(est).model_id
+
+
+def test_pickle_needs_trust(tmp_path):
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Evil:  # unpickling calls os.system
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / "m.pkl").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(worker.UnsupportedModelError, match="trust-pickle"):
+        worker.compile_model(tmp_path / "m.pkl")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("lie", ["cycle", "outside", "feature"])
+def test_malformed_tree_arrays_are_refused_before_anything_walks_them(lie):
+    # skops builds a Tree from any arrays (it does not trust Tree by default for this reason):
+    # a child index that points back or outside would crash or hang a walk
+    from sklearn.ensemble import RandomForestClassifier
+
+    X = np.random.default_rng(0).normal(size=(80, 3))
+    rf = RandomForestClassifier(n_estimators=2, random_state=0).fit(X, X[:, 0] > 0)
+    state = rf.estimators_[1].tree_.__getstate__()
+    nodes = state["nodes"].copy()
+    inner = np.flatnonzero(nodes["left_child"] >= 0)
+    if lie == "cycle":
+        nodes["left_child"][inner[-1]] = 0
+    elif lie == "outside":
+        nodes["right_child"][inner[0]] = 10**6
+    else:
+        nodes["feature"][inner[0]] = 7
+    state["nodes"] = nodes
+    rf.estimators_[1].tree_.__setstate__(state)
+    with pytest.raises(worker.UnsupportedModelError, match="tree 1"):
+        worker.compile_model(rf)
