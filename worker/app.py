@@ -404,20 +404,35 @@ def run(settings: Settings, summary: bool = True) -> int:
             return 2
     metrics = Metrics()
     with contextlib.ExitStack() as stack:
+        from confluent_kafka import KafkaException
+
+        # every start-up error is one line: exit 2 for what the configuration names (a file
+        # that is not a recording, an unknown librdkafka property, a busy port), exit 1 for a
+        # dependency that is down
         try:
             source = build_source(settings)
-        except (FileNotFoundError, ValueError) as exc:
-            print(f"config error: {exc}", file=sys.stderr)
-            return 2
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            return _startup_error("source.path" if settings.source.type == "file"
+                                  else "kafka", exc)
+        except KafkaException as exc:
+            return _kafka_startup_error(exc)
         stack.callback(source.close)
         try:
             sink = build_sink(settings)
         except FatalKafkaError as exc:
             log.error("cannot start the producer", error=str(exc))
             return 1
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            return _startup_error("sink.path" if settings.sink.type == "file" else "kafka", exc)
+        except KafkaException as exc:
+            return _kafka_startup_error(exc)
         stack.callback(sink.close)
         if settings.metrics.port:
-            server = metrics.serve(settings.metrics.host, settings.metrics.port)
+            try:
+                server = metrics.serve(settings.metrics.host, settings.metrics.port)
+            except (OSError, OverflowError) as exc:
+                return _startup_error(f"metrics.host/port ({settings.metrics.host}:"
+                                      f"{settings.metrics.port})", exc)
             stack.callback(server.shutdown)
         progress = stack.enter_context(_progress(settings, source))
         worker = Worker(settings, model, source, sink, metrics, progress)
@@ -440,6 +455,25 @@ def run(settings: Settings, summary: bool = True) -> int:
     if summary and settings.sink.type == "file":
         _print_summary(settings, model, worker, elapsed)
     return rc
+
+
+def _startup_error(field: str, exc: BaseException) -> int:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"config error: {field}: {text}", file=sys.stderr)
+    return 2
+
+
+def _kafka_startup_error(exc) -> int:
+    """librdkafka refusing a setting is bad configuration (exit 2); anything else at start-up
+    (a broker or coordinator that does not answer) is a dependency down (exit 1)."""
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and err.code() == KafkaError._INVALID_ARG:
+        return _startup_error("kafka.client", err.str())
+    print(f"error: Kafka is not available: {err.str() if isinstance(err, KafkaError) else exc}",
+          file=sys.stderr)
+    return 1
 
 
 @contextlib.contextmanager

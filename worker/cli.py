@@ -183,21 +183,20 @@ def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap, go
     if golden and topic:
         raise click.UsageError("--expect compares a scores file: use --output, not --topic")
     output = output or "out/replay-scores.arrows"
-    over = {"source": {"type": "file", "path": input_path},
-            "sink": ({"type": "kafka", "topic": topic} if topic
-                     else {"type": "file", "path": output}),
+    # command-line flags win over the config file and the environment; source and sink are
+    # replaced whole
+    over = {"source": {"type": "file", "path": input_path, "topic": None},
+            "sink": ({"type": "kafka", "topic": topic, "path": None, "dead_letter_path": None,
+                      "dead_letter_topic": None} if topic
+                     else {"type": "file", "path": output, "dead_letter_path": None,
+                           "topic": None, "dead_letter_topic": None}),
             "delivery": {"mode": "at_least_once"}}
+    if model_path:
+        over["model"] = {"path": model_path}
+    if bootstrap:
+        over["kafka"] = {"bootstrap_servers": bootstrap}
     try:
-        base = load_settings(config_path) if config_path else load_settings()
-        data = base.model_dump(mode="python")
-        data.update(over)
-        if model_path:
-            data["model"] = {"path": model_path}
-        if bootstrap:
-            data["kafka"]["bootstrap_servers"] = bootstrap
-        if data["kafka"].get("sasl_password") is not None:
-            data["kafka"]["sasl_password"] = base.kafka.sasl_password.get_secret_value()
-        settings = load_settings(None, **data)
+        settings = load_settings(config_path, **over)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)

@@ -6,6 +6,7 @@ dictionaries the Kafka layer hands to confluent-kafka.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -84,6 +85,27 @@ class SinkConfig(_Section):
         return str(p.with_name(p.stem + "-dlq" + p.suffix))
 
 
+# librdkafka settings the worker owns: exactly-once and at-least-once depend on them (or they
+# have a field of their own here), so kafka.client may not set them.
+RESERVED_CLIENT_KEYS = {
+    "isolation.level": "read_committed is what exactly-once readers rely on",
+    "enable.auto.commit": "offsets are committed by the worker, after delivery",
+    "auto.commit.enable": "offsets are committed by the worker, after delivery",
+    "enable.auto.offset.store": "offsets are stored by the worker, after delivery",
+    "offset.store.method": "offsets are stored by the worker, after delivery",
+    "enable.idempotence": "the producer must be idempotent",
+    "acks": "the idempotent producer needs acks=all",
+    "request.required.acks": "the idempotent producer needs acks=all",
+    "transactional.id": "set kafka.transactional_id",
+    "transaction.timeout.ms": "set delivery.transaction_timeout_ms",
+    "group.id": "set kafka.group_id",
+    "bootstrap.servers": "set kafka.bootstrap_servers",
+    "metadata.broker.list": "set kafka.bootstrap_servers",
+}
+SECRET_CLIENT_KEYS = {"sasl.password", "ssl.key.password", "ssl.keystore.password",
+                      "sasl.oauthbearer.client.secret"}
+
+
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
     """Comma-separated host:port list."""
@@ -102,7 +124,19 @@ class KafkaConfig(_Section):
     ssl_ca_location: str | None = None
     """CA certificate file for SSL."""
     client: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Any librdkafka setting, passed through to consumer and producer."""
+    """Any librdkafka setting, passed through to consumer and producer (except those the
+    delivery guarantees depend on)."""
+    allow_secrets_in_file: bool = False
+    """Accept a password written in the config file (default: only from the environment)."""
+
+    @field_validator("client")
+    @classmethod
+    def _not_reserved(cls, v: dict) -> dict:
+        for key in v:
+            why = RESERVED_CLIENT_KEYS.get(key.strip().lower())
+            if why:
+                raise ValueError(f"{key!r} cannot be set here: {why}")
+        return v
 
     def common(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
@@ -112,9 +146,9 @@ class KafkaConfig(_Section):
                            ("ssl.ca.location", self.ssl_ca_location)):
             if value is not None:
                 conf[key] = value
+        conf.update(self.client)
         if self.sasl_password is not None:
             conf["sasl.password"] = self.sasl_password.get_secret_value()
-        conf.update(self.client)
         return conf
 
 
@@ -157,6 +191,8 @@ class ScoringConfig(_Section):
     def _sorted(cls, v: list[float]) -> list[float]:
         if not v:
             raise ValueError("at least one threshold is needed")
+        if not all(math.isfinite(t) for t in v):
+            raise ValueError(f"thresholds must be finite numbers, got {v}")
         if any(b <= a for a, b in zip(v, v[1:], strict=False)):
             raise ValueError("thresholds must be strictly increasing")
         return v
@@ -211,6 +247,24 @@ class Settings(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @model_validator(mode="after")
+    def _no_aliasing(self):
+        """No output file may be an input of the same run (or the other output)."""
+        ins = {"model.path": self.model.path}
+        if self.source.type == "file":
+            ins["source.path"] = self.source.path
+        outs = {}
+        if self.sink.type == "file":
+            outs = {"sink.path": self.sink.path, "sink.dead_letter_path": self.sink.dlq_path}
+            if _same_file(self.sink.path, self.sink.dlq_path):
+                raise ValueError("sink.dead_letter_path is the same file as sink.path")
+        for out_key, out in outs.items():
+            for in_key, inp in ins.items():
+                if _same_file(out, inp):
+                    raise ValueError(f"{out_key} is the same file as {in_key} ({inp}): the "
+                                     "run would overwrite its own input")
+        return self
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings: PydanticBaseSettingsSource,
                                    env_settings, dotenv_settings, file_secret_settings):
@@ -219,24 +273,25 @@ class Settings(BaseSettings):
     # ---- librdkafka dictionaries ----
     def consumer_config(self) -> dict[str, Any]:
         return {
-            "group.id": self.kafka.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
             "partition.assignment.strategy": "cooperative-sticky",
             # bound memory under a backlog: librdkafka's prefetch queue
             "queued.max.messages.kbytes": 65536,
             "max.poll.interval.ms": 300_000,
             **self.kafka.common(),
+            # what the delivery guarantees depend on comes last (kafka.client cannot set it)
+            "group.id": self.kafka.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
         }
 
     def producer_config(self, transactional: bool) -> dict[str, Any]:
         conf: dict[str, Any] = {
-            "enable.idempotence": True,
             "linger.ms": 5,
             "queue.buffering.max.kbytes": 262144,
             **self.kafka.common(),
+            "enable.idempotence": True,
         }
         if transactional:
             conf["transactional.id"] = self.kafka.transactional_id or (
@@ -253,8 +308,66 @@ def _format_error(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+class _CommandLineSettings(Settings):
+    """Settings re-validated from file+environment values with command-line flags on top: no
+    environment source, so a flag wins over SCORING_WORKER__* variables."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        return (init_settings,)
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    if not a or not b:
+        return False
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _check_file_secrets(data: dict, where: str) -> None:
+    """A password belongs in the environment (or a secret store), not in a config file."""
+    kafka = data.get("kafka")
+    if not isinstance(kafka, dict) or kafka.get("allow_secrets_in_file") is True:
+        return
+    found = ["kafka.sasl_password"] if kafka.get("sasl_password") is not None else []
+    client = kafka.get("client")
+    if isinstance(client, dict):
+        found += [f"kafka.client.{k}" for k in client if str(k).lower() in SECRET_CLIENT_KEYS]
+    if found:
+        raise ConfigError(f"config error: {found[0]}: a password in {where}; set it from the "
+                          f"environment ({ENV_PREFIX}KAFKA__SASL_PASSWORD) or set "
+                          "kafka.allow_secrets_in_file: true")
+
+
+def _check_environment() -> None:
+    """Every SCORING_WORKER__ variable names a section this version has (a typo is an error,
+    not a setting silently ignored)."""
+    sections = set(Settings.model_fields)
+    for key in os.environ:
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        section = key[len(ENV_PREFIX):].split("__", 1)[0].lower()
+        if section not in sections:
+            raise ConfigError(f"config error: {key}: unknown section {section!r} in the "
+                              f"environment (sections: {', '.join(sorted(sections))})")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else v
+    return out
+
+
 def load_settings(path: str | Path | None = None, **overrides) -> Settings:
-    """YAML file (optional) -> Settings, with the environment on top. Raises ConfigError."""
+    """YAML file (optional), then the environment on top, then ``overrides`` (command-line
+    flags: they win over both). Raises ConfigError naming the field."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -262,13 +375,19 @@ def load_settings(path: str | Path | None = None, **overrides) -> Settings:
             raise ConfigError(f"config error: --config: file {p} does not exist")
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config error: {p} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config error: {p}: the top level must be a mapping of sections")
-    data.update(overrides)
+        _check_file_secrets(data, str(p))
+    _check_environment()
     try:
-        return Settings(**data)
+        settings = Settings(**data)
+        if overrides:
+            # validated again without the environment: the command line has the last word
+            merged = _merge(settings.model_dump(mode="python"), overrides)
+            settings = _CommandLineSettings(**merged)
+        return settings
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
 

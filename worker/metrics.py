@@ -57,10 +57,16 @@ class Metrics:
         self.heartbeat = time.time()
         self.last_batch.set(self.heartbeat)
 
-    def serve(self, host: str, port: int, stale_after_s: float = 60.0) -> ThreadingHTTPServer:
+    def serve(self, host: str, port: int, stale_after_s: float = 60.0,
+              max_connections: int = 16, timeout_s: float = 5.0) -> ThreadingHTTPServer:
+        """Serve /metrics and /healthz from a background thread. Bounded: at most
+        ``max_connections`` requests in flight (more are closed at once), and a connection
+        that has not sent its request within ``timeout_s`` is dropped."""
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = timeout_s  # socket timeout for reading the request (slowloris)
+
             def do_GET(self):  # noqa: N802 (http.server API)
                 if self.path.startswith("/metrics"):
                     body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
@@ -79,6 +85,32 @@ class Metrics:
             def log_message(self, *args):
                 pass
 
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = _BoundedServer((host, port), Handler, max_connections)
         threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         return server
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a cap on concurrent connections (one thread each)."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the cap: close, start no thread
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
