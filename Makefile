@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test lint bench bench-lazy golden clean broker-start broker-stop
+.PHONY: setup build demo demo-data test lint bench bench-lazy golden clean broker-start broker-stop \
+	fuzz
 
 setup: $(VENV)/.installed
 
@@ -31,6 +32,14 @@ demo: demo-data
 test: build
 	$(BROKER) start
 	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; $(BROKER) stop; exit $$rc
+
+# 100,000 hostile messages and 100,000 hostile artifacts through the worker in child processes
+# (make test runs a bounded 3,000 + 2,000); crashes and hangs are kept under out/fuzz.
+FUZZ_CASES ?= 100000
+FUZZ_SEED ?= $(shell date +%s)
+fuzz: build
+	$(PY) -m tests.fuzz messages artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
+		--state out/fuzz
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -139,3 +139,15 @@ def test_row_count_lie_is_dead_lettered_by_the_cli(tmp_path, rows):
     # some lies leave a stream pyarrow cannot read, the others fail validation
     assert dict(dead.headers)["error_code"] in (b"not_arrow", b"invalid_arrow")
     assert dead.value == value
+
+
+def test_id_column_with_dictionary_indices_out_of_range_is_dead_lettered():
+    # before: republished as is (readers of the scores topic then read out of bounds)
+    ids = pa.DictionaryArray.from_arrays(pa.array([0, 7, 1], type=pa.int32()),
+                                         pa.array(["a", "b"]), safe=False)
+    value = _message(3, 1, ids)
+    with pytest.raises(codec.InvalidMessage) as err:
+        codec.decode(value, demo.FEATURES, demo.ID_COLUMN)
+    assert err.value.code == "invalid_arrow"
+    # an id column the model does not read is not validated: with id_column None it is ignored
+    assert codec.decode(value, demo.FEATURES, None).num_rows == 3
