@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def pipeline():
     from worker.app import Pipeline
     from worker.config import load_settings
-    from worker.model.compile import load_model
+    from worker.model.compiled import load_model
 
     model = load_model(runner.GOLDEN_MODEL)
     return Pipeline(model, load_settings(None, scoring={"id_column": messages.ID,

@@ -93,7 +93,7 @@ def test_counters_count_published_rows_not_dead_letters(tmp_path, monkeypatch):
     from worker.app import Worker
     from worker.config import load_settings
     from worker.io.files import FileSink, FileSource
-    from worker.model.compile import load_model
+    from worker.model.compiled import load_model
 
     lie = (ROOT / "tests" / "fuzz" / "corpus" / "messages" / "sigsegv-row-lie-1m.bin")
     rec = _recording(tmp_path / "in.arrows", [

@@ -42,6 +42,10 @@ class StubProducer:
     def abort_transaction(self, *args):
         self.calls.append("abort")
 
+    def flush(self, timeout):
+        self._maybe_fail("flush")
+        return 0
+
 
 class StubConsumer:
     def consumer_group_metadata(self):
@@ -62,10 +66,10 @@ class StubSource:
         self.rewound += 1
 
 
-def sink_with(producer) -> KafkaSink:
+def sink_with(producer, transactional: bool = True) -> KafkaSink:
     sink = KafkaSink.__new__(KafkaSink)  # no network: wire the stub in directly
-    sink.producer, sink.topic, sink.dlq_topic = producer, "scores", "scores-dlq"
-    sink.transactional, sink._errors = True, []
+    sink.producer, sink.topic, sink.dead_letter_topic = producer, "scores", "scores-dlq"
+    sink.transactional, sink._errors = transactional, []
     return sink
 
 
@@ -138,17 +142,8 @@ class StubStreamSource:
         return {}
 
 
-class FailingSink:
+class NullSink:
     topic = "scores"
-
-    def __init__(self):
-        self.writes = 0
-
-    def write(self, outputs, dead):
-        self.writes += 1
-
-    def flush(self, timeout_s=0):
-        raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out"))
 
 
 def _worker(source, sink, **delivery):
@@ -173,17 +168,27 @@ def test_rebalance_inside_a_batch_drops_revoked_partitions():
     first = [_rec(0, 0), _rec(1, 0)]
     second = [_rec(0, 1), _rec(1, 1)]
     src = StubStreamSource([first, second], revoke_on_poll=2, revoked={("in", 0)})
-    items = _worker(src, FailingSink())._collect()
+    items = _worker(src, NullSink())._collect()
     assert [(r.partition, r.offset) for r, _ in items] == [(1, 0), (1, 1)]
 
 
 def test_at_least_once_delivery_failure_rewinds_and_does_not_commit():
-    src, sink = StubStreamSource([]), FailingSink()
-    w = _worker(src, sink)
-    batch = [_rec(0, 0)]
-    outputs, dead, _ = w.pipeline.process([(r, w.pipeline.decode(r)) for r in batch])
-    assert w._deliver(batch, outputs, dead) is False
+    from worker.io import BatchRolledBack
+
+    err = KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out")
+    src = StubStreamSource([])
+    sink = sink_with(StubProducer("flush", err), transactional=False)
+    with pytest.raises(BatchRolledBack) as rolled:
+        sink.deliver(src, [_rec(0, 0)], [Record("scores", -1, -1, b"k", b"o")], [])
+    assert not rolled.value.transaction
     assert src.rewound == 1 and src.committed == 0
+
+
+def test_at_least_once_commits_after_delivery():
+    src = StubStreamSource([])
+    p = StubProducer()
+    sink_with(p, transactional=False).deliver(src, [_rec(0, 0)], OUT, [])
+    assert p.calls == ["produce:scores", "flush"] and src.committed == 1
 
 
 def test_audit_selection_is_by_stream_position():

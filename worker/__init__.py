@@ -1,8 +1,8 @@
 """scoring-worker: exact, fast tree-ensemble scoring for Kafka streams of Arrow batches."""
 
 from .model.artifact import ArtifactError
-from .model.compile import compile_model, load_model
-from .model.compiled import CompiledModel, ScoreResult
+from .model.compile import compile_model
+from .model.compiled import CompiledModel, ScoreResult, load_model
 from .model.ir import UnsupportedModelError
 
 __all__ = ["ArtifactError", "CompiledModel", "ScoreResult", "UnsupportedModelError",

@@ -15,6 +15,7 @@ import structlog
 
 from . import codec
 from .config import ConfigError, Settings, load_settings
+from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
 from .io.records import Record
 from .metrics import Metrics
 from .model.compiled import STOP_REASONS, CompiledModel, default_threads
@@ -195,16 +196,11 @@ class Worker:
         self.settings, self.model = settings, model
         self.source, self.sink = source, sink
         self.metrics = metrics or Metrics()
-        self.pipeline = Pipeline(model, settings, getattr(sink, "topic", "scores"))
+        self.pipeline = Pipeline(model, settings, sink.topic)
         self.progress = progress
         self.totals = BatchStats()
         self.sample = ScoreSample()
         self._stop = False
-        from .io.kafka import KafkaSink, KafkaSource
-
-        self.transactional = (settings.delivery.mode == "exactly_once"
-                              and isinstance(source, KafkaSource)
-                              and isinstance(sink, KafkaSink) and sink.transactional)
 
     def stop(self, *_args) -> None:
         self._stop = True
@@ -242,32 +238,6 @@ class Worker:
                 break
         return items
 
-    def _deliver(self, batch: list[Record], outputs: list[Record], dead: list[Record]) -> bool:
-        from .io.kafka import TransactionAborted
-
-        if self.transactional:
-            try:
-                self.sink.commit_transaction(self.source, batch, outputs, dead)
-            except TransactionAborted:
-                self.metrics.transactions_aborted.inc()
-                return False
-            return True
-        from confluent_kafka import KafkaException
-
-        try:
-            self.sink.write(outputs, dead)
-            self.sink.flush()
-        except KafkaException as exc:  # not delivered: read the batch again
-            log.warning("delivery failed: the batch will be read again", error=str(exc))
-            self.source.rewind()
-            return False
-        try:
-            self.source.commit(batch)  # at least once: offsets only after delivery
-        except KafkaException as exc:  # e.g. a rebalance: the next owner reads them again
-            log.warning("offset commit failed: these messages may be delivered again",
-                        error=str(exc))
-        return True
-
     def run(self) -> int:
         m = self.metrics
         last_lag = 0.0
@@ -287,8 +257,12 @@ class Worker:
             t0 = time.perf_counter()
             batch = [rec for rec, _ in items]
             outputs, dead, stats = self.pipeline.process(items)
-            if not self._deliver(batch, outputs, dead):
-                continue  # aborted and rewound: the same messages come again
+            try:
+                self.sink.deliver(self.source, batch, outputs, dead)
+            except BatchRolledBack as exc:  # rewound: the same messages come again
+                if exc.transaction:
+                    self.metrics.transactions_aborted.inc()
+                continue
             now = time.time()
             self._observe(stats, batch, time.perf_counter() - t0, now)
             if self.progress is not None:
@@ -337,30 +311,6 @@ def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
     )
 
 
-def build_source(settings: Settings):
-    if settings.source.type == "file":
-        from .io.files import FileSource
-
-        return FileSource(settings.source.path)
-    from .io.kafka import KafkaSource
-
-    topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
-    return KafkaSource(settings.consumer_config(), topics)
-
-
-def build_sink(settings: Settings):
-    s = settings.sink
-    if s.type == "file":
-        from .io.files import FileSink
-
-        return FileSink(s.path, s.dlq_path)
-    from .io.kafka import KafkaSink
-
-    transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
-    return KafkaSink(settings.producer_config(transactional), s.topic, s.dlq_topic,
-                     transactional)
-
-
 def run_from_config(path: str | None, **overrides) -> int:
     """The `scoring-worker --config FILE` entry point; returns the process exit code."""
     try:
@@ -372,9 +322,8 @@ def run_from_config(path: str | None, **overrides) -> int:
 
 
 def run(settings: Settings, summary: bool = True) -> int:
-    from .io.kafka import FatalKafkaError
     from .model.artifact import ArtifactError
-    from .model.compile import load_model
+    from .model.compiled import load_model
 
     configure_logging(settings.logging.level, settings.logging.format)
     try:
@@ -385,15 +334,7 @@ def run(settings: Settings, summary: bool = True) -> int:
     except ArtifactError as exc:
         print(f"config error: model.path: {exc}", file=sys.stderr)
         return 2
-    if settings.scoring.lazy.mode == "off" and settings.scoring.lazy.params:
-        print("config error: scoring.lazy: parameters "
-              f"{sorted(settings.scoring.lazy.params)} given with mode off", file=sys.stderr)
-        return 2
-    if settings.scoring.lazy.mode == "off" and settings.scoring.audit_fraction:
-        print("config error: scoring.audit_fraction: the audit compares a lazy policy with "
-              "full evaluation; set scoring.lazy.mode", file=sys.stderr)
-        return 2
-    if settings.scoring.lazy.mode != "off":
+    if settings.scoring.lazy.mode != "off":  # the policy's parameters, tried on this model
         try:
             model.score_batch(np.zeros((1, model.n_features), dtype=np.float32),
                               lazy=settings.scoring.lazy.mode,
@@ -404,29 +345,21 @@ def run(settings: Settings, summary: bool = True) -> int:
             return 2
     metrics = Metrics()
     with contextlib.ExitStack() as stack:
-        from confluent_kafka import KafkaException
-
         # every start-up error is one line: exit 2 for what the configuration names (a file
         # that is not a recording, an unknown librdkafka property, a busy port), exit 1 for a
         # dependency that is down
         try:
-            source = build_source(settings)
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            return _startup_error("source.path" if settings.source.type == "file"
-                                  else "kafka", exc)
-        except KafkaException as exc:
-            return _kafka_startup_error(exc)
-        stack.callback(source.close)
-        try:
-            sink = build_sink(settings)
-        except FatalKafkaError as exc:
+            source = open_source(settings)
+            stack.callback(source.close)
+            sink = open_sink(settings)
+            stack.callback(sink.close)
+        except StartupError as exc:
+            print(f"{'config error' if exc.exit_code == 2 else 'error'}: {exc}",
+                  file=sys.stderr)
+            return exc.exit_code
+        except FatalError as exc:
             log.error("cannot start the producer", error=str(exc))
             return 1
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            return _startup_error("sink.path" if settings.sink.type == "file" else "kafka", exc)
-        except KafkaException as exc:
-            return _kafka_startup_error(exc)
-        stack.callback(sink.close)
         if settings.metrics.port:
             try:
                 server = metrics.serve(settings.metrics.host, settings.metrics.port)
@@ -444,7 +377,7 @@ def run(settings: Settings, summary: bool = True) -> int:
         t0 = time.perf_counter()
         try:
             rc = worker.run()
-        except FatalKafkaError as exc:
+        except FatalError as exc:
             log.error("fatal Kafka error: exiting for a restart", error=str(exc))
             return 1
         elapsed = time.perf_counter() - t0
@@ -461,19 +394,6 @@ def _startup_error(field: str, exc: BaseException) -> int:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"config error: {field}: {text}", file=sys.stderr)
     return 2
-
-
-def _kafka_startup_error(exc) -> int:
-    """librdkafka refusing a setting is bad configuration (exit 2); anything else at start-up
-    (a broker or coordinator that does not answer) is a dependency down (exit 1)."""
-    from confluent_kafka import KafkaError
-
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError) and err.code() == KafkaError._INVALID_ARG:
-        return _startup_error("kafka.client", err.str())
-    print(f"error: Kafka is not available: {err.str() if isinstance(err, KafkaError) else exc}",
-          file=sys.stderr)
-    return 1
 
 
 @contextlib.contextmanager

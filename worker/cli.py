@@ -89,7 +89,7 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     from .codec import output_metadata, result_batch
     from .fileio import read_table, write_table
     from .model.artifact import ArtifactError
-    from .model.compile import load_model
+    from .model.compiled import load_model
 
     if _same_file(input_path, output_path) or _same_file(model_path, output_path):
         _config_exit("--output: would overwrite an input of this command")

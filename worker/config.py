@@ -65,6 +65,19 @@ class SinkConfig(_Section):
     dead_letter_path: str | None = None
     """File: dead letters (default <path stem>-dlq.arrows)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_dead_letters(cls, data):
+        """Dead letters go beside the scores unless named: <topic>-dlq, <path stem>-dlq."""
+        if isinstance(data, dict):
+            data = dict(data)
+            if data.get("topic") and not data.get("dead_letter_topic"):
+                data["dead_letter_topic"] = f"{data['topic']}-dlq"
+            if data.get("path") and not data.get("dead_letter_path"):
+                p = Path(data["path"])
+                data["dead_letter_path"] = str(p.with_name(p.stem + "-dlq" + p.suffix))
+        return data
+
     @model_validator(mode="after")
     def _needs(self):
         if self.type == "kafka" and not self.topic:
@@ -72,17 +85,6 @@ class SinkConfig(_Section):
         if self.type == "file" and not self.path:
             raise ValueError("sink.path is required when sink.type is file")
         return self
-
-    @property
-    def dlq_topic(self) -> str:
-        return self.dead_letter_topic or f"{self.topic}-dlq"
-
-    @property
-    def dlq_path(self) -> str:
-        if self.dead_letter_path:
-            return self.dead_letter_path
-        p = Path(self.path or "out.arrows")
-        return str(p.with_name(p.stem + "-dlq" + p.suffix))
 
 
 # librdkafka settings the worker owns: exactly-once and at-least-once depend on them (or they
@@ -186,6 +188,16 @@ class ScoringConfig(_Section):
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of rows also fully evaluated; disagreements are exported as a metric."""
 
+    @model_validator(mode="after")
+    def _lazy_needs_a_policy(self):
+        if self.lazy.mode == "off" and self.lazy.params:
+            raise ValueError(f"scoring.lazy: parameters {sorted(self.lazy.params)} given with "
+                             "mode off")
+        if self.lazy.mode == "off" and self.audit_fraction:
+            raise ValueError("scoring.audit_fraction: the audit compares a lazy policy with "
+                             "full evaluation; set scoring.lazy.mode")
+        return self
+
     @field_validator("thresholds")
     @classmethod
     def _sorted(cls, v: list[float]) -> list[float]:
@@ -255,8 +267,9 @@ class Settings(BaseSettings):
             ins["source.path"] = self.source.path
         outs = {}
         if self.sink.type == "file":
-            outs = {"sink.path": self.sink.path, "sink.dead_letter_path": self.sink.dlq_path}
-            if _same_file(self.sink.path, self.sink.dlq_path):
+            outs = {"sink.path": self.sink.path,
+                    "sink.dead_letter_path": self.sink.dead_letter_path}
+            if _same_file(self.sink.path, self.sink.dead_letter_path):
                 raise ValueError("sink.dead_letter_path is the same file as sink.path")
         for out_key, out in outs.items():
             for in_key, inp in ins.items():

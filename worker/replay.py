@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .io.records import Record, RecordWriter, read_records
+from .io.records import RecordWriter, read_records
 
 
 def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset: str = "earliest",
@@ -20,6 +20,8 @@ def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset:
     """Copy a topic's messages (committed only) into a recorded-topic file. Ends at the end of
     every partition, after ``max_messages``, or after ``max_seconds``, whichever comes first."""
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+    from .io.kafka import to_record
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"record-{uuid.uuid4().hex}",
                   "enable.auto.commit": False, "enable.partition.eof": True,
@@ -56,10 +58,7 @@ def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset:
                             live.discard(m.partition())
                             continue
                         raise RuntimeError(f"consume error: {err}")
-                    ts_type, ts = m.timestamp()
-                    buf.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                      ts if ts_type else 0,
-                                      [(k, v or b"") for k, v in (m.headers() or [])]))
+                    buf.append(to_record(m))
                 w.write(buf)
                 n += len(buf)
                 if progress and buf:

@@ -261,7 +261,7 @@ def check_factory(state):
     from worker.app import Pipeline
     from worker.config import load_settings
     from worker.io.records import RecordWriter
-    from worker.model.compile import load_model
+    from worker.model.compiled import load_model
 
     from .runner import GOLDEN_MODEL
 

@@ -1,0 +1,35 @@
+"""Sources and sinks: recorded-topic files (the embedded default) and Kafka topics."""
+
+from __future__ import annotations
+
+from .base import BatchRolledBack, FatalError, Sink, Source, StartupError
+
+__all__ = ["BatchRolledBack", "FatalError", "Sink", "Source", "StartupError", "open_sink",
+           "open_source"]
+
+
+def open_source(settings) -> Source:
+    """The configured source; raises StartupError."""
+    if settings.source.type == "file":
+        from .files import FileSource
+
+        return FileSource(settings.source.path)
+    from .kafka import KafkaSource
+
+    topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
+    return KafkaSource(settings.consumer_config(), topics)
+
+
+def open_sink(settings) -> Sink:
+    """The configured sink; transactional when delivery is exactly once from Kafka to Kafka.
+    Raises StartupError."""
+    s = settings.sink
+    if s.type == "file":
+        from .files import FileSink
+
+        return FileSink(s.path, s.dead_letter_path)
+    from .kafka import KafkaSink
+
+    transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
+    return KafkaSink(settings.producer_config(transactional), s.topic, s.dead_letter_topic,
+                     transactional)

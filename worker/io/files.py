@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from .base import StartupError
 from .records import RECORD_SCHEMA, Record, RecordWriter, read_records
 
 
@@ -15,14 +16,18 @@ class FileSource:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"source.path: {self.path} does not exist")
-        with pa.memory_map(str(self.path)) as src:
-            reader = pa.ipc.open_stream(src)
-            missing = set(RECORD_SCHEMA.names) - set(reader.schema.names)
-            if missing:
-                raise ValueError(f"source.path: {self.path} is not a recorded topic "
-                                 f"(no {sorted(missing)} columns)")
-            self.total = sum(b.num_rows for b in reader)
+            raise StartupError("source.path", f"{self.path} does not exist")
+        try:
+            with pa.memory_map(str(self.path)) as src:
+                reader = pa.ipc.open_stream(src)
+                missing = set(RECORD_SCHEMA.names) - set(reader.schema.names)
+                if missing:
+                    raise StartupError("source.path", f"{self.path} is not a recorded topic "
+                                       f"(no {sorted(missing)} columns)")
+                self.total = sum(b.num_rows for b in reader)  # reads it whole: not truncated
+        except (OSError, pa.ArrowException) as exc:
+            raise StartupError("source.path", f"{self.path} is not a readable recorded topic: "
+                               f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
         self._it = read_records(self.path)
         self.exhausted = False
 
@@ -56,29 +61,33 @@ class FileSource:
 class FileSink:
     """Scores and dead letters as recorded topics, one row per output message."""
 
-    def __init__(self, path: str | Path, dlq_path: str | Path, topic: str = "scores",
-                 dlq_topic: str = "scores-dlq"):
-        self.topic, self.dlq_topic = topic, dlq_topic
-        self._out = RecordWriter(path)
-        self._dlq_path = Path(dlq_path)
-        self._dlq: RecordWriter | None = None
+    def __init__(self, path: str | Path, dead_letter_path: str | Path, topic: str = "scores"):
+        self.topic = topic
         self.path = Path(path)
+        self._dead_letter_path = Path(dead_letter_path)
+        self._dead: RecordWriter | None = None
+        try:
+            self._out = RecordWriter(path)
+        except OSError as exc:
+            raise StartupError("sink.path", f"cannot write {path}: {exc.strerror or exc}") \
+                from None
 
-    def write(self, outputs: list[Record], dead: list[Record]) -> None:
+    def deliver(self, source, batch: list[Record], outputs: list[Record],
+                dead: list[Record]) -> None:
+        """Write the batch's scores and dead letters, then commit its input (at least once:
+        a Kafka source's offsets only after the file has them)."""
         self._out.write(outputs)
         if dead:
-            if self._dlq is None:
-                self._dlq = RecordWriter(self._dlq_path)
-            self._dlq.write(dead)
-
-    def flush(self, timeout_s: float = 0) -> None:
-        """Batches are written as they come; nothing is buffered here."""
+            if self._dead is None:
+                self._dead = RecordWriter(self._dead_letter_path)
+            self._dead.write(dead)
+        source.commit(batch)
 
     @property
     def dead_letter_path(self) -> Path | None:
-        return self._dlq_path if self._dlq is not None else None
+        return self._dead_letter_path if self._dead is not None else None
 
     def close(self) -> None:
         self._out.close()
-        if self._dlq is not None:
-            self._dlq.close()
+        if self._dead is not None:
+            self._dead.close()

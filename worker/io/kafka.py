@@ -1,8 +1,9 @@
 """Thin confluent-kafka wrappers: consumer source, producer sink, transactions.
 
-Error policy (one layer up, in app.py): ``TransactionAborted`` means the batch was rolled back
-and the consumer rewound to its committed offsets (process again); ``FatalKafkaError`` means
-this worker must exit non-zero (fenced, or a fatal client error) so it is restarted.
+The sink owns delivery (``KafkaSink.deliver``): exactly once as one transaction, at least once
+as produce, flush, commit. Errors reach the run loop as the types of ``io.base``:
+``BatchRolledBack`` (rolled back and rewound: process again), ``FatalError`` (exit 1 for a
+restart), ``StartupError`` (a setting librdkafka refuses, or a broker that does not answer).
 """
 
 from __future__ import annotations
@@ -19,29 +20,49 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from .base import BatchRolledBack, FatalError, StartupError
 from .records import Record
 
 log = structlog.get_logger("worker.kafka")
 
 
-class FatalKafkaError(RuntimeError):
+class FatalKafkaError(FatalError):
     """Unrecoverable: fenced by a newer instance, or a fatal librdkafka error."""
 
 
-class TransactionAborted(RuntimeError):
+class TransactionAborted(BatchRolledBack):
     """The transaction was aborted; the consumer was rewound to the committed offsets."""
 
+    def __init__(self, reason: str):
+        super().__init__(reason, transaction=True)
 
-def _headers(msg) -> list[tuple[str, bytes]]:
-    return [(k, v if isinstance(v, bytes) else (v or b"")) for k, v in (msg.headers() or [])]
+
+def _startup_error(exc: KafkaException) -> StartupError:
+    """librdkafka refusing a setting is bad configuration (exit 2); anything else at start-up
+    (a broker or coordinator that does not answer) is a dependency down (exit 1)."""
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and err.code() == KafkaError._INVALID_ARG:
+        return StartupError("kafka.client", err.str())
+    text = err.str() if isinstance(err, KafkaError) else str(exc)
+    return StartupError("kafka", f"Kafka is not available: {text}", exit_code=1)
+
+
+def to_record(msg) -> Record:
+    """A consumed confluent-kafka message as a Record (the one conversion)."""
+    ts_type, ts = msg.timestamp()
+    headers = [(k, v if isinstance(v, bytes) else (v or b"")) for k, v in (msg.headers() or [])]
+    return Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                  ts if ts_type else 0, headers)
 
 
 class KafkaSource:
     """A consumer-group member; every batch is committed before the next poll."""
 
     def __init__(self, conf: dict, topics: list[str]):
-        self.consumer = Consumer(conf)
-        self.topics = topics
+        try:
+            self.consumer = Consumer(conf)
+        except KafkaException as exc:
+            raise _startup_error(exc) from None
         self.revoked: set[tuple[str, int]] = set()  # since the last take_revoked()
         self.exhausted = False  # a topic never ends
         self.total = None
@@ -81,9 +102,7 @@ class KafkaSource:
                     raise FatalKafkaError(str(err))
                 log.warning("consumer error", error=str(err))
                 continue
-            ts_type, ts = msg.timestamp()
-            out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(),
-                              msg.value(), ts if ts_type else 0, _headers(msg)))
+            out.append(to_record(msg))
         return out
 
     @staticmethod
@@ -132,13 +151,19 @@ class KafkaSource:
 class KafkaSink:
     """Producer for scores and dead letters; transactional in exactly-once mode."""
 
-    def __init__(self, conf: dict, topic: str, dlq_topic: str, transactional: bool):
-        self.producer = Producer(conf)
-        self.topic, self.dlq_topic = topic, dlq_topic
+    def __init__(self, conf: dict, topic: str, dead_letter_topic: str, transactional: bool):
+        try:
+            self.producer = Producer(conf)
+        except KafkaException as exc:
+            raise _startup_error(exc) from None
+        self.topic, self.dead_letter_topic = topic, dead_letter_topic
         self.transactional = transactional
         self._errors: list[KafkaError] = []
         if transactional:
-            self._txn(self.producer.init_transactions, 60)
+            try:
+                self._txn(self.producer.init_transactions, 60)
+            except KafkaException as exc:
+                raise _startup_error(exc) from None
 
     def _on_delivery(self, err, msg):
         if err is not None:
@@ -153,7 +178,8 @@ class KafkaSink:
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
             except KafkaException as exc:
-                if topic != self.dlq_topic or exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                too_large = exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+                if topic != self.dead_letter_topic or not too_large:
                     raise
                 # a dead letter too large to carry its input: keep the headers (error, source
                 # partition and offset), drop the value, say so
@@ -164,7 +190,7 @@ class KafkaSink:
         for r in outputs:
             self._produce(self.topic, r)
         for r in dead:
-            self._produce(self.dlq_topic, r)
+            self._produce(self.dead_letter_topic, r)
         self.producer.poll(0)
 
     def flush(self, timeout_s: float = 60.0) -> None:
@@ -213,6 +239,26 @@ class KafkaSink:
                 raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
             source.rewind()
             raise TransactionAborted(str(exc.args[0])) from exc
+
+    def deliver(self, source, batch: list[Record], outputs: list[Record],
+                dead: list[Record]) -> None:
+        """One batch: a transaction with the input offsets (exactly once), or produce, flush,
+        then commit the offsets (at least once)."""
+        if self.transactional:
+            self.commit_transaction(source, batch, outputs, dead)
+            return
+        try:
+            self.write(outputs, dead)
+            self.flush()
+        except KafkaException as exc:  # not delivered: read the batch again
+            log.warning("delivery failed: the batch will be read again", error=str(exc))
+            source.rewind()
+            raise BatchRolledBack(str(exc), transaction=False) from exc
+        try:
+            source.commit(batch)  # at least once: offsets only after delivery
+        except KafkaException as exc:  # e.g. a rebalance: the next owner reads them again
+            log.warning("offset commit failed: these messages may be delivered again",
+                        error=str(exc))
 
     def close(self) -> None:
         self.producer.flush(10)

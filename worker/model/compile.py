@@ -127,15 +127,3 @@ def _calibrate_base(model: CompiledModel, source) -> CompiledModel:
         if verify(candidate, source) == 0.0:
             return candidate
     return model
-
-
-def load_model(path) -> CompiledModel:
-    """A compiled model from its artifact: checksum, then structure, then the kernels' view.
-    Every failure is an ArtifactError that names what is wrong."""
-    meta, arrays, model_id = artifact.load(path)
-    try:
-        return CompiledModel(meta, arrays, model_id)  # checks the structure first
-    except artifact.ArtifactError as exc:
-        raise artifact.ArtifactError(f"{path}: {exc}") from None
-    except (KeyError, ValueError, TypeError, OverflowError) as exc:
-        raise artifact.ArtifactError(f"{path}: invalid compiled model: {exc}") from exc

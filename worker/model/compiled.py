@@ -216,3 +216,15 @@ def arrow_columns(data, feature_names: list[str]):
             col = col.cast(pa.float32())
         arrays.append(col)
     return _kernels.Columns.from_arrow(arrays, data.num_rows)
+
+
+def load_model(path) -> CompiledModel:
+    """A compiled model from its artifact: checksum, then structure, then the kernels' view.
+    Every failure is an ArtifactError that names what is wrong."""
+    meta, arrays, model_id = artifact.load(path)
+    try:
+        return CompiledModel(meta, arrays, model_id)  # checks the structure first
+    except artifact.ArtifactError as exc:
+        raise artifact.ArtifactError(f"{path}: {exc}") from None
+    except (KeyError, ValueError, TypeError, OverflowError) as exc:
+        raise artifact.ArtifactError(f"{path}: invalid compiled model: {exc}") from exc

@@ -1,0 +1,73 @@
+"""What the run loop needs of a source and a sink, and the errors they speak in.
+
+The sink owns delivery: ``deliver`` writes one batch's outputs and dead letters and commits the
+batch's input offsets, as one transaction (exactly once) or in that order (at least once). The
+run loop only calls it and reads the outcome:
+
+* returns: delivered and committed;
+* ``BatchRolledBack``: nothing of the batch is visible and the source is rewound to its
+  committed offsets: the same messages come again;
+* ``FatalError``: this worker cannot go on (fenced, a fatal client error): exit 1 for a
+  restart.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .records import Record
+
+
+class StartupError(Exception):
+    """A source or sink cannot start. ``exit_code`` 2: the configuration names something that
+    cannot work (``field`` says which); 1: a dependency is down."""
+
+    def __init__(self, field: str, message: str, exit_code: int = 2):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message, self.exit_code = field, message, exit_code
+
+
+class BatchRolledBack(RuntimeError):
+    """The batch was not delivered; the source was rewound (``transaction``: an aborted Kafka
+    transaction, else a failed at-least-once delivery)."""
+
+    def __init__(self, reason: str, transaction: bool):
+        super().__init__(reason)
+        self.transaction = transaction
+
+
+class FatalError(RuntimeError):
+    """Unrecoverable: fenced by a newer instance, or a fatal client error."""
+
+
+class Source(Protocol):
+    exhausted: bool  # a file source that has been read to its end
+    total: int | None  # messages in a file source (progress bars), None for a stream
+
+    def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
+        """Up to ``max_messages`` records, waiting at most ``timeout_s`` for the first."""
+
+    def take_revoked(self) -> set[tuple[str, int]]:
+        """Partitions (topic, partition) lost to a rebalance since the last call."""
+
+    def commit(self, batch: list[Record]) -> None:
+        """Commit the offsets after ``batch`` (at-least-once delivery)."""
+
+    def rewind(self) -> None:
+        """Go back to the committed offsets (after a rolled-back batch)."""
+
+    def lag(self) -> dict[str, int]:
+        """Messages behind the end of each owned partition."""
+
+    def close(self) -> None: ...
+
+
+class Sink(Protocol):
+    topic: str  # the output topic named in score messages
+
+    def deliver(self, source: Source, batch: list[Record], outputs: list[Record],
+                dead: list[Record]) -> None:
+        """Publish ``outputs`` and ``dead`` letters and commit ``batch``'s offsets; raises
+        BatchRolledBack or FatalError (see the module docstring)."""
+
+    def close(self) -> None: ...
