@@ -19,7 +19,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 # Rebuild the Cython extensions when a source changes (pip's editable build is the only builder).
 build: setup $(VENV)/.built
-$(VENV)/.built: $(wildcard cyext/*.pyx cyext/*.pxd cyext/*.h) $(VENV)/.installed
+$(VENV)/.built: $(wildcard cyext/*.pyx cyext/*.pxd cyext/*.h cyext/worker/*.pxd) setup.py \
+		$(VENV)/.installed
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 

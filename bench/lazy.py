@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import worker  # noqa: E402
-from worker.model.compiled import default_threads  # noqa: E402
+from worker.model.result import default_threads  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 THRESHOLDS = {"fraud": [0.5, 0.9], "breast_cancer": [0.5, 0.9], "digits": [0.5]}

@@ -78,16 +78,16 @@ def latency_python(engine, rows: np.ndarray, n_calls: int, budget_s: float) -> d
 
 def latency_native(model, rows: np.ndarray, n_calls: int, rounds: int = 5) -> dict | None:
     """Per-call time of one row's full evaluation inside C (clock_gettime around each call)."""
-    from worker import _kernels
+    from worker import _timing
 
-    fn = getattr(_kernels, "bench_row_latency", None)
+    fn = getattr(_timing, "bench_row_latency", None)
     if fn is None:
         return None
     rows = np.ascontiguousarray(rows, dtype=np.float32)
-    fn(model._forest, rows, 1000)  # warm-up
+    fn(model.forest, rows, 1000)  # warm-up
     # rounds of n_calls each; every percentile is the median over rounds (another process
     # waking on one of the two cores can otherwise own the whole tail of a single round)
-    runs = [percentiles(np.asarray(fn(model._forest, rows, n_calls))) for _ in range(rounds)]
+    runs = [percentiles(np.asarray(fn(model.forest, rows, n_calls))) for _ in range(rounds)]
     out = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
     out["n"] = n_calls
     out["rounds"] = rounds

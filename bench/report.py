@@ -182,7 +182,7 @@ def write(res, out: Path, quick: bool = False) -> None:
     L.append("")
     L.append("Inside native code (ours): a C loop calls the single-row evaluation (all trees, "
              "base + leaves in tree order) and times each call with `clock_gettime` "
-             "(`worker._kernels.bench_row_latency`, bench only); 5 rounds of n calls, each "
+             "(`worker._timing.bench_row_latency`, bench only); 5 rounds of n calls, each "
              "percentile the median over rounds.")
     L.append("")
     L.append("| model | n | p50 | p99 | p99.9 | max |")

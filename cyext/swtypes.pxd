@@ -4,11 +4,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 # Node key: 2 * feature + (1 if a missing value goes right), bit 31 = leaf (compact nodes).
 # 2f + right is the index into a doubled row (x at 2f, x at 2f+1, a NaN staged as -inf at 2f
 # and +inf at 2f+1): the NaN-row walk reads x2[key] with no arithmetic on the key at all.
-cdef extern from *:
-    """
-    #define SW_KEY_LEAF 0x80000000u
-    static inline uint32_t sw_feat(uint32_t key) { return (key & 0x7FFFFFFFu) >> 1; }
-    """
+cdef extern from "walk.h":
     const uint32_t KEY_LEAF "SW_KEY_LEAF"
     uint32_t sw_feat(uint32_t key) noexcept nogil   # the feature index of a node key
 
@@ -31,7 +27,6 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const CNode* cnodes       # compact: all nodes of all trees
     const int64_t* root       # compact: global node index of each tree's root
     const int32_t* group      # output column each tree adds to (-1: every column)
-    const int32_t* tdepth     # depth of each tree
     int32_t depth             # padded depth (0 for compact)
     int32_t n_leaf_out        # values per leaf (1, or n_outputs for soft-voting forests)
     int32_t n_outputs         # raw score columns

@@ -192,7 +192,7 @@ def test_at_least_once_commits_after_delivery():
 
 
 def test_audit_selection_is_by_stream_position():
-    from worker.lazy import audit_mask
+    from worker.model.lazy import audit_mask
 
     firsts = sum(bool(audit_mask(1, 0.01, seed=s)[0]) for s in range(2000))
     assert 5 <= firsts <= 40  # ~1% of single-row batches, not every one

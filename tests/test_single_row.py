@@ -7,7 +7,7 @@ import pytest
 
 import worker
 from tests import models as M
-from worker import _kernels
+from worker import _timing
 
 CASES = [("xgb", "xgb-binary-logistic", "padded"), ("xgb", "xgb-binary-logistic", "compact"),
          ("xgb", "xgb-multi-softprob", "padded"), ("xgb", "xgb-deep", "compact"),
@@ -57,7 +57,7 @@ def test_block_edges(case, n):
 def test_fast_path_declines_what_it_cannot_take(case):
     _, model = case
     X = rows(8, nan=False)
-    forest = model._forest
+    forest = model.forest
     assert forest.small(np.asfortranarray(X), -1) is None  # not C-contiguous
     assert forest.small(X[:, :3], -1) is None  # wrong feature count: general path raises
     assert forest.small(X.astype(np.int32), -1) is None  # other dtypes: general path stages
@@ -82,5 +82,5 @@ def test_single_row_against_xgboost():
 
 def test_bench_row_latency_times_every_call():
     model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
-    ns = _kernels.bench_row_latency(model._forest, rows(10), 500)
+    ns = _timing.bench_row_latency(model.forest, rows(10), 500)
     assert ns.shape == (500,) and ns.dtype == np.int64 and (ns >= 0).all()

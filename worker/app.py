@@ -18,7 +18,8 @@ from .config import ConfigError, Settings, load_settings
 from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
 from .io.records import Record
 from .metrics import Metrics
-from .model.compiled import STOP_REASONS, CompiledModel, default_threads
+from .model.compiled import CompiledModel
+from .model.result import STOP_REASONS, default_threads
 from .report import ScoreSample
 
 log = structlog.get_logger("worker")
@@ -153,28 +154,20 @@ class Pipeline:
 
 def _account(stats: BatchStats, r, rows: np.ndarray | None = None) -> None:
     """Count the rows of ``r`` that are published (all, or where ``rows`` is True)."""
-    score, work, decision = r.score, r.work_units, r.decision
-    codes = r.stop_code if r.stop_code is not None else None
+    score, work, decision, codes = r.score, r.work_units, r.decision, r.stop_code
     if rows is not None:
-        score, work, decision = score[rows], work[rows], decision[rows]
-        codes = codes[rows] if codes is not None else None
+        score, work, decision, codes = score[rows], work[rows], decision[rows], codes[rows]
     stats.rows += len(score)
     stats.work_units += int(work.sum())
-    if codes is not None:
-        for code, n in enumerate(np.bincount(codes, minlength=len(STOP_REASONS)).tolist()):
-            if n:
-                stats.stop_reasons[STOP_REASONS[code]] += n
-    else:
-        stats.stop_reasons.update((r.stop_reason if rows is None
-                                   else r.stop_reason[rows]).tolist())
+    for code, n in enumerate(np.bincount(codes, minlength=len(STOP_REASONS)).tolist()):
+        if n:
+            stats.stop_reasons[STOP_REASONS[code]] += n
     for band, n in enumerate(np.bincount(decision.astype(np.int64)).tolist()):
         if n:
             stats.decisions[band] += n
     stats.scores.append((score, work))
-    audit = getattr(r, "audit", None)
-    if audit:
-        stats.audit_rows += int(audit.get("rows", 0))
-        stats.audit_disagreements += int(audit.get("disagreements", 0))
+    stats.audit_rows += r.audit_rows
+    stats.audit_disagreements += r.audit_disagreements
 
 
 def _merge(into: BatchStats, other: BatchStats) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
-from .model.compiled import STOP_REASONS, ScoreResult
+from .model.result import STOP_REASONS, ScoreResult
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 _REASON_DICTIONARY = pa.array(STOP_REASONS.tolist(), type=pa.string())
@@ -79,12 +78,7 @@ def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
     ids (one message's id column), or None for each row's index in its message."""
     s = slice_ or slice(0, len(r))
     n = s.stop - s.start
-    if r.stop_code is not None:
-        codes = r.stop_code[s]
-    else:  # results built without codes: map the strings (one vectorised pass per reason)
-        codes = np.zeros(n, dtype=np.int8)
-        for i, reason in enumerate(STOP_REASONS):
-            codes[r.stop_reason[s] == reason] = i
+    codes = r.stop_code[s]
     cols = {
         # without an id column: the row's index in its own message
         "id": ids if ids is not None else pa.array(range(n), type=pa.int64()),

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import numpy as np
 
 from .. import _kernels
 from . import artifact, structure
+from .lazy import score_lazy
+from .result import ScoreResult, decisions, default_threads
 
 _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
               "objective", "source", "kind", "layout", "depth", "max_depth", "accumulate",
@@ -20,34 +19,6 @@ _LINKS = {"sigmoid": int(_L.LINK_SIGMOID), "sigmoid2": int(_L.LINK_SIGMOID2),
           "softmax": int(_L.LINK_SOFTMAX)}
 _LINK_NONE, _LINK_COPY, _LINK_VOTE1 = int(_L.LINK_NONE), int(_L.LINK_COPY), int(_L.LINK_VOTE1)
 _SMALL = 64  # rows up to one kernel block take Forest.small (GIL held, no threads)
-
-
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else os.cpu_count() or 1)
-
-
-# stop reasons, in code order (the output's dictionary-encoded `stop_reason` column)
-STOP_REASONS = np.array(["full", "certificate", "posterior", "flip", "late", "audit"],
-                        dtype=object)
-
-
-@dataclass
-class ScoreResult:
-    """Per-row results of ``score_batch`` (numpy arrays, input order)."""
-
-    score: np.ndarray  # float64
-    label: np.ndarray  # class labels (classifiers) or empty
-    decision: np.ndarray  # int8 band index
-    work_units: np.ndarray  # int32
-    stop_reason: np.ndarray  # object/str codes
-    score_lo: np.ndarray  # float64
-    score_hi: np.ndarray  # float64
-    proba: np.ndarray | None = None  # (n, n_classes) for classifiers
-    stop_code: np.ndarray | None = None  # int8 index into STOP_REASONS (same rows)
-
-    def __len__(self) -> int:
-        return int(self.score.shape[0])
 
 
 class CompiledModel:
@@ -64,9 +35,9 @@ class CompiledModel:
         self.feature_names = list(self.feature_names)
         self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
         self.n_trees = int(arrays["tree_group"].shape[0])
-        self._forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
-                                       int(self.n_outputs), float(self.divisor))
-        self._bytes = None
+        self.forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
+                                      int(self.n_outputs), float(self.divisor))
+        self.policy_cache: dict = {}  # tables the lazy policies build once per model
         self.model_id = model_id or artifact.dumps(self.meta, self.arrays)[-32:].hex()
 
     # ---- persistence -------------------------------------------------------------------
@@ -80,10 +51,6 @@ class CompiledModel:
     @property
     def n_classes(self) -> int:
         return len(self.classes)
-
-    @property
-    def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in self.arrays.values()))
 
     # ---- inputs ------------------------------------------------------------------------
     def columns(self, X):
@@ -102,11 +69,11 @@ class CompiledModel:
     def raw(self, X, n_threads: int | None = None) -> np.ndarray:
         """Raw scores (n, n_outputs) float64 (margins; averaged votes for forests)."""
         if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
-            out = self._forest.small(X, _LINK_NONE)  # None: not a fast-path layout
+            out = self.forest.small(X, _LINK_NONE)  # None: not a fast-path layout
             if out is not None:
                 return out
         cols = self.columns(X)
-        return self._forest.raw(cols, n_threads or default_threads())
+        return self.forest.raw(cols, n_threads or default_threads())
 
     def predict_margin(self, X, n_threads: int | None = None) -> np.ndarray:
         raw = self.raw(X, n_threads)
@@ -133,7 +100,7 @@ class CompiledModel:
         # a few rows of a numpy array: one call into C, no staging, no per-call allocation
         # beyond the result (measured ~10 us -> ~2 us for one row of model A)
         if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
-            out = self._forest.small(X, self._link_code())
+            out = self.forest.small(X, self._link_code())
             if out is not None:
                 return out
         return self.proba_from_raw(self.raw(X, n_threads))
@@ -168,8 +135,6 @@ class CompiledModel:
     def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
                     **params) -> ScoreResult:
         if lazy != "off":
-            from ..lazy import score_lazy  # noqa: PLC0415 (optional policy layer)
-
             return score_lazy(self, X, lazy, thresholds, n_threads, **params)
         raw = self.raw(X, n_threads)
         score, label = self.score_from_raw(raw)
@@ -179,17 +144,10 @@ class CompiledModel:
             label=label,
             decision=decisions(score, thresholds),
             work_units=np.full(n, self.work_total, dtype=np.int32),
-            stop_reason=np.full(n, "full", dtype=object),
             stop_code=np.zeros(n, dtype=np.int8),
             score_lo=score.copy(),
             score_hi=score.copy(),
         )
-
-
-def decisions(score: np.ndarray, thresholds) -> np.ndarray:
-    """Band index: how many thresholds the score is >= to."""
-    t = np.sort(np.asarray(list(thresholds), dtype=np.float64))
-    return np.searchsorted(t, score, side="right").astype(np.int8)
 
 
 def arrow_columns(data, feature_names: list[str]):

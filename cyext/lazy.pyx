@@ -1,45 +1,58 @@
-# Lazy stopping policies inside the nogil block kernel (included at the end of kernels.pyx).
-#
-# One block of at most BLOCK_ROWS rows is staged once; work units are evaluated in chunks
-# (certified: `chunk` units, lazyrf: `block` trees, lazygbm: one round); after each chunk every
-# active row is checked and finished rows are compacted out (their staged row, accumulators and
-# vote counts move down), so later chunks walk only the rows still running. All active rows of a
-# block have evaluated the same number of units, so `u` is per block.
-#
-# Rules: /work/shared/LAZY.md; the pure-Python statements of the same rules (the reference the
-# tests compare against) live in worker/lazy.py.
+# cython: language_level=3
+"""Lazy stopping policies inside the nogil block kernel.
 
+One block of at most BLOCK_ROWS rows is staged once; work units are evaluated in chunks
+(certified: `chunk` units, lazyrf: `block` trees, lazygbm: one round); after each chunk every
+active row is checked and finished rows are compacted out (their staged row, accumulators and
+vote counts move down), so later chunks walk only the rows still running. All active rows of a
+block have evaluated the same number of units, so `u` is per block.
+
+The rules, and their pure-Python statements that the tests compare this kernel against, are in
+worker/model/lazy.py.
+"""
+
+from cython.parallel cimport parallel, prange
 from libc.math cimport exp, log, fabs, sqrt, tanh, INFINITY
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
-from libc.stdint cimport int8_t, uint64_t
 
-from swtypes cimport KEY_LEAF, sw_feat
-from walk cimport go_right
+import numpy as np
 
-cdef enum:
-    POL_CERTIFIED = 0
-    POL_LAZYRF = 1
-    POL_LAZYGBM = 2
+from swtypes cimport ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, KEY_LEAF, sw_feat
+from stage cimport stage_block
+from walk cimport (walk_padded1, walk_padded8, walk_compact1, walk_compact8,
+                  walk_rows8_padded, walk_rows8_compact)
+from blocks cimport (acc_t, add_leaf, RowPlan, plannable, plan_rows, eval_planned, eval_rest,
+                    eval_trees, SPLIT_FLOATS)
+from worker._kernels cimport Columns, Forest
 
-cdef enum:
+
+cpdef enum Policy:
+    POLICY_CERTIFIED = 0
+    POLICY_LAZYRF = 1
+    POLICY_LAZYGBM = 2
+
+cpdef enum StopReason:        # the output's stop_reason, in code order
     STOP_FULL = 0
     STOP_CERTIFICATE = 1
     STOP_POSTERIOR = 2
     STOP_FLIP = 3
     STOP_LATE = 4
 
-cdef enum:
+cpdef enum Band:
     BAND_SINGLE = 0           # one raw output; cuts are in raw space
     BAND_VOTE = 1             # K raw outputs that are the class probabilities (vote forests)
     BAND_SOFTMAX = 2          # K margins; cuts apply to the leader's softmax probability bounds
 
-cdef enum:
+cpdef enum GbmVariant:
     GBM_PROTOTYPE = 0
     GBM_CERTIFICATE_ONLY = 1
     GBM_CERTIFICATE_PLUS_FLIP = 2
 
+
 ctypedef struct LazyCfg:      # everything a policy reads; arrays owned by worker.lazy tables
-    int32_t policy            # POL_*
+    int32_t policy            # Policy
     int32_t step              # units per chunk: certified chunk, lazyrf block, lazygbm 1
     const int64_t* unit_ptr   # work unit u = trees unit_ptr[u]:unit_ptr[u+1]
     int64_t n_units
@@ -298,45 +311,6 @@ cdef void rf_eval(const ModelView* m, const acc_t* leaves, const float* X, int64
         t += 1
 
 
-cdef inline void walk_rows8_padded(const ModelView* m, const float* X, int64_t ldx, int64_t t,
-                                   int64_t* slot) noexcept nogil:
-    # One tree, eight rows at once: eight independent chains when a chunk is a single short
-    # round (lazygbm walks one round per check; one chain per row measured ~1.7x slower).
-    cdef int64_t ni = (<int64_t>1 << m.depth) - 1
-    cdef const PNode* base = m.pnodes + t * ni
-    cdef int64_t p[INTERLEAVE]
-    cdef int32_t d, j
-    cdef const PNode* nd
-    for j in range(INTERLEAVE):
-        p[j] = 0
-    for d in range(m.depth):
-        for j in range(INTERLEAVE):
-            nd = base + p[j]
-            p[j] = 2 * p[j] + 1 + go_right(X[j * ldx + sw_feat(nd.key)], nd.key, nd.thr)
-    for j in range(INTERLEAVE):
-        slot[j] = t * (ni + 1) + (p[j] - ni)
-
-
-cdef inline void walk_rows8_compact(const ModelView* m, const float* X, int64_t ldx, int64_t t,
-                                    int64_t* slot) noexcept nogil:
-    cdef const CNode* nd[INTERLEAVE]
-    cdef int32_t j
-    cdef uint32_t all_leaf
-    for j in range(INTERLEAVE):
-        nd[j] = m.cnodes + m.root[t]
-    while True:
-        all_leaf = KEY_LEAF
-        for j in range(INTERLEAVE):
-            all_leaf &= nd[j].key
-        if all_leaf:
-            break
-        for j in range(INTERLEAVE):
-            nd[j] = m.cnodes + nd[j].child + go_right(X[j * ldx + sw_feat(nd[j].key)],
-                                                      nd[j].key, nd[j].thr)
-    for j in range(INTERLEAVE):
-        slot[j] = nd[j].leaf
-
-
 cdef void eval_few_trees(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
                          int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
     """eval_trees for chunks shorter than INTERLEAVE trees: interleave rows instead."""
@@ -373,26 +347,26 @@ cdef int32_t sweep(const LazyCfg* c, int64_t u, int32_t na, int32_t nf, int32_t 
     cdef double ntr
     for i in range(na):
         reason = -1
-        if c.policy == POL_CERTIFIED:
+        if c.policy == POLICY_CERTIFIED:
             bounds_at(c, u, G, acc + i * G, divisor, lo, hi)
             if certified_stop(c, G, lo, hi):
                 reason = STOP_CERTIFICATE
-        elif c.policy == POL_LAZYRF:
+        elif c.policy == POLICY_LAZYRF:
             if u >= c.t_min and rf_posterior(c, mc, votes + i * K, u) > c.tau:
                 reason = STOP_POSTERIOR
         else:
             reason = gbm_stop(c, u, G, acc + i * G)
         if reason >= 0:
             r = act[i]
-            if c.policy != POL_CERTIFIED:
+            if c.policy != POLICY_CERTIFIED:
                 bounds_at(c, u, G, acc + i * G, divisor, lo, hi)
             ntr = <double>c.unit_ptr[u]
             for g in range(G):
                 o_lo[r * G + g] = lo[g]
                 o_hi[r * G + g] = hi[g]
-                if c.policy == POL_CERTIFIED:
+                if c.policy == POLICY_CERTIFIED:
                     o_raw[r * G + g] = 0.5 * lo[g] + 0.5 * hi[g]
-                elif c.policy == POL_LAZYRF:  # soft vote of the trees evaluated so far
+                elif c.policy == POLICY_LAZYRF:  # soft vote of the trees evaluated so far
                     o_raw[r * G + g] = <double>acc[i * G + g] / ntr
                 else:
                     o_raw[r * G + g] = <double>acc[i * G + g] / divisor
@@ -440,17 +414,17 @@ cdef int lazy_block(const ModelView* m, const acc_t* leaves, const acc_t* base, 
             acc[i * G + g] = base[g]
         for g in range(K):
             votes[i * K + g] = 0
-    if c.policy != POL_LAZYRF and xx != NULL and plannable(m, n):
+    if c.policy != POLICY_LAZYRF and xx != NULL and plannable(m, n):
         # each row's missing-value walk chosen once per block, not once per chunk (re-planning
         # every 8 trees cost as much as walking them: certified on XGBoost 300x6 ran at 1.16x)
         plan = plan_rows_
         plan_rows(m, X, nf, n, xx, 2 * nf * BLOCK_ROWS, plan)
-    if c.policy == POL_CERTIFIED:  # the base alone may already settle a row
+    if c.policy == POLICY_CERTIFIED:  # the base alone may already settle a row
         na = sweep(c, 0, na, nf, G, K, divisor, X, acc, act, votes, lo, lo + G, o_raw, o_lo,
                    o_hi, o_units, o_reason, mc, plan)
     while na > 0 and u < c.n_units:
         u1 = min(u + c.step, c.n_units)
-        if c.policy == POL_LAZYRF:
+        if c.policy == POLICY_LAZYRF:
             rf_eval(m, leaves, X, nf, na, c.unit_ptr[u], c.unit_ptr[u1], acc, votes, K)
         elif plan != NULL and c.unit_ptr[u1] - c.unit_ptr[u] >= INTERLEAVE:
             t = eval_planned(m, leaves, plan, na, c.unit_ptr[u], c.unit_ptr[u1], acc)
@@ -497,11 +471,11 @@ cdef int lazy_all(const ModelView* m, const acc_t* leaves, const acc_t* base, do
         votes = <int32_t*>malloc(BLOCK_ROWS * K * sizeof(int32_t))
         lo = <double*>malloc(2 * G * sizeof(double))
         xx = NULL  # doubled NaN rows for the planned walks (without it: slower, same answers)
-        if c.policy != POL_LAZYRF:
+        if c.policy != POLICY_LAZYRF:
             xx = <float*>malloc(2 * BLOCK_ROWS * max(m.n_features, 1) * sizeof(float))
         mk = NULL
         mv = NULL
-        if c.policy == POL_LAZYRF and c.n_vote > 2:
+        if c.policy == POLICY_LAZYRF and c.n_vote > 2:
             mk = <int32_t*>malloc(MC_SLOTS * K * sizeof(int32_t))
             mv = <double*>malloc(MC_SLOTS * sizeof(double))
             if mk == NULL or mv == NULL:
@@ -536,8 +510,41 @@ cdef inline const double* _dptr(const double[::1] a) noexcept:
     return &a[0] if a.shape[0] > 0 else NULL
 
 
-def lazy_score(Forest f, Columns cols, dict cfg, int n_threads=1):
-    """Run a lazy policy over every row. cfg comes from worker.lazy (tables and parameters).
+cdef class KernelConfig:
+    """Everything a policy reads, typed: built by worker.model.lazy.kernel_config from the
+    model's tables and the policy's parameters (keyword arguments set the attributes)."""
+    cdef public int policy               # Policy
+    cdef public int step                 # units per chunk: certified chunk, lazyrf block, 1
+    cdef public object unit_ptr          # int64 (n_units + 1,): unit u = trees [u], [u + 1]
+    cdef public object smin, smax        # float64 (n_units + 1, G): remaining min/max leaf sums
+    cdef public object nrem, sabs        # remaining trees per output, remaining max |leaf|
+    cdef public double eps               # rounding slack per remaining addition (bounds_at)
+    cdef public int band_mode            # Band
+    cdef public object cut_a, cut_b      # float64 (n_cuts,): settled below / above cut i
+    cdef public double cls_margin        # multiclass leader margin (relative)
+    cdef public int n_vote               # lazyrf: classes voted on
+    cdef public int t_min                # no posterior / flip stop before t_min units
+    cdef public double tau               # lazyrf: stop when the posterior score > tau
+    cdef public object tail, tail_off    # lazyrf binary tails (float64) and offsets (int64)
+    cdef public int mc_samples           # lazyrf multiclass Monte Carlo draws
+    cdef public uint64_t seed
+    cdef public object R, V              # lazygbm: float64 (n_units + 1,) residual capacities
+    cdef public double flip_bound        # lazygbm: c * exp(-spr_threshold)
+    cdef public int variant              # GbmVariant
+    cdef public int64_t late_t           # lazygbm multiclass: late rule once t > late_t
+
+    def __init__(self, **values):
+        empty = np.zeros(0)
+        self.cut_a = self.cut_b = self.tail = empty
+        self.tail_off = np.zeros(0, dtype=np.int64)
+        self.tau = 1.0
+        self.mc_samples = 1
+        for key, value in values.items():
+            setattr(self, key, value)  # an unknown key is an AttributeError
+
+
+def lazy_score(Forest f, Columns cols, KernelConfig cfg, int n_threads=1):
+    """Run a lazy policy over every row (cfg: see KernelConfig).
 
     Returns (raw, raw_lo, raw_hi, work_units, reason): raw (n, n_outputs) float64 is the full
     raw score for rows that ran every unit, the bound midpoint for certified stops, the partial
@@ -547,17 +554,17 @@ def lazy_score(Forest f, Columns cols, dict cfg, int n_threads=1):
     cdef LazyCfg c
     cdef int64_t n = cols.n_rows
     cdef int32_t G = f.view.n_outputs
-    cdef const int64_t[::1] unit_ptr = cfg["unit_ptr"]
-    cdef const double[:, ::1] smin = cfg["smin"]
-    cdef const double[:, ::1] smax = cfg["smax"]
-    cdef const double[:, ::1] nrem = cfg["nrem"]
-    cdef const double[:, ::1] sabs = cfg["sabs"]
-    cdef const double[::1] cut_a = cfg["cut_a"]
-    cdef const double[::1] cut_b = cfg["cut_b"]
-    cdef const double[::1] tail = cfg["tail"]
-    cdef const int64_t[::1] tail_off = cfg["tail_off"]
-    cdef const double[::1] R = cfg["R"]
-    cdef const double[::1] V = cfg["V"]
+    cdef const int64_t[::1] unit_ptr = cfg.unit_ptr
+    cdef const double[:, ::1] smin = cfg.smin
+    cdef const double[:, ::1] smax = cfg.smax
+    cdef const double[:, ::1] nrem = cfg.nrem
+    cdef const double[:, ::1] sabs = cfg.sabs
+    cdef const double[::1] cut_a = cfg.cut_a
+    cdef const double[::1] cut_b = cfg.cut_b
+    cdef const double[::1] tail = cfg.tail
+    cdef const int64_t[::1] tail_off = cfg.tail_off
+    cdef const double[::1] R = cfg.R
+    cdef const double[::1] V = cfg.V
     cdef double[:, ::1] raw, lo, hi
     cdef int32_t[::1] units
     cdef int8_t[::1] reason
@@ -573,8 +580,8 @@ def lazy_score(Forest f, Columns cols, dict cfg, int n_threads=1):
             raise ValueError(f"{name} must be (n_units + 1, n_outputs)")
     if cut_a.shape[0] != cut_b.shape[0]:
         raise ValueError("cut_a and cut_b differ in length")
-    c.policy = cfg["policy"]
-    c.step = cfg["step"]
+    c.policy = cfg.policy
+    c.step = cfg.step
     if c.step < 1:
         raise ValueError("chunk/block must be at least 1 unit")
     c.unit_ptr = &unit_ptr[0]
@@ -582,34 +589,34 @@ def lazy_score(Forest f, Columns cols, dict cfg, int n_threads=1):
     c.smax = &smax[0, 0]
     c.nrem = &nrem[0, 0]
     c.sabs = &sabs[0, 0]
-    c.eps = cfg["eps"]
-    c.band_mode = cfg["band_mode"]
+    c.eps = cfg.eps
+    c.band_mode = cfg.band_mode
     c.n_cuts = cut_a.shape[0]
     c.cut_a = _dptr(cut_a)
     c.cut_b = _dptr(cut_b)
-    c.cls_margin = cfg["cls_margin"]
-    c.n_vote = cfg["n_vote"]
-    c.t_min = cfg["t_min"]
-    c.tau = cfg["tau"]
+    c.cls_margin = cfg.cls_margin
+    c.n_vote = cfg.n_vote
+    c.t_min = cfg.t_min
+    c.tau = cfg.tau
     c.tail = _dptr(tail)
     c.tail_off = &tail_off[0] if tail_off.shape[0] > 0 else NULL
-    c.mc_samples = cfg["mc_samples"]
-    c.seed = cfg["seed"]
+    c.mc_samples = cfg.mc_samples
+    c.seed = cfg.seed
     c.R = _dptr(R)
     c.V = _dptr(V)
-    c.flip_bound = cfg["flip_bound"]
-    c.variant = cfg["variant"]
-    c.late_t = cfg["late_t"]
-    if c.policy == POL_LAZYRF:
+    c.flip_bound = cfg.flip_bound
+    c.variant = cfg.variant
+    c.late_t = cfg.late_t
+    if c.policy == POLICY_LAZYRF:
         if c.n_vote < 2 or (c.n_vote > 2) != (G > 1) or (c.n_vote > 2 and c.n_vote != G):
             raise ValueError("lazyrf needs a soft-voting forest classifier")
         if c.n_vote == 2 and tail_off.shape[0] < c.n_units // c.step:
             raise ValueError("lazyrf binary tail table too short")
-    elif c.policy == POL_LAZYGBM:
+    elif c.policy == POLICY_LAZYGBM:
         if R.shape[0] != c.n_units + 1 or V.shape[0] != c.n_units + 1:
             raise ValueError("lazygbm needs R and V of length n_units + 1")
         c.n_vote = 0
-    elif c.policy == POL_CERTIFIED:
+    elif c.policy == POLICY_CERTIFIED:
         c.n_vote = 0
     else:
         raise ValueError(f"unknown policy code {c.policy}")

@@ -1,6 +1,6 @@
-"""Lazy stopping policies (LAZY.md): load-time tables, parameters, results, audit.
+"""Lazy stopping policies: load-time tables, parameters, results, audit.
 
-The stopping itself runs in the nogil block kernel (cyext/lazy.pxi). This module
+The stopping itself runs in the nogil block kernel (cyext/lazy.pyx). This module
 
 * builds the per-model tables once (cached on the model): per work unit and output the suffix
   sums of the remaining trees' minimum and maximum leaves (the certified interval), LazyGBM's
@@ -16,7 +16,7 @@ Why ``certified`` never changes a band (the proof the tests exercise): after u u
 raw score is partial + (remaining trees), each remaining tree adds a value in [its min leaf, its
 max leaf], so the exact sum lies in [partial + smin_u, partial + smax_u]. The kernel's rounded
 sum differs from the exact one by at most half an ulp per addition of a partial sum bounded by
-|partial| + sabs_u; ``bounds_at`` (lazy.pxi) widens by (nrem + 4)(eps (|partial| + sabs) +
+|partial| + sabs_u; ``bounds_at`` (lazy.pyx) widens by (nrem + 4)(eps (|partial| + sabs) +
 1e-44) with eps = 2^-23 + 2^-51 (float32 models) or 2^-51 (float64), at least twice the unit
 roundoffs, which also covers the float64 rounding of the suffix sums. Division by the forest's
 divisor is monotone. The score is a nondecreasing function of the raw score (binary and
@@ -50,15 +50,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _kernels
-from .model.compiled import STOP_REASONS, CompiledModel, ScoreResult, decisions, default_threads
+from .. import _kernels, _lazy
+from .result import ScoreResult, decisions, default_threads
 
-POLICIES = {"certified": 0, "lazyrf": 1, "lazygbm": 2}
-VARIANTS = {"prototype": 0, "certificate_only": 1, "certificate_plus_flip": 2}
-BAND_SINGLE, BAND_VOTE, BAND_SOFTMAX = 0, 1, 2
+if TYPE_CHECKING:
+    from .compiled import CompiledModel
+
+# the kernel's codes, by the names the API uses
+POLICIES = {p.name.removeprefix("POLICY_").lower(): int(p) for p in _lazy.Policy}
+VARIANTS = {v.name.removeprefix("GBM_").lower(): int(v) for v in _lazy.GbmVariant}
+BAND_SINGLE, BAND_VOTE, BAND_SOFTMAX = (int(_lazy.Band.BAND_SINGLE), int(_lazy.Band.BAND_VOTE),
+                                        int(_lazy.Band.BAND_SOFTMAX))
 CLS_MARGIN = 1e-9  # multiclass leader margin (relative) and softmax-probability cut margin
 # certified: check after about this many trees. 16 (the wide walk) measured 1.29x full speed
 # on the demo XGBoost model against 1.02x for 8 (63.5% -> 66.5% of the work): a check costs
@@ -100,7 +106,7 @@ def _suffix(per_tree: np.ndarray, unit_ptr: np.ndarray) -> np.ndarray:
 
 def tables(model: CompiledModel) -> LazyTables:
     """Built once per model and cached on it."""
-    cached = getattr(model, "_lazy_tables", None)
+    cached = model.policy_cache.get("tables")
     if cached is not None:
         return cached
     a = model.arrays
@@ -135,7 +141,7 @@ def tables(model: CompiledModel) -> LazyTables:
     V[:n_units] = np.cumsum((w**2)[::-1])[::-1]
     t = LazyTables(unit_ptr, _suffix(cmin, unit_ptr), _suffix(cmax, unit_ptr),
                    _suffix(cnt, unit_ptr), _suffix(cabs, unit_ptr), eps, w, R, V)
-    model._lazy_tables = t
+    model.policy_cache["tables"] = t
     return t
 
 
@@ -152,7 +158,7 @@ def rf_binary_tail(t: int) -> np.ndarray:
 
 def rf_tail_table(model: CompiledModel, block: int) -> tuple[np.ndarray, np.ndarray]:
     """Binary tails at every checkpoint t = block, 2 block, ... (cached per block size)."""
-    cache = model.__dict__.setdefault("_lazy_rf_tails", {})
+    cache = model.policy_cache.setdefault("rf_tails", {})
     if block not in cache:
         ts = range(block, model.work_total + 1, block)
         parts = [rf_binary_tail(t) for t in ts] or [np.zeros(0)]
@@ -182,7 +188,7 @@ def rf_posterior(votes, t: int, mc_samples: int | None = None, seed: int = 0) ->
     A = t + K
     if A < 30:
         S = mc_samples or max(256, 32 * K)
-        return float(_kernels.lazy_mc_score(votes, lead, S, seed))
+        return float(_lazy.lazy_mc_score(votes, lead, S, seed))
     a1, a2 = 1.0 + votes[lead], 1.0 + votes[run]
     mu = (a1 - a2) / A
     var = (a1 * (A - a1) + a2 * (A - a2) + 2 * a1 * a2) / (A * A * (A + 1.0))
@@ -309,7 +315,7 @@ def cuts(model: CompiledModel, thresholds) -> tuple[np.ndarray, np.ndarray, int]
 
 def cached_cuts(model: CompiledModel, thresholds):
     key = tuple(float(t) for t in thresholds)
-    cache = model.__dict__.setdefault("_lazy_cuts", {})
+    cache = model.policy_cache.setdefault("cuts", {})
     if key not in cache:
         cache[key] = cuts(model, key)
     return cache[key]
@@ -317,7 +323,8 @@ def cached_cuts(model: CompiledModel, thresholds):
 
 # ---- configuration -----------------------------------------------------------------------
 
-def kernel_config(model: CompiledModel, lazy: str, thresholds, params: dict) -> dict:
+def kernel_config(model: CompiledModel, lazy: str, thresholds, params: dict
+                  ) -> _lazy.KernelConfig:
     if lazy not in POLICIES:
         raise ValueError(f"lazy must be one of off, {', '.join(POLICIES)}; got {lazy!r}")
     unknown = set(params) - _PARAMS[lazy] - _COMMON
@@ -326,11 +333,11 @@ def kernel_config(model: CompiledModel, lazy: str, thresholds, params: dict) -> 
     tb = tables(model)
     n_units = model.work_total
     empty, empty_i = np.zeros(0), np.zeros(0, dtype=np.int64)
-    cfg = {"policy": POLICIES[lazy], "unit_ptr": tb.unit_ptr, "smin": tb.smin, "smax": tb.smax,
-           "nrem": tb.nrem, "sabs": tb.sabs, "eps": tb.eps, "band_mode": BAND_SINGLE,
-           "cut_a": empty, "cut_b": empty, "cls_margin": 0.0, "n_vote": 0, "t_min": 0,
-           "tau": 1.0, "tail": empty, "tail_off": empty_i, "mc_samples": 1, "seed": 0,
-           "R": tb.R, "V": tb.V, "flip_bound": 0.0, "variant": 0, "late_t": n_units}
+    cfg = dict(policy=POLICIES[lazy], unit_ptr=tb.unit_ptr, smin=tb.smin, smax=tb.smax,
+               nrem=tb.nrem, sabs=tb.sabs, eps=tb.eps, band_mode=BAND_SINGLE, cut_a=empty,
+               cut_b=empty, cls_margin=0.0, n_vote=0, t_min=0, tau=1.0, tail=empty,
+               tail_off=empty_i, mc_samples=1, seed=0, R=tb.R, V=tb.V, flip_bound=0.0,
+               variant=0, late_t=n_units)
     if lazy == "certified":
         a, b, mode = cached_cuts(model, thresholds)
         per_unit = max(1, model.n_trees // max(n_units, 1))
@@ -361,7 +368,7 @@ def kernel_config(model: CompiledModel, lazy: str, thresholds, params: dict) -> 
         cfg.update(step=1, t_min=int(params.get("t_min", 10)), variant=VARIANTS[variant],
                    flip_bound=scale * math.exp(-float(params.get("spr_threshold", 3.0))),
                    late_t=math.floor(float(params.get("late_fraction", 0.8)) * n_units))
-    return cfg
+    return _lazy.KernelConfig(**cfg)
 
 
 # ---- results -----------------------------------------------------------------------------
@@ -436,8 +443,8 @@ def score_lazy(model: CompiledModel, X, lazy: str, thresholds=(0.5,), n_threads=
     thresholds = list(thresholds)
     cfg = kernel_config(model, lazy, thresholds, params)
     cols = model.columns(X)
-    raw, raw_lo, raw_hi, units, reason = _kernels.lazy_score(
-        model._forest, cols, cfg, int(n_threads or default_threads()))
+    raw, raw_lo, raw_hi, units, reason = _lazy.lazy_score(
+        model.forest, cols, cfg, int(n_threads or default_threads()))
     score, label = model.score_from_raw(raw)
     stopped = reason != 0
     lo, hi = score.copy(), score.copy()  # every unit ran: the bounds are the score itself
@@ -452,7 +459,6 @@ def score_lazy(model: CompiledModel, X, lazy: str, thresholds=(0.5,), n_threads=
         label=label,
         decision=decisions(score, thresholds),
         work_units=units,
-        stop_reason=STOP_REASONS[reason],
         stop_code=np.asarray(reason, dtype=np.int8),
         score_lo=lo,
         score_hi=hi,
@@ -471,18 +477,11 @@ def _audit(model, X, cols, result: ScoreResult, thresholds, fraction, seed, n_th
     if idx.size:
         sub = _take(X, idx)
         full = (model.score_batch(sub, thresholds=thresholds, n_threads=n_threads)
-                if sub is not None else _subset(model.score_batch(
-                    cols, thresholds=thresholds, n_threads=n_threads), idx))
+                if sub is not None else model.score_batch(
+                    cols, thresholds=thresholds, n_threads=n_threads).take(idx))
         bad = (full.decision != result.decision[idx]) | (full.label != result.label[idx])
         d = int(bad.sum())
     else:
         d = 0
-    result.audit = {"rows": int(idx.size), "disagreements": d}
     result.audit_rows = int(idx.size)
     result.audit_disagreements = d
-
-
-def _subset(r: ScoreResult, idx: np.ndarray) -> ScoreResult:
-    return ScoreResult(r.score[idx], r.label[idx], r.decision[idx], r.work_units[idx],
-                       r.stop_reason[idx], r.score_lo[idx], r.score_hi[idx],
-                       stop_code=None if r.stop_code is None else r.stop_code[idx])

@@ -1,0 +1,136 @@
+/* Branch-free tree walks over one staged float32 row: the split rule, written once, and the
+   walks built from it. Declared for Cython in walk.pxd.
+
+   Split rule: a row goes right iff x > thr (float32); a missing x (NaN) goes right iff the
+   node key's low bit (missing-goes-right) is set. A node key is 2 * feature + right; bit 31
+   marks a compact leaf. Three step variants give the same answers:
+     NAN     tests for NaN at every step: SW_STEP(v, key, thr);
+     FINITE  rows without NaN compare only: x > thr (about half the instructions per step);
+     SPLIT   rows with NaN read a doubled row xx[2f + right] (NaN staged as -inf at 2f and +inf
+             at 2f + 1), so xx[key] > thr is the whole rule. A pass-through node (threshold
+             +inf, missing left) reads 2f. Models with HistGradientBoosting's NaN-only splits
+             (threshold +inf, missing right) cannot use it (ModelView.split_ok). */
+#ifndef SW_WALK_H
+#define SW_WALK_H
+#include <stdint.h>
+
+#include "prefetch.h"
+
+#define SW_KEY_LEAF 0x80000000u
+
+/* the split rule: 1 when the row goes right */
+#define SW_STEP(v, key, thr) \
+    ((uint32_t)((v) > (thr)) | ((uint32_t)((v) != (v)) & ((key) & 1u)))
+#define SW_GT(v, key, thr) ((uint32_t)((v) > (thr)))
+
+/* where a step reads its value: x[feature] (NAN, FINITE) or xx[key] (SPLIT); compact keys
+   carry the leaf flag in bit 31, masked off first */
+#define SW_IDX_F(key) ((key) >> 1)
+#define SW_IDX_SPLIT(key) (key)
+#define SW_CIDX_F(key) (((key) & 0x7FFFFFFFu) >> 1)
+#define SW_CIDX_SPLIT(key) ((key) & 0x7FFFFFFFu)
+
+enum { SW_RULE_NAN = 0, SW_RULE_FINITE = 1, SW_RULE_SPLIT = 2 };
+
+typedef struct { uint32_t key; float thr; } sw_pnode;
+typedef struct { uint32_t key; float thr; int32_t child; int32_t leaf; } sw_cnode;
+
+static inline uint32_t sw_feat(uint32_t key) { return (key & 0x7FFFFFFFu) >> 1; }
+
+/* One step of the NAN rule for callers that walk one tree at a time. */
+static inline uint32_t sw_go_right(float v, uint32_t key, float thr) {
+    return SW_STEP(v, key, thr);
+}
+
+/* Padded walks, depth-specialised: W trees of one row at once, each chain in a register (a
+   constant depth and full unrolling keep p[] out of memory and make each tree's base a
+   constant displacement). */
+typedef void (*sw_walk_fn)(const void *base, const float *x, int64_t *slot);
+#define SW_DEF_WALK(W, D, IDX, RULE, NAME)                                                  \
+static void NAME(const void *vbase, const float *x, int64_t *slot) {                        \
+    const sw_pnode *base = (const sw_pnode *)vbase;                                         \
+    const int64_t ni = ((int64_t)1 << D) - 1;                                               \
+    int64_t p[W];                                                                           \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) p[j] = 0;                          \
+    _Pragma("GCC unroll 16") for (int d = 0; d < D; d++) {                                  \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) {                              \
+            const sw_pnode *nd = base + j * ni + p[j];                                      \
+            const uint32_t key = nd->key;                                                   \
+            const float v = x[IDX(key)];                                                    \
+            p[j] = 2 * p[j] + 1 + (int64_t)RULE(v, key, nd->thr);                           \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) slot[j] = j * (ni + 1) + p[j] - ni; \
+}
+#define SW_DEF_ALL(W, D) SW_DEF_WALK(W, D, SW_IDX_F, SW_STEP, sw_walk##W##n_d##D)          \
+    SW_DEF_WALK(W, D, SW_IDX_F, SW_GT, sw_walk##W##f_d##D)                                  \
+    SW_DEF_WALK(W, D, SW_IDX_SPLIT, SW_GT, sw_walk##W##s_d##D)
+#define SW_DEF_DEPTHS(W) SW_DEF_ALL(W, 1) SW_DEF_ALL(W, 2) SW_DEF_ALL(W, 3)                 \
+    SW_DEF_ALL(W, 4) SW_DEF_ALL(W, 5) SW_DEF_ALL(W, 6) SW_DEF_ALL(W, 7)                     \
+    SW_DEF_ALL(W, 8) SW_DEF_ALL(W, 9) SW_DEF_ALL(W, 10)
+SW_DEF_DEPTHS(8)
+SW_DEF_DEPTHS(16)
+#define SW_TAB(NAME) {0, NAME##_d1, NAME##_d2, NAME##_d3, NAME##_d4, NAME##_d5, NAME##_d6, \
+                      NAME##_d7, NAME##_d8, NAME##_d9, NAME##_d10}
+static const sw_walk_fn sw_walk_tab[6][11] = {
+    SW_TAB(sw_walk8n), SW_TAB(sw_walk8f), SW_TAB(sw_walk8s),
+    SW_TAB(sw_walk16n), SW_TAB(sw_walk16f), SW_TAB(sw_walk16s)};
+
+/* wide: 0 for 8 trees, 1 for 16; rule: SW_RULE_*. NULL outside depths 1..10. */
+static inline sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) {
+    return depth >= 1 && depth <= 10 ? sw_walk_tab[3 * wide + rule][depth] : 0;
+}
+
+/* Compact walks: SW_CW trees of one row, chains in registers; a leaf steps onto itself
+   (threshold +inf, key reads feature 0 and never a NaN slot) until all are done. 16 chains:
+   deep forests are memory-latency bound, and more misses in flight pay (bench/NOTES.md). */
+#define SW_CW 16
+typedef void (*sw_cwalk_fn)(const void *nodes, const int64_t *root, const float *x,
+                            int64_t *slot);
+#define SW_DEF_CWALK(IDX, RULE, NAME)                                                       \
+static void NAME(const void *vnodes, const int64_t *root, const float *x, int64_t *slot) {  \
+    const sw_cnode *c = (const sw_cnode *)vnodes;                                           \
+    const sw_cnode *nd[SW_CW];                                                              \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root[j];           \
+    for (;;) {                                                                              \
+        uint32_t all = SW_KEY_LEAF;                                                         \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
+        if (all) break;                                                                     \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
+            const uint32_t key = nd[j]->key;                                                \
+            const float v = x[IDX(key)];                                                    \
+            nd[j] = c + nd[j]->child + RULE(v, key, nd[j]->thr);                            \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = nd[j]->leaf;         \
+}
+SW_DEF_CWALK(SW_CIDX_F, SW_STEP, sw_cwalk_n)
+SW_DEF_CWALK(SW_CIDX_F, SW_GT, sw_cwalk_f)
+SW_DEF_CWALK(SW_CIDX_SPLIT, SW_GT, sw_cwalk_s)
+static const sw_cwalk_fn sw_cwalk_tab[3] = {sw_cwalk_n, sw_cwalk_f, sw_cwalk_s};
+static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
+
+/* Integer tests on the float bits, which gcc vectorises (the float form v != v stays scalar
+   with a branch per feature). */
+typedef uint32_t __attribute__((may_alias)) sw_bits;
+
+/* 1 when x[0..n) holds no NaN */
+static inline int sw_row_finite(const float *x, int n) {
+    const sw_bits *b = (const sw_bits *)x;
+    uint32_t bad = 0;
+    for (int j = 0; j < n; j++) bad |= (b[j] & 0x7FFFFFFFu) > 0x7F800000u;
+    return !bad;
+}
+
+/* the doubled row of the SPLIT rule: xx[2j] = x[j] or -inf, xx[2j + 1] = x[j] or +inf */
+static inline void sw_split_row(const float *x, int n, float *xx) {
+    const sw_bits *b = (const sw_bits *)x;
+    sw_bits *o = (sw_bits *)xx;
+    for (int j = 0; j < n; j++) {
+        const uint32_t v = b[j];
+        const uint32_t m = 0u - (uint32_t)((v & 0x7FFFFFFFu) > 0x7F800000u);
+        o[2 * j] = (v & ~m) | (0xFF800000u & m);
+        o[2 * j + 1] = (v & ~m) | (0x7F800000u & m);
+    }
+}
+#endif
