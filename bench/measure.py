@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-TOL = 1e-5  # SPEC fidelity: predict_proba within 1e-5 of the source library
+TOL = 1e-5  # the fidelity guarantee (README): predict_proba within 1e-5 of the source library
 
 
 def check_answers(engines, ref_engine, X) -> dict[str, float]:

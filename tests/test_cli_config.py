@@ -18,6 +18,9 @@ from worker.config import ConfigError, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
+# the two sections without defaults
+MINIMAL = {"model": {"path": str(GOLDEN / "fraud-xgb.model")},
+           "source": {"type": "file", "path": str(GOLDEN / "input.arrows")}}
 
 
 def run_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
@@ -103,7 +106,7 @@ def test_compile_cli_and_unsupported_model(tmp_path):
 def test_score_cli_matches_api(tmp_path):
     import pyarrow as pa
 
-    from worker.fileio import read_table, write_table
+    from worker.io.tables import read_table, write_table
 
     model = worker.load_model(GOLDEN / "fraud-xgb.model")
     from worker import demo
@@ -180,7 +183,7 @@ def test_pipeline_dead_letters_what_it_cannot_decode_and_keeps_the_rest():
     from worker.io.records import Record
 
     model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
-    pipe = Pipeline(model, load_settings(None), "scores")
+    pipe = Pipeline(model, load_settings(None, **MINIMAL), "scores")
     good = input_table(0, 4, seed=1)
     dup = pa.Table.from_arrays(list(good.columns) + [good.column("feat_2")],
                                names=good.column_names + ["feat_2"])

@@ -19,6 +19,8 @@ from worker.config import ConfigError, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
+MINIMAL = {"model": {"path": str(GOLDEN / "fraud-xgb.model")},  # the sections without defaults
+           "source": {"type": "file", "path": str(GOLDEN / "input.arrows")}}
 
 
 def cli(*args, env=None, timeout=120):
@@ -52,7 +54,8 @@ def test_client_cannot_override_what_delivery_depends_on(tmp_path, key):
 
 
 def test_client_settings_still_pass_through_and_guarantees_come_last():
-    s = load_settings(None, kafka={"client": {"fetch.wait.max.ms": 5, "linger.ms": 1}})
+    s = load_settings(None, kafka={"client": {"fetch.wait.max.ms": 5, "linger.ms": 1}},
+                      **MINIMAL)
     c, p = s.consumer_config(), s.producer_config(transactional=True)
     assert c["fetch.wait.max.ms"] == 5 and p["linger.ms"] == 1
     assert c["isolation.level"] == "read_committed" and c["enable.auto.commit"] is False
@@ -97,7 +100,7 @@ def test_password_in_the_file_is_refused_unless_allowed(tmp_path):
     with pytest.raises(ConfigError, match=r"kafka\.client\.ssl\.key\.password"):
         load_settings(path)
     path.write_text(yaml.safe_dump({"kafka": {"sasl_password": "hunter2",
-                                              "allow_secrets_in_file": True}}))
+                                              "allow_secrets_in_file": True}, **MINIMAL}))
     s = load_settings(path)
     assert s.consumer_config()["sasl.password"] == "hunter2" and "hunter2" not in repr(s)
 

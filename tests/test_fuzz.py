@@ -24,8 +24,10 @@ def pipeline():
     from worker.model.compiled import load_model
 
     model = load_model(runner.GOLDEN_MODEL)
-    return Pipeline(model, load_settings(None, scoring={"id_column": messages.ID,
-                                                        "threads": 1}), "scores")
+    settings = load_settings(None, scoring={"id_column": messages.ID, "threads": 1},
+                             model={"path": str(runner.GOLDEN_MODEL)},
+                             source={"type": "file", "path": "fuzz.arrows"})
+    return Pipeline(model, settings, "scores")
 
 
 @pytest.mark.parametrize("path", sorted((CORPUS / "messages").glob("*.bin")), ids=lambda p: p.stem)

@@ -99,7 +99,8 @@ def test_counters_count_published_rows_not_dead_letters(tmp_path, monkeypatch):
     rec = _recording(tmp_path / "in.arrows", [
         _message(5, 1, pa.array(np.arange(5))), lie.read_bytes(),
         _message(7, 2, pa.array(np.arange(7))), _message(4, 3, pa.array(np.arange(4)))])
-    settings = load_settings(None, scoring={"threads": 1})
+    settings = load_settings(None, scoring={"threads": 1}, model={"path": str(MODEL)},
+                             source={"type": "file", "path": str(rec)})
     real = codec.encode
     calls = []
 

@@ -154,7 +154,8 @@ def _worker(source, sink, **delivery):
 
     model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
     settings = load_settings(None, delivery={"mode": "at_least_once", "max_wait_ms": 1000,
-                                             **delivery})
+                                             **delivery},
+                             model={"path": "m.model"}, source={"type": "kafka", "topic": "in"})
     return Worker(settings, model, source, sink)
 
 

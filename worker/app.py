@@ -122,7 +122,7 @@ class Pipeline:
                         results[i] = sub_out[0]
                     dead.extend(sub_dead)
                     stats.dead.update(sub_stats.dead)
-                    _merge(stats, sub_stats)
+                    _add_scored(stats, sub_stats)
                 continue
             published = None  # rows of messages that failed to encode are not counted
             for k, (i, res) in enumerate(parts):
@@ -170,7 +170,9 @@ def _account(stats: BatchStats, r, rows: np.ndarray | None = None) -> None:
     stats.audit_disagreements += r.audit_disagreements
 
 
-def _merge(into: BatchStats, other: BatchStats) -> None:
+def _add_scored(into: BatchStats, other: BatchStats) -> None:
+    """Add ``other``'s scored-row counts to ``into`` (messages and dead letters are counted
+    by the caller)."""
     into.rows += other.rows
     into.work_units += other.work_units
     into.stop_reasons.update(other.stop_reasons)
@@ -270,7 +272,7 @@ class Worker:
         for reason, n in stats.dead.items():
             m.dead_letters.labels(reason).inc(n)
         m.batch_seconds.observe(seconds)
-        m.score_seconds.observe(stats.kernel_s)
+        m.kernel_seconds.observe(stats.kernel_s)
         m.work_units.inc(stats.work_units)
         m.work_units_full.inc(stats.rows * self.model.work_total)
         for reason, n in stats.stop_reasons.items():
@@ -284,7 +286,7 @@ class Worker:
         for score, work in stats.scores:
             self.sample.add(score, work)
         stats.scores = []  # the run keeps its bounded sample, not every score
-        _merge(self.totals, stats)
+        _add_scored(self.totals, stats)
         self.totals.rows_in += stats.rows_in
         self.totals.messages += stats.messages
         self.totals.dead.update(stats.dead)

@@ -87,7 +87,7 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     import pyarrow as pa
 
     from .codec import output_metadata, result_batch
-    from .fileio import read_table, write_table
+    from .io.tables import read_table, write_table
     from .model.artifact import ArtifactError
     from .model.compiled import load_model
 
@@ -131,7 +131,8 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
 
 
 @main.command("record")
-@click.option("--bootstrap", default="127.0.0.1:9092", show_default=True)
+@click.option("--bootstrap-servers", "--bootstrap", "bootstrap_servers", default="127.0.0.1:9092",
+              show_default=True, help="Kafka bootstrap servers (host:port list).")
 @click.option("--topic", required=True)
 @click.option("--output", required=True, type=click.Path(dir_okay=False),
               help="Recorded topic file (.arrows).")
@@ -141,7 +142,7 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
               help="Start at the first message at or after this Unix time in milliseconds.")
 @click.option("--max-messages", type=int, default=None)
 @click.option("--max-seconds", type=float, default=None)
-def record_cmd(bootstrap, topic, output, from_offset, from_timestamp, max_messages,
+def record_cmd(bootstrap_servers, topic, output, from_offset, from_timestamp, max_messages,
                max_seconds) -> None:
     """Record a topic's committed messages into a file, for replay tests."""
     from rich.progress import Progress
@@ -151,7 +152,7 @@ def record_cmd(bootstrap, topic, output, from_offset, from_timestamp, max_messag
     with Progress(transient=True) as bar:
         task = bar.add_task(f"recording {topic}", total=max_messages)
         try:
-            n = record_topic(bootstrap, topic, output, from_offset=from_offset,
+            n = record_topic(bootstrap_servers, topic, output, from_offset=from_offset,
                              from_timestamp_ms=from_timestamp, max_messages=max_messages,
                              max_seconds=max_seconds,
                              progress=lambda k: bar.advance(task, k))
@@ -168,19 +169,20 @@ def record_cmd(bootstrap, topic, output, from_offset, from_timestamp, max_messag
 @click.option("--output", type=click.Path(dir_okay=False), default=None,
               help="Scores file (.arrows); default out/replay-scores.arrows.")
 @click.option("--topic", default=None, help="Publish scores to this topic instead of a file.")
-@click.option("--bootstrap", default=None, help="Kafka bootstrap for --topic.")
-@click.option("--expect", "golden", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--bootstrap-servers", "--bootstrap", "bootstrap_servers", default=None,
+              help="Kafka bootstrap servers for --topic (default: the config's).")
+@click.option("--expect", "expect", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Golden scores file: compare id by id, exit 1 on any difference.")
 @click.option("--atol", type=float, default=1e-9, show_default=True)
 @click.option("--rtol", type=float, default=0.0, show_default=True)
-def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap, golden, atol,
+def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap_servers, expect, atol,
                rtol) -> None:
     """Replay a recorded topic through the worker pipeline (file -> worker -> file or topic)."""
     from .app import run
     from .config import ConfigError, load_settings
     from .replay import compare
 
-    if golden and topic:
+    if expect and topic:
         raise click.UsageError("--expect compares a scores file: use --output, not --topic")
     output = output or "out/replay-scores.arrows"
     # command-line flags win over the config file and the environment; source and sink are
@@ -193,18 +195,18 @@ def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap, go
             "delivery": {"mode": "at_least_once"}}
     if model_path:
         over["model"] = {"path": model_path}
-    if bootstrap:
-        over["kafka"] = {"bootstrap_servers": bootstrap}
+    if bootstrap_servers:
+        over["kafka"] = {"bootstrap_servers": bootstrap_servers}
     try:
         settings = load_settings(config_path, **over)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
-    rc = run(settings, summary=golden is None)
+    rc = run(settings, summary=expect is None)
     if rc != 0:
         sys.exit(rc)
-    if golden:
-        result = compare(output, golden, atol=atol, rtol=rtol)
+    if expect:
+        result = compare(output, expect, atol=atol, rtol=rtol)
         click.echo(result.summary())
         sys.exit(0 if result.ok else 1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from .model.compiled import feature_type_problem
 from .model.result import STOP_REASONS, ScoreResult
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
@@ -51,11 +52,9 @@ def decode(value: bytes | None, feature_names: list[str], id_column: str | None,
     if id_column and id_column not in names:
         raise InvalidMessage("missing_column", f"missing id column {id_column!r}")
     for f in feature_names:
-        t = table.schema.field(f).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-                or pa.types.is_null(t)):
-            raise InvalidMessage("bad_type", f"feature column {f!r} has type {t}, expected a "
-                                 "numeric or boolean type")
+        problem = feature_type_problem(f, table.schema.field(f).type)
+        if problem:
+            raise InvalidMessage("bad_type", problem)
     # only the columns read from here on; the others are never touched
     keep = set(wanted)
     table = table.select([n for n in schema_names if n in keep])  # in the message's order
@@ -74,8 +73,9 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
                  slice_: slice | None = None) -> pa.RecordBatch:
-    """The SPEC output columns for rows ``slice_`` of a score result; ``ids`` are those rows'
-    ids (one message's id column), or None for each row's index in its message."""
+    """The output columns (README: Messages) for rows ``slice_`` of a score result; ``ids``
+    are those rows' ids (one message's id column), or None for each row's index in its
+    message."""
     s = slice_ or slice(0, len(r))
     n = s.stop - s.start
     codes = r.stop_code[s]

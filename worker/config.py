@@ -155,8 +155,8 @@ class KafkaConfig(_Section):
 
 
 class ModelConfig(_Section):
-    path: str = "models/demo-xgb.model"
-    """Compiled model artifact (`scoring-worker compile`)."""
+    path: str
+    """Compiled model artifact (`scoring-worker compile`); required."""
 
 
 class LazyConfig(BaseModel):
@@ -178,8 +178,6 @@ class LazyConfig(BaseModel):
 class ScoringConfig(_Section):
     id_column: str | None = "txn_id"
     """Input column passed through as `id` (none: the row index in the message)."""
-    block_size: int = Field(64, ge=1, le=4096)
-    """Rows per staged block (informational: the kernels stage 64-row blocks)."""
     threads: int | None = Field(None, ge=1, le=256)
     """Kernel threads (default: all cores)."""
     thresholds: list[float] = Field(default_factory=lambda: [0.5])
@@ -187,6 +185,18 @@ class ScoringConfig(_Section):
     lazy: LazyConfig = Field(default_factory=LazyConfig)
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of rows also fully evaluated; disagreements are exported as a metric."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data):
+        if isinstance(data, dict) and "block_size" in data:
+            import warnings
+
+            data = {k: v for k, v in data.items() if k != "block_size"}
+            warnings.warn("scoring.block_size is ignored and will be refused in the next "
+                          "release (the kernels stage 64-row blocks)", FutureWarning,
+                          stacklevel=2)
+        return data
 
     @model_validator(mode="after")
     def _lazy_needs_a_policy(self):
@@ -248,12 +258,11 @@ class Settings(BaseSettings):
                                       frozen=True, extra="forbid", case_sensitive=False,
                                       use_attribute_docstrings=True)
 
-    source: SourceConfig = Field(default_factory=lambda: SourceConfig(
-        type="file", path="data/demo.arrows"))
+    source: SourceConfig
     sink: SinkConfig = Field(default_factory=lambda: SinkConfig(type="file",
-                                                                path="out/demo-scores.arrows"))
+                                                                path="out/scores.arrows"))
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelConfig
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
@@ -395,7 +404,7 @@ def load_settings(path: str | Path | None = None, **overrides) -> Settings:
         _check_file_secrets(data, str(p))
     _check_environment()
     try:
-        settings = Settings(**data)
+        settings = Settings(**_merge(data, overrides))  # the environment wins over both here
         if overrides:
             # validated again without the environment: the command line has the last word
             merged = _merge(settings.model_dump(mode="python"), overrides)
@@ -403,7 +412,3 @@ def load_settings(path: str | Path | None = None, **overrides) -> Settings:
         return settings
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
-
-
-def environment_overrides() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}

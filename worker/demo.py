@@ -445,18 +445,14 @@ def outputs(root: str | Path) -> list[Path]:
 def is_prepared(root: str | Path) -> bool:
     """Every demo file exists, is newer than this module (the generator's definition), and
     the compiled models are in the artifact format this build reads."""
-    import struct
-
     from .model import artifact
 
     source_mtime = Path(__file__).stat().st_mtime
     if not all(p.exists() and p.stat().st_mtime >= source_mtime for p in outputs(root)):
         return False
     for p in outputs(root):
-        if p.suffix == ".model":
-            head = p.read_bytes()[:len(artifact.MAGIC) + 4]
-            if struct.unpack_from("<I", head, len(artifact.MAGIC))[0] != artifact.FORMAT_VERSION:
-                return False
+        if p.suffix == ".model" and artifact.format_version(p) != artifact.FORMAT_VERSION:
+            return False
     return True
 
 

@@ -30,7 +30,7 @@ class Metrics:
                                     "topic", ["reason"], registry=r)
         self.batch_seconds = Histogram("scoring_batch_seconds", "Decode+score+deliver+commit "
                                        "time per batch", buckets=_LATENCY, registry=r)
-        self.score_seconds = Histogram("scoring_kernel_seconds", "Kernel time per batch",
+        self.kernel_seconds = Histogram("scoring_kernel_seconds", "Kernel time per batch",
                                        buckets=_LATENCY, registry=r)
         self.end_to_end_seconds = Histogram("scoring_end_to_end_seconds", "Commit time minus "
                                             "the input message timestamp",

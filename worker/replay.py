@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
-from .io.records import RecordWriter, read_records
+from .io.records import RecordWriter, read_outputs, read_records
 
 
 def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset: str = "earliest",
@@ -85,21 +84,6 @@ def produce_records(bootstrap: str, topic: str, path: str | Path, keep_partition
     return n
 
 
-def scores_table(path: str | Path) -> pa.Table:
-    """Every output row of a scores file (recorded topic of Arrow streams), in file order;
-    ids of differing types across messages are promoted where Arrow can (else strings)."""
-    tables = [pa.ipc.open_stream(r.value).read_all().replace_schema_metadata(None)
-              for r in read_records(path)]
-    if not tables:
-        return pa.table({})
-    try:
-        return pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.concat_tables([t.set_column(t.schema.get_field_index("id"), "id",
-                                              t.column("id").cast(pa.string()))
-                                 for t in tables], promote_options="permissive")
-
-
 @dataclass
 class _Rows:
     keys: list  # one hashable key per row (see _key)
@@ -123,8 +107,9 @@ def _show(key) -> str:
 
 def _rows(path: str | Path) -> _Rows:
     rows = _Rows([], {})
-    for m, rec in enumerate(read_records(path)):
-        t = pa.ipc.open_stream(pa.py_buffer(rec.value or b"")).read_all()
+    for m, (_rec, t) in enumerate(read_outputs(path)):
+        if t is None:
+            raise ValueError(f"{path}: message {m} is not an Arrow IPC stream")
         meta = t.schema.metadata or {}
         where = ((meta.get(b"input_partition", b"?").decode(),
                   meta.get(b"input_offset", b"?").decode())

@@ -1,7 +1,7 @@
 """Run summaries: what a scored output file holds, as numbers, a rich table and a PNG.
 
 Reads the file sink's output, a recorded topic (``worker.io.records``) whose message values are
-Arrow IPC streams with the SPEC output columns (``id, score, label, decision, work_units,
+Arrow IPC streams with the output columns (``id, score, label, decision, work_units,
 stop_reason, score_lo, score_hi``). Used at the end of ``make demo`` and by ``replay``.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .io.records import read_records
+from .io.records import read_outputs
 
 
 @dataclass
@@ -110,14 +110,9 @@ def read_output(path: str | Path) -> tuple[pa.Table | None, int, int, int | None
     """All output rows of a recorded output file: (table or None, messages, undecodable,
     work_total from the schema metadata when present)."""
     tables, messages, undecodable, work_total = [], 0, 0, None
-    for rec in read_records(path):
+    for _rec, t in read_outputs(path):
         messages += 1
-        try:
-            t = pa.ipc.open_stream(pa.py_buffer(rec.value or b"")).read_all()
-        except (pa.ArrowInvalid, OSError):
-            undecodable += 1
-            continue
-        if "score" not in t.schema.names:
+        if t is None or "score" not in t.schema.names:
             undecodable += 1
             continue
         meta = t.schema.metadata or {}

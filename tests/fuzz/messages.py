@@ -266,7 +266,9 @@ def check_factory(state):
     from .runner import GOLDEN_MODEL
 
     model = load_model(GOLDEN_MODEL)
-    settings = load_settings(None, scoring={"id_column": ID, "threads": 1})
+    settings = load_settings(None, scoring={"id_column": ID, "threads": 1},
+                             model={"path": str(GOLDEN_MODEL)},
+                             source={"type": "file", "path": "fuzz.arrows"})
     pipeline = Pipeline(model, settings, "scores")
     writer = RecordWriter(state / "cases.arrows")
     pending: list[Record] = []

@@ -102,3 +102,14 @@ def read_records(path: str | Path) -> Iterator[Record]:
                     key=d["key"][i], value=d["value"][i], timestamp_ms=d["timestamp_ms"][i],
                     headers=[(h["key"], h["value"]) for h in (d["headers"][i] or [])],
                 )
+
+
+def read_outputs(path: str | Path) -> Iterator[tuple[Record, pa.Table | None]]:
+    """Each message of a scores file with its value read as an Arrow IPC stream (None: the
+    value is not one). The one reader of output files (summaries, replay comparisons)."""
+    for rec in read_records(path):
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(rec.value or b"")).read_all()
+        except (pa.ArrowInvalid, OSError):
+            table = None
+        yield rec, table

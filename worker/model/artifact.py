@@ -23,6 +23,16 @@ class ArtifactError(ValueError):
     """The file is not a valid compiled model (wrong type, truncated, corrupted, newer format)."""
 
 
+def format_version(path: str | Path) -> int | None:
+    """The format version a file says it has (None: not an artifact), read from its first
+    bytes only: to tell a stale artifact from a current one without loading it."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 4)
+    if len(head) < len(MAGIC) + 4 or not head.startswith(MAGIC):
+        return None
+    return struct.unpack_from("<I", head, len(MAGIC))[0]
+
+
 def dumps(meta: dict, arrays: dict[str, np.ndarray]) -> bytes:
     specs, chunks, offset = [], [], 0
     for name in sorted(arrays):

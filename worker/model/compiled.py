@@ -1,4 +1,4 @@
-"""CompiledModel: the packed model plus the numpy-side API (SPEC: Python API)."""
+"""CompiledModel: the packed model plus the numpy-side API (README: Python API)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ class CompiledModel:
         return raw[:, 0]
 
     def score_from_raw(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(score, label index) per SPEC: P(positive), P(label), or the regression value."""
+        """(score, label index) as in the output: P(positive), P(label), or the regression
+        value."""
         n = raw.shape[0]
         if self.task == "regression":
             return self.value_from_raw(raw), np.full(n, -1, dtype=np.int32)
@@ -150,6 +151,17 @@ class CompiledModel:
         )
 
 
+def feature_type_problem(name: str, t) -> str | None:
+    """Why an Arrow type cannot be a feature column (None: it can): numeric, boolean or null
+    (all missing) types only."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) \
+            or pa.types.is_null(t):
+        return None
+    return f"feature column {name!r} has type {t}, expected a numeric or boolean type"
+
+
 def arrow_columns(data, feature_names: list[str]):
     """Feature columns by name from a pyarrow Table/RecordBatch (one chunk each)."""
     import pyarrow as pa
@@ -164,12 +176,9 @@ def arrow_columns(data, feature_names: list[str]):
         col = data.column(name)
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        if pa.types.is_dictionary(col.type):
-            raise TypeError(f"feature column {name!r} is dictionary-encoded, not numeric")
-        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
-                or pa.types.is_boolean(col.type) or pa.types.is_null(col.type)):
-            raise TypeError(f"feature column {name!r} has type {col.type}, expected a numeric "
-                            "or boolean type")
+        problem = feature_type_problem(name, col.type)
+        if problem:
+            raise TypeError(problem)
         if pa.types.is_float16(col.type):
             col = col.cast(pa.float32())
         arrays.append(col)

@@ -91,7 +91,6 @@ class LazyTables:
     nrem: np.ndarray  # float64 (U + 1, G): remaining trees adding to output g
     sabs: np.ndarray  # float64 (U + 1, G): sum of remaining max |leaf|
     eps: float  # relative rounding slack per remaining addition (see module docstring)
-    w: np.ndarray  # float64 (U,): LazyGBM stage bound w_s = max |leaf| over the unit's trees
     R: np.ndarray  # float64 (U + 1,): R_t = sum_{s > t} w_s
     V: np.ndarray  # float64 (U + 1,): V_t = sum_{s > t} w_s^2
 
@@ -140,7 +139,7 @@ def tables(model: CompiledModel) -> LazyTables:
     R[:n_units] = np.cumsum(w[::-1])[::-1]
     V[:n_units] = np.cumsum((w**2)[::-1])[::-1]
     t = LazyTables(unit_ptr, _suffix(cmin, unit_ptr), _suffix(cmax, unit_ptr),
-                   _suffix(cnt, unit_ptr), _suffix(cabs, unit_ptr), eps, w, R, V)
+                   _suffix(cnt, unit_ptr), _suffix(cabs, unit_ptr), eps, R, V)
     model.policy_cache["tables"] = t
     return t
 
@@ -385,7 +384,8 @@ def _widen(lo: np.ndarray, hi: np.ndarray, prob: bool):
 
 
 def score_bounds(model: CompiledModel, raw_lo: np.ndarray, raw_hi: np.ndarray) -> tuple:
-    """Bounds of the full-model score (SPEC `score`: max class probability) from raw bounds."""
+    """Bounds of the full-model score (the output `score`: max class probability) from raw
+    bounds."""
     if model.n_outputs == 1:
         return model.score_from_raw(raw_lo)[0], model.score_from_raw(raw_hi)[0]
     if model.link == "vote":  # score = max class probability = max raw
