@@ -103,7 +103,7 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
         _fail("arrays.tree_depth", "a tree depth outside the layout's depth")
     unit_ptr = _array(arrays, "unit_ptr", np.int64, 1)
     if unit_ptr.shape[0] < 2 or unit_ptr[0] != 0 or unit_ptr[-1] != n_trees \
-            or np.any(np.diff(unit_ptr) <= 0):
+            or np.any(unit_ptr[1:] <= unit_ptr[:-1]):  # compared, not subtracted: no overflow
         _fail("arrays.unit_ptr", f"not strictly increasing from 0 to the tree count {n_trees}")
     leaves = _array(arrays, "leaves", acc, 2)
     width = leaves.shape[1]
