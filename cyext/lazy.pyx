@@ -23,9 +23,8 @@ from swtypes cimport ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, KE
 from stage cimport stage_block
 from walk cimport (walk_padded1, walk_padded8, walk_compact1, walk_compact8,
                   walk_rows8_padded, walk_rows8_compact)
-from blocks cimport (acc_t, add_leaf, RowPlan, plannable, plan_rows, eval_planned, eval_rest,
-                    eval_trees, SPLIT_FLOATS)
-from worker._kernels cimport Columns, Forest
+from blocks cimport acc_t, add_leaf, RowPlan, plannable, SPLIT_FLOATS
+from worker._kernels cimport Columns, Forest, plan_rows, eval_planned, eval_rest, eval_trees
 
 
 cpdef enum Policy:

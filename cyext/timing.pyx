@@ -6,8 +6,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 import numpy as np
 
-from blocks cimport eval_rows
-from worker._kernels cimport Forest
+from worker._kernels cimport Forest, eval_rows
 
 
 def bench_row_latency(Forest f, const float[:, ::1] rows, int64_t n_calls):

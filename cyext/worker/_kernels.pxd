@@ -1,9 +1,12 @@
-# The extension types of worker._kernels, for the other kernel modules (lazy, timing) to
-# cimport: `from worker._kernels cimport Columns, Forest`. (Cython finds a module's .pxd by
-# its full name, hence this folder.)
+# What worker._kernels shares with the other kernel modules (lazy, timing): its extension
+# types and the block functions, cimported as `from worker._kernels cimport ...`. (Cython finds
+# a module's .pxd by its full name, hence this folder.) The block functions are ordinary
+# functions of _kernels, called directly there (compiled as they always were) and through
+# Cython's function table from the other modules, once per block (bench/NOTES.md).
 from libc.stdint cimport int32_t, int64_t
 
 from swtypes cimport ModelView, Column
+from blocks cimport acc_t, RowPlan
 
 
 cdef class Columns:
@@ -30,3 +33,17 @@ cdef class Forest:
     cdef float* scratch_x          # small(): staged float32 rows (BLOCK_ROWS x n_features)
     cdef double* scratch_acc       # small(): accumulators (either precision fits)
     cdef double* scratch_raw       # small(): raw scores
+
+
+# trees t0..t1 over a block of staged rows (bodies and docstrings in kernels.pyx)
+cdef int32_t plan_rows(const ModelView* m, const float* X, int64_t ldx, int32_t n, float* xx,
+                       int32_t xx_cap, RowPlan* plan) noexcept nogil
+cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan* plan,
+                          int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil
+cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
+                     int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil
+cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
+                    int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil
+cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
+                    double divisor, const float* X, int32_t n, acc_t* acc,
+                    double* raw) noexcept nogil
