@@ -6,9 +6,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
 from swtypes cimport ModelView, BLOCK_ROWS, INTERLEAVE
-from walk cimport (walk_padded1, walk_padded8, walk_compact1, walk_compact8, sw_prefetch,
-                  sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
-                  SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for)
+from walk cimport sw_walk_fn
 
 cdef enum:
     COMPACT_ROWS = 1024       # rows per task for compact models (see kernels.task_rows)

@@ -22,7 +22,7 @@ from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, C
 from stage cimport stage_block
 from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, COMPACT_ROWS,
                     SPLIT_FLOATS)
-from walk cimport (walk_padded1, walk_padded8, walk_compact1, walk_compact8, sw_prefetch,
+from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for)
 
@@ -204,7 +204,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                     int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
     """eval_trees without the padded planned walks: compact models and remainders."""
     cdef int64_t slot[WIDE]
-    cdef int64_t t = t0, ni, s
+    cdef int64_t t = t0, ni
     cdef int32_t r, j, G = m.n_outputs, nf = m.n_features
     cdef bint padded = m.pnodes != NULL
     cdef bint one = G == 1 and m.n_leaf_out == 1
@@ -233,20 +233,13 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
             else:
                 sw_prefetch(m.cnodes + m.root[t + INTERLEAVE])
         for r in range(n):
-            if padded:
-                walk_padded8(m, X + r * ldx, t, slot)
-            else:
-                walk_compact8(m, X + r * ldx, t, slot)
+            walk8(m, X + r * ldx, t, slot)
             for j in range(INTERLEAVE):
                 add_leaf(m, leaves, t + j, slot[j], acc + r * G)
         t += INTERLEAVE
     while t < t1:
         for r in range(n):
-            if padded:
-                s = walk_padded1(m, X + r * ldx, t)
-            else:
-                s = walk_compact1(m, X + r * ldx, t)
-            add_leaf(m, leaves, t, s, acc + r * G)
+            add_leaf(m, leaves, t, walk1(m, X + r * ldx, t), acc + r * G)
         t += 1
 
 

@@ -21,8 +21,7 @@ import numpy as np
 
 from swtypes cimport ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, KEY_LEAF, sw_feat
 from stage cimport stage_block
-from walk cimport (walk_padded1, walk_padded8, walk_compact1, walk_compact8,
-                  walk_rows8_padded, walk_rows8_compact)
+from walk cimport walk1, walk8, walk_rows8
 from blocks cimport acc_t, add_leaf, RowPlan, plannable, SPLIT_FLOATS
 from worker._kernels cimport Columns, Forest, plan_rows, eval_planned, eval_rest, eval_trees
 
@@ -288,25 +287,17 @@ cdef void rf_eval(const ModelView* m, const acc_t* leaves, const float* X, int64
                   int32_t K) noexcept nogil:
     """eval_trees plus per-tree hard votes (forests: every tree adds to every output)."""
     cdef int64_t slot[INTERLEAVE]
-    cdef int64_t t = t0, s
+    cdef int64_t t = t0
     cdef int32_t r, j, G = m.n_outputs
-    cdef bint padded = m.pnodes != NULL
     while t + INTERLEAVE <= t1:
         for r in range(n):
-            if padded:
-                walk_padded8(m, X + r * ldx, t, slot)
-            else:
-                walk_compact8(m, X + r * ldx, t, slot)
+            walk8(m, X + r * ldx, t, slot)
             for j in range(INTERLEAVE):
                 rf_add(m, leaves, slot[j], acc + r * G, votes + r * K)
         t += INTERLEAVE
     while t < t1:
         for r in range(n):
-            if padded:
-                s = walk_padded1(m, X + r * ldx, t)
-            else:
-                s = walk_compact1(m, X + r * ldx, t)
-            rf_add(m, leaves, s, acc + r * G, votes + r * K)
+            rf_add(m, leaves, walk1(m, X + r * ldx, t), acc + r * G, votes + r * K)
         t += 1
 
 
@@ -314,25 +305,20 @@ cdef void eval_few_trees(const ModelView* m, const acc_t* leaves, const float* X
                          int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
     """eval_trees for chunks shorter than INTERLEAVE trees: interleave rows instead."""
     cdef int64_t slot[INTERLEAVE]
-    cdef int64_t t, s
+    cdef int64_t t
     cdef int32_t r, j, G = m.n_outputs
-    cdef bint padded = m.pnodes != NULL
     if t1 - t0 >= INTERLEAVE:
         eval_trees(m, leaves, X, ldx, n, t0, t1, acc)
         return
     for t in range(t0, t1):
         r = 0
         while r + INTERLEAVE <= n:
-            if padded:
-                walk_rows8_padded(m, X + r * ldx, ldx, t, slot)
-            else:
-                walk_rows8_compact(m, X + r * ldx, ldx, t, slot)
+            walk_rows8(m, X + r * ldx, ldx, t, slot)
             for j in range(INTERLEAVE):
                 add_leaf(m, leaves, t, slot[j], acc + (r + j) * G)
             r += INTERLEAVE
         while r < n:
-            s = walk_padded1(m, X + r * ldx, t) if padded else walk_compact1(m, X + r * ldx, t)
-            add_leaf(m, leaves, t, s, acc + r * G)
+            add_leaf(m, leaves, t, walk1(m, X + r * ldx, t), acc + r * G)
             r += 1
 
 

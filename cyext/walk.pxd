@@ -34,11 +34,11 @@ cdef inline int64_t walk_padded1(const ModelView* m, const float* x, int64_t t) 
     return t * (ni + 1) + (p - ni)
 
 
-cdef inline void walk_padded8(const ModelView* m, const float* x, int64_t t,
-                              int64_t* slot) noexcept nogil:
-    # eight trees at once: eight independent dependency chains per row
+cdef inline void walk_padded_x8(const ModelView* m, const float* x, int64_t t, int64_t dt,
+                                int64_t dx, int64_t* slot) noexcept nogil:
+    # eight independent dependency chains: chain j walks tree t + j * dt on row x + j * dx
+    # (eight trees of one row: dt 1, dx 0; one tree of eight rows: dt 0, dx = the row stride)
     cdef int64_t ni = (<int64_t>1 << m.depth) - 1
-    cdef const PNode* base = m.pnodes + t * ni
     cdef int64_t p[INTERLEAVE]
     cdef int32_t d, j
     cdef const PNode* nd
@@ -46,10 +46,10 @@ cdef inline void walk_padded8(const ModelView* m, const float* x, int64_t t,
         p[j] = 0
     for d in range(m.depth):
         for j in range(INTERLEAVE):
-            nd = base + j * ni + p[j]
-            p[j] = 2 * p[j] + 1 + sw_go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
+            nd = m.pnodes + (t + j * dt) * ni + p[j]
+            p[j] = 2 * p[j] + 1 + sw_go_right(x[j * dx + sw_feat(nd.key)], nd.key, nd.thr)
     for j in range(INTERLEAVE):
-        slot[j] = (t + j) * (ni + 1) + (p[j] - ni)
+        slot[j] = (t + j * dt) * (ni + 1) + (p[j] - ni)
 
 
 cdef inline int64_t walk_compact1(const ModelView* m, const float* x, int64_t t) noexcept nogil:
@@ -59,15 +59,15 @@ cdef inline int64_t walk_compact1(const ModelView* m, const float* x, int64_t t)
     return nd.leaf
 
 
-cdef inline void walk_compact8(const ModelView* m, const float* x, int64_t t,
-                               int64_t* slot) noexcept nogil:
-    # eight trees at once; a leaf steps onto itself (threshold +inf), so every chain takes the
+cdef inline void walk_compact_x8(const ModelView* m, const float* x, int64_t t, int64_t dt,
+                                 int64_t dx, int64_t* slot) noexcept nogil:
+    # as walk_padded_x8; a leaf steps onto itself (threshold +inf), so every chain takes the
     # same branch-free step until all eight have reached a leaf
     cdef const CNode* nd[INTERLEAVE]
     cdef int32_t j
     cdef uint32_t all_leaf
     for j in range(INTERLEAVE):
-        nd[j] = m.cnodes + m.root[t + j]
+        nd[j] = m.cnodes + m.root[t + j * dt]
     while True:
         all_leaf = KEY_LEAF
         for j in range(INTERLEAVE):
@@ -75,46 +75,31 @@ cdef inline void walk_compact8(const ModelView* m, const float* x, int64_t t,
         if all_leaf:
             break
         for j in range(INTERLEAVE):
-            nd[j] = m.cnodes + nd[j].child + sw_go_right(x[sw_feat(nd[j].key)], nd[j].key,
-                                                         nd[j].thr)
+            nd[j] = m.cnodes + nd[j].child + sw_go_right(x[j * dx + sw_feat(nd[j].key)],
+                                                         nd[j].key, nd[j].thr)
     for j in range(INTERLEAVE):
         slot[j] = nd[j].leaf
 
 
-cdef inline void walk_rows8_padded(const ModelView* m, const float* X, int64_t ldx, int64_t t,
-                                   int64_t* slot) noexcept nogil:
-    # One tree, eight rows at once: eight independent chains when a chunk is a single short
-    # round (lazygbm walks one round per check; one chain per row measured ~1.7x slower).
-    cdef int64_t ni = (<int64_t>1 << m.depth) - 1
-    cdef const PNode* base = m.pnodes + t * ni
-    cdef int64_t p[INTERLEAVE]
-    cdef int32_t d, j
-    cdef const PNode* nd
-    for j in range(INTERLEAVE):
-        p[j] = 0
-    for d in range(m.depth):
-        for j in range(INTERLEAVE):
-            nd = base + p[j]
-            p[j] = 2 * p[j] + 1 + sw_go_right(X[j * ldx + sw_feat(nd.key)], nd.key, nd.thr)
-    for j in range(INTERLEAVE):
-        slot[j] = t * (ni + 1) + (p[j] - ni)
+cdef inline void walk8(const ModelView* m, const float* x, int64_t t,
+                       int64_t* slot) noexcept nogil:
+    """Trees t..t+7 of one row, whichever the layout."""
+    if m.pnodes != NULL:
+        walk_padded_x8(m, x, t, 1, 0, slot)
+    else:
+        walk_compact_x8(m, x, t, 1, 0, slot)
 
 
-cdef inline void walk_rows8_compact(const ModelView* m, const float* X, int64_t ldx, int64_t t,
-                                    int64_t* slot) noexcept nogil:
-    cdef const CNode* nd[INTERLEAVE]
-    cdef int32_t j
-    cdef uint32_t all_leaf
-    for j in range(INTERLEAVE):
-        nd[j] = m.cnodes + m.root[t]
-    while True:
-        all_leaf = KEY_LEAF
-        for j in range(INTERLEAVE):
-            all_leaf &= nd[j].key
-        if all_leaf:
-            break
-        for j in range(INTERLEAVE):
-            nd[j] = m.cnodes + nd[j].child + sw_go_right(X[j * ldx + sw_feat(nd[j].key)],
-                                                      nd[j].key, nd[j].thr)
-    for j in range(INTERLEAVE):
-        slot[j] = nd[j].leaf
+cdef inline int64_t walk1(const ModelView* m, const float* x, int64_t t) noexcept nogil:
+    """Tree t of one row, whichever the layout."""
+    return walk_padded1(m, x, t) if m.pnodes != NULL else walk_compact1(m, x, t)
+
+
+cdef inline void walk_rows8(const ModelView* m, const float* X, int64_t ldx, int64_t t,
+                            int64_t* slot) noexcept nogil:
+    """Tree t of eight rows X, X + ldx, ...: eight chains when a chunk is one short round
+    (lazygbm checks after every round; one chain per row measured ~1.7x slower)."""
+    if m.pnodes != NULL:
+        walk_padded_x8(m, X, t, 0, ldx, slot)
+    else:
+        walk_compact_x8(m, X, t, 0, ldx, slot)
