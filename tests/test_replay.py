@@ -76,7 +76,8 @@ def test_recorded_topic_from_broker_replays_to_golden(tmp_path, kafka_bootstrap,
     topic = topic_factory(partitions=3, prefix="transactions")
     n = produce_records(kafka_bootstrap, topic, GOLDEN / "input.arrows")
     recorded = tmp_path / "recorded.arrows"
-    proc = cli("record", "--bootstrap", kafka_bootstrap, "--topic", topic, "--output", recorded)
+    proc = cli("record", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--output",
+               recorded)
     assert proc.returncode == 0, proc.stderr
     assert f"recorded {n} messages" in proc.stdout
     got = list(read_records(recorded))
