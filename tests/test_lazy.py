@@ -87,7 +87,7 @@ def ref_bounds(model, tb, u, a):
 
 
 def reference(model: CompiledModel, X, lazy, thresholds=(0.5,), **params):
-    """(work_units, stop_reason, raw) per row from the pure-Python rules in worker.lazy."""
+    """(work_units, stop_reason, raw) per row from the pure-Python rules in worker.model.lazy."""
     cfg = L.kernel_config(model, lazy, thresholds, params)
     tb = L.tables(model)
     contrib = tree_contributions(model, X)
