@@ -147,8 +147,10 @@ class Pipeline:
         meta = codec.output_metadata(self.model, input_topic=rec.topic,
                                      input_partition=rec.partition, input_offset=rec.offset)
         value = codec.encode(batch, meta)
+        # the worker's own headers, then the input's (trace context such as traceparent)
         headers = [("content-type", codec.CONTENT_TYPE.encode()),
                    ("model_id", self.model.model_id.encode())]
+        headers += [(k, v) for k, v in rec.headers if k not in ("content-type", "model_id")]
         return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers)
 
 
@@ -195,31 +197,50 @@ class Worker:
         self.progress = progress
         self.totals = BatchStats()
         self.sample = ScoreSample()
+        # messages polled past a batch bound, decoded, for the next batch
+        self._held: list[tuple[Record, pa.Table | codec.InvalidMessage]] = []
         self._stop = False
 
     def stop(self, *_args) -> None:
         self._stop = True
 
     def _collect(self) -> list[tuple[Record, pa.Table | codec.InvalidMessage]]:
+        """One batch: it starts at the first message (the first poll returns as soon as one is
+        there) and ends at max_wait_ms after it or before a bound would be passed. Bounds are
+        upper bounds: a message that would pass one waits for the next batch (a message larger
+        than a bound forms a batch of its own)."""
         d = self.settings.delivery
         items: list = []
         rows = nbytes = 0
         deadline = None
-        while len(items) < d.max_batch_messages and rows < d.max_batch_rows \
-                and nbytes < d.max_batch_bytes:
-            if deadline is None:
-                timeout = 0.5  # idle: wake up twice a second to notice a stop request
+        while True:
+            if self._held:
+                recs, self._held = self._held, []
             else:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
+                if deadline is None:
+                    timeout = 0.5  # idle: wake up twice a second to notice a stop request
+                else:
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        break
+                recs = [(r, None) for r in
+                        self.source.poll(d.max_batch_messages - len(items), timeout)]
+            full = False
+            for k, (rec, decoded) in enumerate(recs):
+                if decoded is None:
+                    decoded = self.pipeline.decode(rec)
+                n_rows = decoded.num_rows if isinstance(decoded, pa.Table) else 0
+                n_bytes = len(rec.value or b"")
+                if items and (len(items) + 1 > d.max_batch_messages
+                              or rows + n_rows > d.max_batch_rows
+                              or nbytes + n_bytes > d.max_batch_bytes):
+                    # kept, decoded, for the next batch
+                    self._held = [(rec, decoded)] + [(r, x) for r, x in recs[k + 1:]]
+                    full = True
                     break
-            recs = self.source.poll(d.max_batch_messages - len(items), timeout)
-            for rec in recs:
-                decoded = self.pipeline.decode(rec)
                 items.append((rec, decoded))
-                nbytes += len(rec.value or b"")
-                if isinstance(decoded, pa.Table):
-                    rows += decoded.num_rows
+                rows += n_rows
+                nbytes += n_bytes
             if deadline is None and items:
                 deadline = time.monotonic() + d.max_wait_ms / 1000
             revoked = self.source.take_revoked()
@@ -228,8 +249,12 @@ class Worker:
                 # dropped (their new owner reads them from the committed offset) and the batch
                 # ends here, so nothing of a revoked partition is produced or committed
                 items = [it for it in items if (it[0].topic, it[0].partition) not in revoked]
+                self._held = [it for it in self._held
+                              if (it[0].topic, it[0].partition) not in revoked]
                 break
-            if self.source.exhausted or self._stop or (not recs and deadline is None):
+            if full or len(items) >= d.max_batch_messages or self._stop:
+                break
+            if not recs and (deadline is None or self.source.exhausted):
                 break
         return items
 
@@ -255,6 +280,7 @@ class Worker:
             try:
                 self.sink.deliver(self.source, batch, outputs, dead)
             except BatchRolledBack as exc:  # rewound: the same messages come again
+                self._held = []  # they come again too, after the batch's own
                 if exc.transaction:
                     self.metrics.transactions_aborted.inc()
                 continue

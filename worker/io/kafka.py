@@ -92,8 +92,13 @@ class KafkaSource:
         return revoked
 
     def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
+        """Returns as soon as one message is there (waiting at most timeout_s), with whatever
+        else is already fetched, up to max_messages."""
         out = []
-        for msg in self.consumer.consume(num_messages=max_messages, timeout=timeout_s):
+        msgs = self.consumer.consume(num_messages=1, timeout=timeout_s)
+        if msgs and max_messages > 1:
+            msgs += self.consumer.consume(num_messages=max_messages - 1, timeout=0)
+        for msg in msgs:
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
