@@ -132,3 +132,19 @@ def test_cli_exits_2_with_one_line(tmp_path, what):
                            str(tmp_path / "s.arrows")], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_leaf_bounds_narrower_than_the_leaves(tmp_path, compact_bytes):
+    # certified stopping trusts these bounds: forged to 0 they stopped every row at once and
+    # changed decisions (found in review); now the artifact is refused
+    def forge(m, a):
+        a["leaf_min"][:] = 0.0
+        a["leaf_max"][:] = 0.0
+
+    _refused(tmp_path, _edit(GOLDEN.read_bytes(), forge), r"leaf_min/leaf_max")
+    _refused(tmp_path, _edit(compact_bytes, forge), r"leaf_min/leaf_max")
+
+    def one_tree(m, a):  # narrower by one leaf of one tree is enough
+        a["leaf_max"][3, 0] = np.nextafter(a["leaf_max"][3, 0], -np.inf) - 1e-3
+
+    _refused(tmp_path, _edit(GOLDEN.read_bytes(), one_tree), r"leaf_min/leaf_max")

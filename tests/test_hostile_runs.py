@@ -152,3 +152,64 @@ def test_id_column_with_dictionary_indices_out_of_range_is_dead_lettered():
     assert err.value.code == "invalid_arrow"
     # an id column the model does not read is not validated: with id_column None it is ignored
     assert codec.decode(value, demo.FEATURES, None).num_rows == 3
+
+
+def test_the_python_api_validates_arrow_before_pyarrow_reads_it(tmp_path):
+    # a lying table straight into score_batch (no codec.decode): float16 columns are cast by
+    # pyarrow before our own buffer check, and the cast read past the buffers (SIGSEGV or
+    # garbage scores, found in review); now refused with pyarrow's validation error
+    import struct
+
+    t = demo.generate(200, seed=7).select(demo.FEATURES)
+    t = pa.table({n: t.column(n).cast(pa.float32()).cast(pa.float16()) for n in demo.FEATURES})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    lie = sink.getvalue().to_pybytes().replace(struct.pack("<q", 200),
+                                               struct.pack("<q", 1_000_000))
+    (tmp_path / "lie.arrows").write_bytes(lie)
+    code = ("import pyarrow as pa, worker\n"
+            f"m = worker.load_model({str(MODEL)!r})\n"
+            f"t = pa.ipc.open_stream(open({str(tmp_path / 'lie.arrows')!r}, 'rb').read())"
+            ".read_all()\n"
+            "try:\n    m.score_batch(t)\n    print('scored')\n"
+            "except (ValueError, TypeError) as e:\n    print('refused:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused:" in proc.stdout and "too small" in proc.stdout, proc.stdout
+
+
+def test_a_failed_offset_commit_is_logged_not_raised():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from worker.io.kafka import KafkaSource
+
+    class Consumer:
+        def commit(self, **kw):
+            raise KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS, "rebalancing"))
+
+    src = KafkaSource.__new__(KafkaSource)
+    src.consumer = Consumer()
+    src.commit([Record("t", 0, 5, b"k", b"v")])  # the file sink calls this after writing
+
+
+def test_lazy_parameters_out_of_range_exit_2(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {MODEL}}}\n"
+                   f"source: {{type: file, path: {GOLDEN / 'input.arrows'}}}\n"
+                   f"sink: {{type: file, path: {tmp_path / 'o.arrows'}}}\n"
+                   "scoring: {lazy: {mode: certified, chunk: 10000000000}}\n")
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "scoring.lazy" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_nested_ids_compare(tmp_path):
+    ids = pa.array([[1], [2, 3], None])
+    rec = _recording(tmp_path / "in.arrows", [_message(3, 1, ids)])
+    out = tmp_path / "out.arrows"
+    assert _replay(rec, out).returncode == 0
+    res = compare(out, out)
+    assert res.ok and res.rows == 3

@@ -361,7 +361,7 @@ def run(settings: Settings, summary: bool = True) -> int:
                               lazy=settings.scoring.lazy.mode,
                               thresholds=settings.scoring.thresholds,
                               **settings.scoring.lazy.params)
-        except (TypeError, ValueError, ImportError) as exc:
+        except (TypeError, ValueError, ImportError, OverflowError) as exc:
             print(f"config error: scoring.lazy: {exc}", file=sys.stderr)
             return 2
     metrics = Metrics()

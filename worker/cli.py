@@ -114,7 +114,7 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     try:
         r = model.score_batch(table, lazy=lazy, thresholds=list(thresholds), n_threads=threads,
                               **kw)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise click.ClickException(f"{input_path}: {exc}") from None
     elapsed = time.perf_counter() - t0
     if id_column and id_column not in table.column_names:

@@ -96,7 +96,16 @@ def _key(value, where, row: int):
     usable id (null, NaN) is keyed by its place: input partition, offset and row."""
     if value is None or (isinstance(value, float) and value != value):
         return ("row", *where, row)
-    return (type(value).__name__, value)
+    return (type(value).__name__, _hashable(value))
+
+
+def _hashable(value):
+    """Nested ids (lists, structs, maps) as tuples: comparable and usable as keys."""
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 def _show(key) -> str:

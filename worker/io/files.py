@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .base import StartupError
+from .base import FatalError, StartupError
 from .records import RECORD_SCHEMA, Record, RecordWriter, read_records
 
 
@@ -49,7 +49,10 @@ class FileSource:
         return set()
 
     def rewind(self) -> None:
-        raise RuntimeError("a file source cannot re-read a batch")
+        """A recording is read once: a batch that was not delivered cannot be read again, so
+        the run stops (exit 1) rather than skip it."""
+        raise FatalError("a batch read from a file was not delivered; the file cannot be "
+                         "re-read from there")
 
     def lag(self) -> dict[str, int]:
         return {}

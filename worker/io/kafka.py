@@ -120,8 +120,15 @@ class KafkaSource:
         return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
 
     def commit(self, batch: list[Record]) -> None:
-        if batch:
+        """Commit the offsets after ``batch`` (at least once). A failure (e.g. a rebalance)
+        is logged: the partition's next owner reads those messages again."""
+        if not batch:
+            return
+        try:
             self.consumer.commit(offsets=self.next_offsets(batch), asynchronous=False)
+        except KafkaException as exc:
+            log.warning("offset commit failed: these messages may be delivered again",
+                        error=str(exc))
 
     def rewind(self) -> None:
         """Seek every assigned partition back to its committed offset (after an abort)."""
@@ -259,11 +266,7 @@ class KafkaSink:
             log.warning("delivery failed: the batch will be read again", error=str(exc))
             source.rewind()
             raise BatchRolledBack(str(exc), transaction=False) from exc
-        try:
-            source.commit(batch)  # at least once: offsets only after delivery
-        except KafkaException as exc:  # e.g. a rebalance: the next owner reads them again
-            log.warning("offset commit failed: these messages may be delivered again",
-                        error=str(exc))
+        source.commit(batch)  # at least once: offsets only after delivery
 
     def close(self) -> None:
         self.producer.flush(10)

@@ -174,6 +174,9 @@ def arrow_columns(data, feature_names: list[str]):
                        + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     for name in feature_names:
         col = data.column(name)
+        # buffer sizes against lengths before pyarrow itself reads them (combine, cast), for
+        # tables that did not come through codec.decode (the Python API)
+        col.validate()
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         problem = feature_type_problem(name, col.type)

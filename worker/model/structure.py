@@ -116,8 +116,15 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
         _array(arrays, name, np.float64, 2, (n_trees, width))
     if layout == "padded":
         _check_padded(arrays, n_trees, depth, nf, leaves.shape[0])
+        lo, hi = _padded_leaf_range(arrays, n_trees, depth, width)
     else:
         _check_compact(arrays, n_trees, nf, leaves.shape[0])
+        lo, hi = _compact_leaf_range(arrays, n_trees, width)
+    # certified stopping bounds the remaining trees by these: they must hold every leaf a walk
+    # can reach, as the kernels add it (in the accumulator's precision)
+    smin, smax = arrays["leaf_min"].astype(acc), arrays["leaf_max"].astype(acc)
+    if np.isnan(smin).any() or np.isnan(smax).any() or np.any(smin > lo) or np.any(smax < hi):
+        _fail("arrays.leaf_min/leaf_max", "narrower than the leaves the trees reach")
 
 
 def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> None:
@@ -155,3 +162,45 @@ def _check_compact(arrays, n_trees: int, nf: int, n_leaves: int) -> None:
     # children come after their parent (no cycles) and both lie inside the array
     if np.any(child[inner] <= here[inner]) or np.any(child[inner] + 1 >= n):
         _fail("arrays.cnodes", "a child index before its node or outside the array")
+
+
+def _padded_leaf_range(arrays, n_trees: int, depth: int, width: int):
+    """Per tree and output, the extremes over the leaves a walk can reach: a pass-through node
+    (threshold +inf, missing left) sends every row left, so its right subtree is never
+    reached (the packer leaves zeros there)."""
+    n_int = (1 << depth) - 1
+    nodes = arrays["pnodes"]
+    key = nodes[:, 0].reshape(n_trees, n_int)
+    thr = nodes[:, 1].reshape(n_trees, n_int)
+    dead_right = (thr == INF_BITS) & ((key & 1) == 0)
+    reach = np.ones((n_trees, 1), dtype=bool)
+    for level in range(depth):
+        first = (1 << level) - 1
+        right = reach & ~dead_right[:, first:first + (1 << level)]
+        reach = np.stack([reach, right], axis=2).reshape(n_trees, 1 << (level + 1))
+    leaves = arrays["leaves"].reshape(n_trees, 1 << depth, width)
+    lo = np.where(reach[:, :, None], leaves, np.inf).min(axis=1)
+    hi = np.where(reach[:, :, None], leaves, -np.inf).max(axis=1)
+    return lo, hi
+
+
+def _compact_leaf_range(arrays, n_trees: int, width: int):
+    """Per tree and output, the extremes over the leaves reachable from each root (level by
+    level; children come after their parents, so it ends)."""
+    nodes, leaves = arrays["cnodes"], arrays["leaves"]
+    lo = np.full((n_trees, width), np.inf)
+    hi = np.full((n_trees, width), -np.inf)
+    tree = np.arange(n_trees, dtype=np.int64)
+    node = arrays["root"].astype(np.int64)
+    while node.size:
+        leaf = (nodes[node, 0] & KEY_LEAF) != 0
+        vals = leaves[nodes[node[leaf], 3].astype(np.int64)].astype(np.float64)
+        np.minimum.at(lo, tree[leaf], vals)
+        np.maximum.at(hi, tree[leaf], vals)
+        inner = ~leaf
+        child = nodes[node[inner], 2].astype(np.int64)
+        tree = np.concatenate([tree[inner], tree[inner]])
+        node = np.concatenate([child, child + 1])
+        pair = np.unique(tree * nodes.shape[0] + node)  # a node shared by two parents: once
+        tree, node = pair // nodes.shape[0], pair % nodes.shape[0]
+    return lo, hi
