@@ -213,3 +213,38 @@ def test_nested_ids_compare(tmp_path):
     assert _replay(rec, out).returncode == 0
     res = compare(out, out)
     assert res.ok and res.rows == 3
+
+
+def test_cached_schema_path_reads_what_the_full_path_reads():
+    # a schema seen before has only its record batches read: same tables, same refusals
+    import struct
+
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN)
+    base = demo.generate(300, seed=3).select([demo.ID_COLUMN, *demo.FEATURES])
+    for compression in (None, "lz4", "zstd"):
+        for table in (base, base.slice(17, 100)):
+            sink = pa.BufferOutputStream()
+            opts = pa.ipc.IpcWriteOptions(compression=compression)
+            with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
+                for b in table.to_batches(max_chunksize=64):
+                    w.write_batch(b)
+            value = sink.getvalue().to_pybytes()
+            first = dec.decode(value)  # the schema is cached from here on
+            again = dec.decode(value)
+            fresh = codec.decode(value, demo.FEATURES, demo.ID_COLUMN)
+            assert first.equals(fresh) and again.equals(fresh)
+            assert again.num_rows == table.num_rows
+    assert len(dec._plans) == 1
+    # the same schema with lying lengths: refused on the cached path as on the full path
+    small = base.slice(0, 200)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, small.schema) as w:
+        w.write_table(small)
+    lie = sink.getvalue().to_pybytes()
+    schema_len = 8 + struct.unpack_from("<i", lie, 4)[0]
+    lie = lie[:schema_len] + lie[schema_len:].replace(struct.pack("<q", 200),
+                                                      struct.pack("<q", 1_000_000))
+    for d in (dec, codec.Decoder(demo.FEATURES, demo.ID_COLUMN)):
+        with pytest.raises(codec.InvalidMessage) as err:
+            d.decode(lie)
+        assert err.value.code in ("invalid_arrow", "not_arrow")

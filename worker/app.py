@@ -47,7 +47,8 @@ class Pipeline:
     def __init__(self, model: CompiledModel, settings: Settings, out_topic: str):
         self.model = model
         self.scoring = settings.scoring
-        self.max_message_rows = settings.delivery.max_message_rows
+        self.decoder = codec.Decoder(model.feature_names, settings.scoring.id_column,
+                                     settings.delivery.max_message_rows)
         self.out_topic = out_topic
         self.lazy_params = settings.scoring.lazy.params
         if settings.scoring.audit_fraction:
@@ -59,8 +60,7 @@ class Pipeline:
 
     def decode(self, rec: Record) -> pa.Table | codec.InvalidMessage:
         try:
-            return codec.decode(rec.value, self.model.feature_names, self.scoring.id_column,
-                                self.max_message_rows)
+            return self.decoder.decode(rec.value)
         except codec.InvalidMessage as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)

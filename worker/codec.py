@@ -20,50 +20,125 @@ class InvalidMessage(ValueError):
         self.detail = detail
 
 
+_CONTINUATION = b"\xff\xff\xff\xff"
+
+
+class Decoder:
+    """Decodes the messages of one model's input. What a schema allows (the feature and id
+    columns present once each, of usable types) is worked out once per distinct schema and
+    cached by the stream's schema bytes; a message whose schema is cached has only its record
+    batches read, against the known schema. Every message's columns are fully validated."""
+
+    def __init__(self, feature_names: list[str], id_column: str | None,
+                 max_rows: int | None = None, cache_size: int = 256):
+        self.feature_names, self.id_column, self.max_rows = feature_names, id_column, max_rows
+        self._plans: dict[bytes, tuple[pa.Schema, list[int]]] = {}
+        self._cache_size = cache_size
+
+    def decode(self, value: bytes | None) -> pa.Table:
+        """One self-contained Arrow IPC stream -> a Table of the feature (and id) columns, each
+        fully validated: nothing native reads a buffer whose size pyarrow has not checked
+        against the lengths, offsets and null counts the message claims."""
+        if not value:
+            raise InvalidMessage("empty", "the message has no value")
+        key = _schema_bytes(value)
+        plan = self._plans.get(key) if key is not None else None
+        try:
+            if plan is not None:
+                schema, keep = plan
+                table = _read_batches(value, len(key), schema)
+            else:
+                table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+                schema = table.schema
+                schema.names  # noqa: B018 (field names are UTF-8, or the decode fails here)
+        except (pa.ArrowException, OSError, MemoryError, ValueError, EOFError) as exc:
+            raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
+                                 f"{_short(exc)}") from None
+        if plan is None:
+            keep = self._plan(schema)  # raises InvalidMessage for a schema that cannot be used
+            if key is not None and not _has_dictionaries(schema):
+                if len(self._plans) >= self._cache_size:
+                    self._plans.clear()
+                self._plans[key] = (schema, keep)
+        if table.num_rows == 0:
+            raise InvalidMessage("empty_batch", "the Arrow stream has no rows")
+        if self.max_rows is not None and table.num_rows > self.max_rows:
+            raise InvalidMessage("too_large", f"{table.num_rows} rows, more than "
+                                 f"delivery.max_message_rows ({self.max_rows})")
+        table = table.select(keep)  # only the columns read from here on
+        try:
+            table.validate(full=True)
+        except (pa.ArrowException, ValueError) as exc:
+            raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
+                from None
+        return table
+
+    def _plan(self, schema: pa.Schema) -> list[int]:
+        """The indices of the columns to keep, in the message's order; InvalidMessage when the
+        schema lacks a feature column, names one twice or has one of an unusable type."""
+        names = schema.names
+        present = set(names)
+        wanted = list(self.feature_names) + ([self.id_column] if self.id_column else [])
+        dup = sorted({n for n in wanted if schema.get_all_field_indices(n)[1:]})
+        if dup:
+            raise InvalidMessage("duplicate_column", "column(s) named more than once: "
+                                 + ", ".join(dup[:10]))
+        missing = [f for f in self.feature_names if f not in present]
+        if missing:
+            raise InvalidMessage("missing_column", "missing feature column(s): "
+                                 + ", ".join(missing[:10]))
+        if self.id_column and self.id_column not in present:
+            raise InvalidMessage("missing_column", f"missing id column {self.id_column!r}")
+        for f in self.feature_names:
+            problem = feature_type_problem(f, schema.field(f).type)
+            if problem:
+                raise InvalidMessage("bad_type", problem)
+        keep = set(wanted)
+        return [i for i, n in enumerate(names) if n in keep]
+
+
+def _schema_bytes(value: bytes) -> bytes | None:
+    """The stream's schema message (continuation marker, length, flatbuffer), or None."""
+    if len(value) < 8 or value[:4] != _CONTINUATION:
+        return None
+    n = int.from_bytes(value[4:8], "little", signed=True)
+    if n <= 0 or 8 + n > len(value):
+        return None
+    return value[:8 + n]
+
+
+def _read_batches(value: bytes, start: int, schema: pa.Schema) -> pa.Table:
+    """The record batches after the schema message, read against the known schema."""
+    reader = pa.BufferReader(pa.py_buffer(value))
+    reader.seek(start)
+    batches = []
+    while True:
+        try:
+            message = pa.ipc.read_message(reader)
+        except EOFError:  # the end-of-stream marker, or the end of the bytes
+            break
+        if message.type != "record batch":
+            raise ValueError(f"unexpected {message.type} message in the stream")
+        batches.append(pa.ipc.read_record_batch(message, schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _has_dictionaries(schema: pa.Schema) -> bool:
+    """Dictionary-encoded columns need the stream's dictionary batches: no cached path."""
+    return any(_nested_dictionary(f.type) for f in schema)
+
+
+def _nested_dictionary(t) -> bool:
+    if pa.types.is_dictionary(t):
+        return True
+    return any(_nested_dictionary(t.field(i).type) for i in range(t.num_fields)) \
+        if hasattr(t, "num_fields") else False
+
+
 def decode(value: bytes | None, feature_names: list[str], id_column: str | None,
            max_rows: int | None = None) -> pa.Table:
-    """One self-contained Arrow IPC stream -> a Table of the feature (and id) columns, each
-    fully validated: nothing native reads a buffer whose size pyarrow has not checked against
-    the lengths, offsets and null counts the message claims."""
-    if not value:
-        raise InvalidMessage("empty", "the message has no value")
-    try:
-        reader = pa.ipc.open_stream(pa.py_buffer(value))
-        table = reader.read_all()
-        schema_names = table.schema.names  # field names are UTF-8 (or the decode fails here)
-    except (pa.ArrowException, OSError, MemoryError, ValueError) as exc:
-        raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
-                             f"{_short(exc)}") from None
-    if table.num_rows == 0:
-        raise InvalidMessage("empty_batch", "the Arrow stream has no rows")
-    if max_rows is not None and table.num_rows > max_rows:
-        raise InvalidMessage("too_large", f"{table.num_rows} rows, more than "
-                             f"delivery.max_message_rows ({max_rows})")
-    names = set(schema_names)
-    wanted = list(feature_names) + ([id_column] if id_column else [])
-    dup = sorted({n for n in wanted if table.schema.get_all_field_indices(n)[1:]})
-    if dup:
-        raise InvalidMessage("duplicate_column", "column(s) named more than once: "
-                             + ", ".join(dup[:10]))
-    missing = [f for f in feature_names if f not in names]
-    if missing:
-        raise InvalidMessage("missing_column", "missing feature column(s): "
-                             + ", ".join(missing[:10]))
-    if id_column and id_column not in names:
-        raise InvalidMessage("missing_column", f"missing id column {id_column!r}")
-    for f in feature_names:
-        problem = feature_type_problem(f, table.schema.field(f).type)
-        if problem:
-            raise InvalidMessage("bad_type", problem)
-    # only the columns read from here on; the others are never touched
-    keep = set(wanted)
-    table = table.select([n for n in schema_names if n in keep])  # in the message's order
-    try:
-        table.validate(full=True)
-    except (pa.ArrowException, ValueError) as exc:
-        raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
-            from None
-    return table
+    """``Decoder(feature_names, id_column, max_rows).decode(value)``, without a cache."""
+    return Decoder(feature_names, id_column, max_rows).decode(value)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
