@@ -248,3 +248,15 @@ def test_cached_schema_path_reads_what_the_full_path_reads():
         with pytest.raises(codec.InvalidMessage) as err:
             d.decode(lie)
         assert err.value.code in ("invalid_arrow", "not_arrow")
+
+
+def test_without_an_id_column_ids_are_row_indices_in_each_message(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scoring: {id_column: null}\nlogging: {progress: false}\n")
+    rec = _recording(tmp_path / "in.arrows", [_message(3, 1, None), _message(2, 2, None)])
+    out = tmp_path / "out.arrows"
+    proc = _replay(rec, out, "--config", cfg)
+    assert proc.returncode == 0, proc.stderr
+    ids = [pa.ipc.open_stream(r.value).read_all().column("id").to_pylist()
+           for r in read_records(out)]
+    assert ids == [[0, 1, 2], [0, 1]]

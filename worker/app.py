@@ -125,11 +125,12 @@ class Pipeline:
                     _add_scored(stats, sub_stats)
                 continue
             published = None  # rows of messages that failed to encode are not counted
-            for k, (i, res) in enumerate(parts):
+            columns = codec.ResultColumns(r, self.classifier)  # the whole group's, once
+            for k, (i, _res) in enumerate(parts):
                 rec, table = items[i]
                 sl = slice(int(offsets[k]), int(offsets[k + 1]))
                 try:
-                    results[i] = self._encode(rec, table, res, sl)
+                    results[i] = self._encode(rec, table, columns, sl)
                 except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
                     dead.append(self.dead_letter(rec, codec.InvalidMessage("encode_error",
                                                                            str(exc))))
@@ -140,10 +141,11 @@ class Pipeline:
             _account(stats, r, published)
         return [results[i] for i in sorted(results)], dead, stats
 
-    def _encode(self, rec: Record, table: pa.Table, r, sl: slice) -> Record:
+    def _encode(self, rec: Record, table: pa.Table, columns: codec.ResultColumns,
+                sl: slice) -> Record:
         idc = self.scoring.id_column
         ids = table.column(idc).combine_chunks() if idc else None
-        batch = codec.result_batch(ids, r, self.classifier, sl)
+        batch = columns.batch(ids, sl)
         meta = codec.output_metadata(self.model, input_topic=rec.topic,
                                      input_partition=rec.partition, input_offset=rec.offset)
         value = codec.encode(batch, meta)

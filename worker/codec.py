@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from .model.compiled import feature_type_problem
@@ -146,30 +147,45 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return text[:limit]
 
 
+class ResultColumns:
+    """The output columns of a whole score result, built once; ``batch`` takes one message's
+    rows as zero-copy slices, with that message's ids."""
+
+    def __init__(self, r: ScoreResult, classifier: bool):
+        cols = {"score": pa.array(r.score, type=pa.float64())}
+        if classifier:
+            cols["label"] = pa.array(r.label, type=pa.int32())
+        cols.update({
+            "decision": pa.array(r.decision, type=pa.int8()),
+            "work_units": pa.array(r.work_units, type=pa.int32()),
+            "stop_reason": pa.DictionaryArray.from_arrays(pa.array(r.stop_code, type=pa.int8()),
+                                                          _REASON_DICTIONARY),
+            "score_lo": pa.array(r.score_lo, type=pa.float64()),
+            "score_hi": pa.array(r.score_hi, type=pa.float64()),
+        })
+        self.names = ["id", *cols]
+        self.columns = list(cols.values())
+        self._schemas: dict[pa.DataType, pa.Schema] = {}
+
+    def batch(self, ids: pa.Array | None, rows: slice) -> pa.RecordBatch:
+        """Rows ``rows`` (one message's); ``ids`` its id column, or None for each row's index
+        in its message."""
+        n = rows.stop - rows.start
+        ids = ids if ids is not None else pa.array(np.arange(n, dtype=np.int64))
+        schema = self._schemas.get(ids.type)
+        if schema is None:
+            types = [ids.type] + [c.type for c in self.columns]
+            schema = self._schemas[ids.type] = pa.schema(list(zip(self.names, types, strict=True)))
+        return pa.RecordBatch.from_arrays([ids] + [c.slice(rows.start, n) for c in self.columns],
+                                          schema=schema)
+
+
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
                  slice_: slice | None = None) -> pa.RecordBatch:
     """The output columns (README: Messages) for rows ``slice_`` of a score result; ``ids``
     are those rows' ids (one message's id column), or None for each row's index in its
     message."""
-    s = slice_ or slice(0, len(r))
-    n = s.stop - s.start
-    codes = r.stop_code[s]
-    cols = {
-        # without an id column: the row's index in its own message
-        "id": ids if ids is not None else pa.array(range(n), type=pa.int64()),
-        "score": pa.array(r.score[s], type=pa.float64()),
-    }
-    if classifier:
-        cols["label"] = pa.array(r.label[s], type=pa.int32())
-    cols.update({
-        "decision": pa.array(r.decision[s], type=pa.int8()),
-        "work_units": pa.array(r.work_units[s], type=pa.int32()),
-        "stop_reason": pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int8()),
-                                                      _REASON_DICTIONARY),
-        "score_lo": pa.array(r.score_lo[s], type=pa.float64()),
-        "score_hi": pa.array(r.score_hi[s], type=pa.float64()),
-    })
-    return pa.RecordBatch.from_pydict(cols)
+    return ResultColumns(r, classifier).batch(ids, slice_ or slice(0, len(r)))
 
 
 def output_metadata(model, **extra) -> dict[bytes, bytes]:
@@ -178,9 +194,12 @@ def output_metadata(model, **extra) -> dict[bytes, bytes]:
     return {k.encode(): v.encode() for k, v in meta.items()}
 
 
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()  # explicit: pyarrow reads no environment per call
+
+
 def encode(batch: pa.RecordBatch, metadata: dict[bytes, bytes]) -> bytes:
     batch = batch.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
