@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from tests.stubs import ScriptedSource
 from worker.io.kafka import FatalKafkaError, KafkaSink, TransactionAborted
 from worker.io.records import Record
 
@@ -110,38 +111,6 @@ def test_fenced_or_fatal_errors_exit(err):
     assert "commit" not in p.calls and src.rewound == 0
 
 
-class StubStreamSource:
-    """Polls scripted record lists; a rebalance revokes partitions during a given poll."""
-
-    exhausted = False
-    total = None
-
-    def __init__(self, polls, revoke_on_poll=None, revoked=frozenset()):
-        self.polls, self.n = list(polls), 0
-        self.revoke_on_poll, self.revoked_set = revoke_on_poll, set(revoked)
-        self.pending_revoked: set = set()
-        self.rewound = self.committed = 0
-
-    def poll(self, max_messages, timeout_s):
-        self.n += 1
-        if self.n == self.revoke_on_poll:
-            self.pending_revoked |= self.revoked_set
-        return self.polls.pop(0) if self.polls else []
-
-    def take_revoked(self):
-        out, self.pending_revoked = self.pending_revoked, set()
-        return out
-
-    def commit(self, batch):
-        self.committed += 1
-
-    def rewind(self):
-        self.rewound += 1
-
-    def lag(self):
-        return {}
-
-
 class NullSink:
     topic = "scores"
 
@@ -168,7 +137,7 @@ def _rec(partition, offset):
 def test_rebalance_inside_a_batch_drops_revoked_partitions():
     first = [_rec(0, 0), _rec(1, 0)]
     second = [_rec(0, 1), _rec(1, 1)]
-    src = StubStreamSource([first, second], revoke_on_poll=2, revoked={("in", 0)})
+    src = ScriptedSource([first, second], revoke_after_poll=2, revoked={("in", 0)})
     items = _worker(src, NullSink())._collect()
     assert [(r.partition, r.offset) for r, _ in items] == [(1, 0), (1, 1)]
 
@@ -177,7 +146,7 @@ def test_at_least_once_delivery_failure_rewinds_and_does_not_commit():
     from worker.io import BatchRolledBack
 
     err = KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out")
-    src = StubStreamSource([])
+    src = ScriptedSource([])
     sink = sink_with(StubProducer("flush", err), transactional=False)
     with pytest.raises(BatchRolledBack) as rolled:
         sink.deliver(src, [_rec(0, 0)], [Record("scores", -1, -1, b"k", b"o")], [])
@@ -186,7 +155,7 @@ def test_at_least_once_delivery_failure_rewinds_and_does_not_commit():
 
 
 def test_at_least_once_commits_after_delivery():
-    src = StubStreamSource([])
+    src = ScriptedSource([])
     p = StubProducer()
     sink_with(p, transactional=False).deliver(src, [_rec(0, 0)], OUT, [])
     assert p.calls == ["produce:scores", "flush"] and src.committed == 1
