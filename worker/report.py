@@ -236,7 +236,8 @@ def summary_of_run(records: int, messages: int, elapsed_s: float, work_total: in
     note = None
     if png_path is not None and records:
         try:
-            summary.png_path = plot(score, work, png_path, summary.thresholds, work_total)
+            summary.png_path = plot(score, work, png_path, summary.thresholds, work_total,
+                                    records)
         except ImportError:
             note = ("no histogram PNG: matplotlib is not installed "
                     "(pip install 'scoring-worker[plot]')")
@@ -244,8 +245,9 @@ def summary_of_run(records: int, messages: int, elapsed_s: float, work_total: in
 
 
 def plot(score: np.ndarray, work: np.ndarray, png_path: str | Path, thresholds=(),
-         work_total: int | None = None) -> Path:
-    """Two histograms side by side: scores (log y, thresholds marked) and work units."""
+         work_total: int | None = None, records: int | None = None) -> Path:
+    """Two histograms side by side: scores (log y, thresholds marked) and work units.
+    ``records``: the run's rows when ``score`` and ``work`` are a sample of them."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -262,14 +264,18 @@ def plot(score: np.ndarray, work: np.ndarray, png_path: str | Path, thresholds=(
                   color="tab:blue")
     for t in thresholds:
         ax_s.axvline(t, color="tab:red", linestyle="--", linewidth=1)
-    ax_s.set(title=f"scores ({finite.size:,} records)", xlabel="score", ylabel="records (log)")
+    sampled = records is not None and records > score.size
+    what = (f"a uniform sample of {score.size:,} of {records:,} records" if sampled
+            else f"{finite.size:,} records")
+    ax_s.set(title=f"scores ({what})", xlabel="score", ylabel="records (log)")
     if work.size:
         top = max(int(work.max()), int(work_total or 0))
         bins = np.arange(0, top + 2) - 0.5 if top <= 200 else 50
         ax_w.hist(work, bins=bins, color="tab:green")
     if work_total:
         ax_w.axvline(work_total, color="grey", linestyle=":", linewidth=1)
-    ax_w.set(title="work units per record" + (f" (of {work_total})" if work_total else ""),
+    ax_w.set(title="work units per record" + (f" (of {work_total})" if work_total else "")
+             + (" (sample)" if sampled else ""),
              xlabel="trees / boosting rounds evaluated", ylabel="records")
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
