@@ -260,3 +260,16 @@ def test_without_an_id_column_ids_are_row_indices_in_each_message(tmp_path):
     ids = [pa.ipc.open_stream(r.value).read_all().column("id").to_pylist()
            for r in read_records(out)]
     assert ids == [[0, 1, 2], [0, 1]]
+
+
+def test_encode_writes_what_the_stream_writer_writes():
+    # dictionaries included (a batch serialized alone would lack stop_reason's dictionary)
+    batch = pa.RecordBatch.from_pydict({"id": pa.array(["a", None]), "score": [0.1, 0.9],
+                                        "stop_reason": pa.DictionaryArray.from_arrays(
+                                            pa.array([0, 1], type=pa.int8()),
+                                            pa.array(["full", "certificate"]))})
+    meta = {b"model_id": b"m", b"input_offset": b"7"}
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema.with_metadata(meta)) as w:
+        w.write_batch(batch.replace_schema_metadata(meta))
+    assert codec.encode(batch, meta) == sink.getvalue().to_pybytes()

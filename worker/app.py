@@ -92,15 +92,21 @@ class Pipeline:
         stats = BatchStats(messages=len(items))
         results: dict[int, Record] = {}
         dead: list[Record] = []
-        groups: dict[pa.Schema, list[int]] = {}
+        groups: list[tuple[pa.Schema, list[int]]] = []  # few: one per producer schema
         for i, (rec, table) in enumerate(items):
             if isinstance(table, codec.InvalidMessage):
                 dead.append(self.dead_letter(rec, table))
                 stats.dead[table.code] += 1
             else:
                 stats.rows_in += table.num_rows
-                groups.setdefault(table.schema.remove_metadata(), []).append(i)
-        for members in groups.values():
+                # schemas compared, not hashed (a hash walks every field each time)
+                for schema, members in groups:
+                    if schema.equals(table.schema, check_metadata=False):
+                        members.append(i)
+                        break
+                else:
+                    groups.append((table.schema, [i]))
+        for _schema, members in groups:
             # one kernel call per schema: messages of one producer share a schema
             tables = [items[i][1].replace_schema_metadata(None) for i in members]
             try:

@@ -198,6 +198,7 @@ _WRITE_OPTIONS = pa.ipc.IpcWriteOptions()  # explicit: pyarrow reads no environm
 
 
 def encode(batch: pa.RecordBatch, metadata: dict[bytes, bytes]) -> bytes:
+    """One IPC stream (schema with ``metadata``, dictionaries, the batch, end of stream)."""
     batch = batch.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS) as writer:
