@@ -246,7 +246,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
 cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                     double divisor, const float* X, int32_t n, acc_t* acc,
                     double* raw) noexcept nogil:
-    """Every tree for n <= BLOCK_ROWS row-major float32 rows, raw[r * G + g] as in score_range."""
+    """Every tree for n row-major float32 rows X: raw[r * G + g] = (base + trees) / divisor."""
     cdef int32_t r, g, G = m.n_outputs
     for r in range(n):
         for g in range(G):
@@ -260,19 +260,14 @@ cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
                      double divisor, const Column* cols, const float* direct, int64_t r_begin,
                      int64_t r_end, double* out, acc_t* acc, float* buf) noexcept nogil:
     """Rows r_begin..r_end (at most task_rows) into out[(r - r_begin) * G + g]."""
-    cdef int32_t n = <int32_t>(r_end - r_begin), r, g, G = m.n_outputs
+    cdef int32_t n = <int32_t>(r_end - r_begin)
     cdef const float* X
     if direct != NULL:
         X = direct + r_begin * m.n_features
     else:
         stage_block(cols, m.n_features, r_begin, n, buf)
         X = buf
-    for r in range(n):
-        for g in range(G):
-            acc[r * G + g] = base[g]
-    eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
-    for r in range(n * G):
-        out[r] = <double>acc[r] / divisor if divisor != 1.0 else <double>acc[r]
+    eval_rows(m, leaves, base, divisor, X, n, acc, out)
     return 0
 
 
