@@ -273,3 +273,67 @@ def test_encode_writes_what_the_stream_writer_writes():
     with pa.ipc.new_stream(sink, batch.schema.with_metadata(meta)) as w:
         w.write_batch(batch.replace_schema_metadata(meta))
     assert codec.encode(batch, meta) == sink.getvalue().to_pybytes()
+
+
+def test_dictionaries_inside_extension_types_are_not_cached():
+    # an extension type reports no child fields: its dictionary storage was missed, the schema
+    # cached, and later messages refused as not_arrow (found in review)
+    dict_type = pa.dictionary(pa.int8(), pa.string())
+    ext = pa.opaque(dict_type, "channel", "tests")
+    base = demo.generate(2, seed=4).select([demo.ID_COLUMN, *demo.FEATURES])
+    storage = pa.array(["web", "pos"]).dictionary_encode().cast(dict_type)
+    t = base.append_column("channel", pa.ExtensionArray.from_storage(ext, storage))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    value = sink.getvalue().to_pybytes()
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN)
+    for _ in range(3):
+        assert dec.decode(value).num_rows == 2
+    assert not dec._plans
+
+
+def test_each_message_keeps_its_own_id_field_metadata():
+    from worker.app import Pipeline
+    from worker.config import load_settings
+    from worker.model.compiled import load_model
+
+    def message(tenant: bytes, offset: int) -> Record:
+        field = pa.field("n", pa.int64(), metadata={b"tenant": tenant})
+        ids = pa.StructArray.from_arrays([pa.array([1, 2])], fields=[field])
+        return Record("t", 0, offset, b"k", _message(2, offset, ids), 1, [])
+
+    settings = load_settings(None, model={"path": str(MODEL)},
+                             source={"type": "file", "path": "x.arrows"})
+    pipe = Pipeline(load_model(MODEL), settings, "scores")
+    recs = [message(b"A", 0), message(b"B", 1)]
+    outputs, dead, _ = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead
+    tenants = [pa.ipc.open_stream(o.value).read_all().schema.field("id").type.field(0).metadata
+               for o in outputs]
+    assert tenants == [{b"tenant": b"A"}, {b"tenant": b"B"}]
+
+
+def test_many_schemas_in_one_batch_score_like_each_alone():
+    from worker.app import Pipeline
+    from worker.config import load_settings
+    from worker.model.compiled import load_model
+
+    settings = load_settings(None, model={"path": str(MODEL)},
+                             source={"type": "file", "path": "x.arrows"})
+    pipe = Pipeline(load_model(MODEL), settings, "scores")
+    recs = []
+    for k in range(20):  # 20 producers: an extra column of their own each
+        t = demo.generate(3, seed=k).select([demo.ID_COLUMN, *demo.FEATURES])
+        t = t.append_column(f"extra_{k}", pa.array([k] * 3))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        recs.append(Record("t", 0, k, b"k", sink.getvalue().to_pybytes(), 1, []))
+    together, dead, _ = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead and len(together) == 20
+    for r, out in zip(recs, together, strict=True):
+        (alone,), _, _ = pipe.process([(r, pipe.decode(r))])
+        a = pa.ipc.open_stream(out.value).read_all()
+        b = pa.ipc.open_stream(alone.value).read_all()
+        assert a.equals(b)

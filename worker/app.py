@@ -92,20 +92,31 @@ class Pipeline:
         stats = BatchStats(messages=len(items))
         results: dict[int, Record] = {}
         dead: list[Record] = []
-        groups: list[tuple[pa.Schema, list[int]]] = []  # few: one per producer schema
+        groups: list[tuple[pa.Schema, list[int]]] = []  # usually few: one per producer
+        by_schema: dict[pa.Schema, list[int]] | None = None  # hashed once there are many
         for i, (rec, table) in enumerate(items):
             if isinstance(table, codec.InvalidMessage):
                 dead.append(self.dead_letter(rec, table))
                 stats.dead[table.code] += 1
             else:
                 stats.rows_in += table.num_rows
-                # schemas compared, not hashed (a hash walks every field each time)
+                # a few schemas are compared (a hash walks every field each time); many are
+                # hashed, so a batch of distinct schemas stays linear
+                if by_schema is not None:
+                    members = by_schema.get(table.schema.remove_metadata())
+                    if members is None:
+                        members = by_schema[table.schema.remove_metadata()] = []
+                        groups.append((table.schema, members))
+                    members.append(i)
+                    continue
                 for schema, members in groups:
                     if schema.equals(table.schema, check_metadata=False):
                         members.append(i)
                         break
                 else:
                     groups.append((table.schema, [i]))
+                    if len(groups) > 8:
+                        by_schema = {s.remove_metadata(): m for s, m in groups}
         for _schema, members in groups:
             # one kernel call per schema: messages of one producer share a schema
             tables = [items[i][1].replace_schema_metadata(None) for i in members]

@@ -22,6 +22,7 @@ class InvalidMessage(ValueError):
 
 
 _CONTINUATION = b"\xff\xff\xff\xff"
+_MAX_CACHED_SCHEMA = 64 << 10  # schema bytes (metadata included) worth keeping per key
 
 
 class Decoder:
@@ -49,15 +50,19 @@ class Decoder:
                 schema, keep = plan
                 table = _read_batches(value, len(key), schema)
             else:
-                table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+                reader = pa.ipc.open_stream(pa.py_buffer(value))
+                table = reader.read_all()
                 schema = table.schema
+                dictionaries = reader.stats.num_dictionary_batches
                 schema.names  # noqa: B018 (field names are UTF-8, or the decode fails here)
         except (pa.ArrowException, OSError, MemoryError, ValueError, EOFError) as exc:
             raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                                  f"{_short(exc)}") from None
         if plan is None:
             keep = self._plan(schema)  # raises InvalidMessage for a schema that cannot be used
-            if key is not None and not _has_dictionaries(schema):
+            # cached: schemas read without dictionary batches, of a sensible size
+            if key is not None and len(key) <= _MAX_CACHED_SCHEMA and not dictionaries \
+                    and not _has_dictionaries(schema):
                 if len(self._plans) >= self._cache_size:
                     self._plans.clear()
                 self._plans[key] = (schema, keep)
@@ -132,6 +137,8 @@ def _has_dictionaries(schema: pa.Schema) -> bool:
 def _nested_dictionary(t) -> bool:
     if pa.types.is_dictionary(t):
         return True
+    if isinstance(t, pa.ExtensionType):
+        return _nested_dictionary(t.storage_type)
     return any(_nested_dictionary(t.field(i).type) for i in range(t.num_fields)) \
         if hasattr(t, "num_fields") else False
 
@@ -173,9 +180,11 @@ class ResultColumns:
         n = rows.stop - rows.start
         ids = ids if ids is not None else pa.array(np.arange(n, dtype=np.int64))
         schema = self._schemas.get(ids.type)
-        if schema is None:
+        # DataType equality ignores nested field metadata: reuse only an exact match
+        if schema is None or not schema.field(0).type.equals(ids.type, check_metadata=True):
             types = [ids.type] + [c.type for c in self.columns]
-            schema = self._schemas[ids.type] = pa.schema(list(zip(self.names, types, strict=True)))
+            schema = self._schemas[ids.type] = pa.schema(list(zip(self.names, types,
+                                                                  strict=True)))
         return pa.RecordBatch.from_arrays([ids] + [c.slice(rows.start, n) for c in self.columns],
                                           schema=schema)
 
