@@ -49,6 +49,10 @@ class Pipeline:
         self.scoring = settings.scoring
         self.decoder = codec.Decoder(model.feature_names, settings.scoring.id_column,
                                      settings.delivery.max_message_rows)
+        # what every output message carries, encoded once
+        self._meta = codec.output_metadata(model)
+        self._headers = [("content-type", codec.CONTENT_TYPE.encode()),
+                         ("model_id", model.model_id.encode())]
         self.out_topic = out_topic
         self.lazy_params = settings.scoring.lazy.params
         if settings.scoring.audit_fraction:
@@ -163,13 +167,13 @@ class Pipeline:
         idc = self.scoring.id_column
         ids = table.column(idc).combine_chunks() if idc else None
         batch = columns.batch(ids, sl)
-        meta = codec.output_metadata(self.model, input_topic=rec.topic,
-                                     input_partition=rec.partition, input_offset=rec.offset)
+        meta = {**self._meta, b"input_topic": rec.topic.encode(),
+                b"input_partition": str(rec.partition).encode(),
+                b"input_offset": str(rec.offset).encode()}
         value = codec.encode(batch, meta)
         # the worker's own headers, then the input's (trace context such as traceparent)
-        headers = [("content-type", codec.CONTENT_TYPE.encode()),
-                   ("model_id", self.model.model_id.encode())]
-        headers += [(k, v) for k, v in rec.headers if k not in ("content-type", "model_id")]
+        headers = self._headers + [(k, v) for k, v in rec.headers
+                                   if k not in ("content-type", "model_id")]
         return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers)
 
 

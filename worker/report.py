@@ -2,7 +2,8 @@
 
 Reads the file sink's output, a recorded topic (``worker.io.records``) whose message values are
 Arrow IPC streams with the output columns (``id, score, label, decision, work_units,
-stop_reason, score_lo, score_hi``). Used at the end of ``make demo`` and by ``replay``.
+stop_reason, score_lo, score_hi``), after the fact (``summarize``), and the end-of-run summary
+the worker prints from its own counts (``summary_of_run``: no re-read of the output).
 """
 
 from __future__ import annotations
