@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test lint bench bench-lazy golden clean broker-start broker-stop \
-	fuzz
+.PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e golden clean broker-start \
+	broker-stop fuzz
 
 setup: $(VENV)/.installed
 
@@ -52,6 +52,12 @@ bench: build
 
 bench-lazy: build
 	$(PY) bench/lazy.py
+
+# End to end: file -> file and through the local broker, against a bare pyarrow loop and the
+# hand-written XGBoost loop; writes bench/E2E-RESULTS.md and two PNGs (~15 minutes).
+bench-e2e: build
+	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
+	$(PY) bench/e2e.py
 
 # Regenerate tests/golden/* (review the diff before committing; tests never regenerate it).
 golden: build

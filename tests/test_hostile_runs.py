@@ -101,16 +101,14 @@ def test_counters_count_published_rows_not_dead_letters(tmp_path, monkeypatch):
         _message(7, 2, pa.array(np.arange(7))), _message(4, 3, pa.array(np.arange(4)))])
     settings = load_settings(None, scoring={"threads": 1}, model={"path": str(MODEL)},
                              source={"type": "file", "path": str(rec)})
-    real = codec.encode
-    calls = []
+    real = codec.StreamEncoder.encode
 
-    def encode(batch, meta):  # the third message fails to encode: dead-lettered, not counted
-        calls.append(batch.num_rows)
-        if batch.num_rows == 4:
+    def encode(self, batch, rows, *args):  # the third message fails: dead-lettered, not counted
+        if rows.stop - rows.start == 4:
             raise pa.ArrowInvalid("simulated encode failure")
-        return real(batch, meta)
+        return real(self, batch, rows, *args)
 
-    monkeypatch.setattr(codec, "encode", encode)
+    monkeypatch.setattr(codec.StreamEncoder, "encode", encode)
     w = Worker(settings, load_model(MODEL), FileSource(rec),
                FileSink(tmp_path / "o.arrows", tmp_path / "d.arrows"))
     assert w.run() == 0

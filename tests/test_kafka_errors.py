@@ -171,3 +171,112 @@ def test_audit_selection_is_by_stream_position():
     # contiguous batches select the same rows as one long batch
     split = np.concatenate([audit_mask(700, 0.01, seed=0), audit_mask(1300, 0.01, seed=700)])
     assert np.array_equal(split, audit_mask(2000, 0.01, seed=0))
+
+
+class LogSource:
+    """One partition of records; rewinds to the offset the last committed transaction holds."""
+
+    total = None
+
+    def __init__(self, records):
+        self.records = records
+        self.pos = self.committed = self.rewound = 0
+        self.in_txn = None
+        self.consumer = StubConsumer()
+
+    @property
+    def exhausted(self):
+        return self.pos >= len(self.records)
+
+    def poll(self, max_messages, timeout_s):
+        out = self.records[self.pos:self.pos + 1]
+        self.pos += len(out)
+        return out
+
+    def next_offsets(self, batch):
+        self.in_txn = batch[-1].offset + 1
+        return []
+
+    def take_revoked(self):
+        return set()
+
+    def rewind(self):
+        self.rewound += 1
+        self.pos = self.committed
+
+    def commit(self, batch):
+        raise AssertionError("exactly once commits offsets in the transaction")
+
+    def lag(self):
+        return {}
+
+
+class TxnProducer(StubProducer):
+    """Keeps what each committed transaction published (keys), drops what aborts drop."""
+
+    def __init__(self, source, watch_polls=False, **kw):
+        super().__init__(**kw)
+        self.source, self.watch_polls = source, watch_polls
+        self.open: list[bytes] = []
+        self.published: list[bytes] = []
+        self.overlapped: list[bool] = []
+
+    def produce(self, topic, **kw):
+        super().produce(topic, **kw)
+        self.open.append(kw["key"])
+
+    def send_offsets_to_transaction(self, *args):
+        super().send_offsets_to_transaction(*args)
+        self.sent_at = self.source.pos  # on the loop's thread, as the batch is sent
+
+    def commit_transaction(self, *args):
+        if self.watch_polls:  # does the loop poll the next message while this commits?
+            import time
+
+            sent_at, deadline = self.sent_at, time.monotonic() + 1.0
+            while self.source.pos == sent_at and time.monotonic() < deadline:
+                time.sleep(0.002)
+            self.overlapped.append(self.source.pos > sent_at)
+        self._maybe_fail("commit")
+        self.published += self.open
+        self.open = []
+        self.source.committed = self.source.in_txn
+
+    def abort_transaction(self, *args):
+        super().abort_transaction()
+        self.open = []
+
+
+def _txn_worker(source, producer, **delivery):
+    w = _worker(source, sink_with(producer), mode="exactly_once", max_batch_messages=1,
+                max_wait_ms=0, **delivery)
+    w.settings.logging.__dict__["progress"] = False
+    return w
+
+
+def _keyed(n):
+    return [Record("in", 0, i, str(i).encode(), _rec(0, i).value) for i in range(n)]
+
+
+def test_overlapped_commit_that_aborts_drops_the_batch_prepared_behind_it():
+    # the first commit fails while the second batch is polled and scored: the second batch
+    # is dropped unproduced, the abort rewinds, and every message is published once, in order
+    src = LogSource(_keyed(6))
+    err = KafkaError(KafkaError._STATE, "abortable", txn_requires_abort=True)
+    p = TxnProducer(src, fail_on="commit", error=err)
+    assert _txn_worker(src, p).run() == 0
+    assert p.published == [str(i).encode() for i in range(6)]
+    assert src.rewound == 1
+    first_abort = p.calls.index("abort")
+    assert p.calls[:first_abort + 2] == ["begin", "produce:scores", "send_offsets", "commit",
+                                         "abort", "begin"]
+
+
+def test_the_next_batch_is_prepared_while_a_commit_is_in_flight():
+    for overlap in (True, False):
+        src = LogSource(_keyed(4))
+        p = TxnProducer(src, watch_polls=True)
+        assert _txn_worker(src, p, overlap=overlap).run() == 0
+        assert p.published == [str(i).encode() for i in range(4)]
+        # with the overlap every commit but the last sees the next poll; without, none does
+        assert p.overlapped == [overlap] * 3 + [False], (overlap, p.overlapped)

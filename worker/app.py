@@ -17,7 +17,7 @@ from . import codec
 from .config import ConfigError, Settings, load_settings
 from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
 from .io.records import Record
-from .metrics import Metrics
+from .metrics import Metrics, observe_many
 from .model.compiled import CompiledModel
 from .model.result import STOP_REASONS, default_threads
 from .report import ScoreSample
@@ -50,7 +50,7 @@ class Pipeline:
         self.decoder = codec.Decoder(model.feature_names, settings.scoring.id_column,
                                      settings.delivery.max_message_rows)
         # what every output message carries, encoded once
-        self._meta = codec.output_metadata(model)
+        self.encoder = codec.StreamEncoder(codec.output_metadata(model))
         self._headers = [("content-type", codec.CONTENT_TYPE.encode()),
                          ("model_id", model.model_id.encode())]
         self.out_topic = out_topic
@@ -62,9 +62,10 @@ class Pipeline:
         self.threads = settings.scoring.threads or default_threads()  # resolved once
         self.rows_seen = 0
 
-    def decode(self, rec: Record) -> pa.Table | codec.InvalidMessage:
+    def decode(self, rec: Record) -> tuple[pa.RecordBatch, object] | codec.InvalidMessage:
+        """(the message's validated batch, its group key) or why it is invalid."""
         try:
-            return self.decoder.decode(rec.value)
+            return self.decoder.decode_keyed(rec.value)
         except codec.InvalidMessage as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
@@ -81,7 +82,7 @@ class Pipeline:
         return Record(rec.topic, rec.partition, rec.offset, rec.key, rec.value,
                       rec.timestamp_ms, headers)
 
-    def _score(self, table: pa.Table):
+    def _score(self, table: pa.RecordBatch):
         lazy = self.scoring.lazy.mode
         params = self.lazy_params
         if "audit_fraction" in params:  # audit by position in the stream, not in the batch
@@ -91,45 +92,32 @@ class Pipeline:
         self.rows_seen += len(r)
         return r
 
-    def process(self, items: list[tuple[Record, pa.Table | codec.InvalidMessage]]
+    def process(self, items: list[tuple[Record, tuple | codec.InvalidMessage]]
                 ) -> tuple[list[Record], list[Record], BatchStats]:
+        """One batch: messages of one schema are concatenated (pyarrow, in C++), scored in one
+        kernel call and encoded from one output batch, each message a slice of it."""
         stats = BatchStats(messages=len(items))
         results: dict[int, Record] = {}
         dead: list[Record] = []
-        groups: list[tuple[pa.Schema, list[int]]] = []  # usually few: one per producer
-        by_schema: dict[pa.Schema, list[int]] | None = None  # hashed once there are many
-        for i, (rec, table) in enumerate(items):
-            if isinstance(table, codec.InvalidMessage):
-                dead.append(self.dead_letter(rec, table))
-                stats.dead[table.code] += 1
+        groups: dict[object, list[int]] = {}  # by the stream's schema bytes: usually one
+        for i, (rec, decoded) in enumerate(items):
+            if isinstance(decoded, codec.InvalidMessage):
+                dead.append(self.dead_letter(rec, decoded))
+                stats.dead[decoded.code] += 1
+                continue
+            stats.rows_in += decoded[0].num_rows
+            members = groups.get(decoded[1])
+            if members is None:
+                groups[decoded[1]] = [i]
             else:
-                stats.rows_in += table.num_rows
-                # a few schemas are compared (a hash walks every field each time); many are
-                # hashed, so a batch of distinct schemas stays linear
-                if by_schema is not None:
-                    members = by_schema.get(table.schema.remove_metadata())
-                    if members is None:
-                        members = by_schema[table.schema.remove_metadata()] = []
-                        groups.append((table.schema, members))
-                    members.append(i)
-                    continue
-                for schema, members in groups:
-                    if schema.equals(table.schema, check_metadata=False):
-                        members.append(i)
-                        break
-                else:
-                    groups.append((table.schema, [i]))
-                    if len(groups) > 8:
-                        by_schema = {s.remove_metadata(): m for s, m in groups}
-        for _schema, members in groups:
-            # one kernel call per schema: messages of one producer share a schema
-            tables = [items[i][1].replace_schema_metadata(None) for i in members]
+                members.append(i)
+        for members in groups.values():
+            batches = [items[i][1][0] for i in members]
             try:
                 t0 = time.perf_counter()
-                r = self._score(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+                big = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+                r = self._score(big)
                 stats.kernel_s += time.perf_counter() - t0
-                parts = [(i, r) for i in members]
-                offsets = np.cumsum([0] + [t.num_rows for t in tables])
             except Exception as exc:  # noqa: BLE001 (isolate, dead-letter, keep running)
                 if len(members) == 1:
                     rec = items[members[0]][0]
@@ -145,13 +133,27 @@ class Pipeline:
                     stats.dead.update(sub_stats.dead)
                     _add_scored(stats, sub_stats)
                 continue
+            counts = np.fromiter((b.num_rows for b in batches), dtype=np.int64,
+                                 count=len(batches))
+            offsets = np.zeros(len(batches) + 1, dtype=np.int64)
+            np.cumsum(counts, out=offsets[1:])
             published = None  # rows of messages that failed to encode are not counted
-            columns = codec.ResultColumns(r, self.classifier)  # the whole group's, once
-            for k, (i, _res) in enumerate(parts):
-                rec, table = items[i]
+            try:
+                idc = self.scoring.id_column
+                # ids: the input's, or each row's index in its message
+                ids = big.column(idc) if idc else pa.array(
+                    np.arange(len(r), dtype=np.int64) - np.repeat(offsets[:-1], counts))
+                out = codec.ResultColumns(r, self.classifier).batch(ids)  # the group's, once
+                key = ("schema", out.schema.serialize().to_pybytes())
+            except Exception:  # noqa: BLE001 (e.g. ids Arrow cannot put in a batch: one by one)
+                out = key = None
+            for k, i in enumerate(members):
+                rec = items[i][0]
                 sl = slice(int(offsets[k]), int(offsets[k + 1]))
                 try:
-                    results[i] = self._encode(rec, table, columns, sl)
+                    if out is None:
+                        raise ValueError("the output batch could not be built")
+                    results[i] = self._encode(rec, out, sl, key)
                 except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
                     dead.append(self.dead_letter(rec, codec.InvalidMessage("encode_error",
                                                                            str(exc))))
@@ -162,18 +164,12 @@ class Pipeline:
             _account(stats, r, published)
         return [results[i] for i in sorted(results)], dead, stats
 
-    def _encode(self, rec: Record, table: pa.Table, columns: codec.ResultColumns,
-                sl: slice) -> Record:
-        idc = self.scoring.id_column
-        ids = table.column(idc).combine_chunks() if idc else None
-        batch = columns.batch(ids, sl)
-        meta = {**self._meta, b"input_topic": rec.topic.encode(),
-                b"input_partition": str(rec.partition).encode(),
-                b"input_offset": str(rec.offset).encode()}
-        value = codec.encode(batch, meta)
+    def _encode(self, rec: Record, out: pa.RecordBatch, sl: slice, key) -> Record:
+        value = self.encoder.encode(out, sl, rec.topic, rec.partition, rec.offset, key)
         # the worker's own headers, then the input's (trace context such as traceparent)
         headers = self._headers + [(k, v) for k, v in rec.headers
-                                   if k not in ("content-type", "model_id")]
+                                   if k not in ("content-type", "model_id")] \
+            if rec.headers else list(self._headers)
         return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers)
 
 
@@ -221,13 +217,15 @@ class Worker:
         self.totals = BatchStats()
         self.sample = ScoreSample()
         # messages polled past a batch bound, decoded, for the next batch
-        self._held: list[tuple[Record, pa.Table | codec.InvalidMessage]] = []
+        self._held: list[tuple[Record, tuple | codec.InvalidMessage]] = []
+        # (delivery, its commit in the helper thread, batch, stats, start) while it commits
+        self._pending: tuple | None = None
         self._stop = False
 
     def stop(self, *_args) -> None:
         self._stop = True
 
-    def _collect(self) -> list[tuple[Record, pa.Table | codec.InvalidMessage]]:
+    def _collect(self) -> list[tuple[Record, tuple | codec.InvalidMessage]]:
         """One batch: it starts at the first message (the first poll returns as soon as one is
         there) and ends at max_wait_ms after it or before a bound would be passed. Bounds are
         upper bounds: a message that would pass one waits for the next batch (a message larger
@@ -252,7 +250,7 @@ class Worker:
             for k, (rec, decoded) in enumerate(recs):
                 if decoded is None:
                     decoded = self.pipeline.decode(rec)
-                n_rows = decoded.num_rows if isinstance(decoded, pa.Table) else 0
+                n_rows = 0 if isinstance(decoded, codec.InvalidMessage) else decoded[0].num_rows
                 n_bytes = len(rec.value or b"")
                 if items and (len(items) + 1 > d.max_batch_messages
                               or rows + n_rows > d.max_batch_rows
@@ -282,36 +280,96 @@ class Worker:
         return items
 
     def run(self) -> int:
+        """Collect, process, deliver, until stopped (or a file source ends). With a sink that
+        can split its delivery (Kafka), a batch's commit runs in a helper thread while the
+        next batch is collected, decoded and scored; that batch is produced only after the
+        commit returned, so what is committed, and when, is what it is without the overlap."""
         m = self.metrics
         last_lag = 0.0
-        while not self._stop:
-            now = time.time()
-            if now - last_lag > 5:  # idle or busy: lag of the partitions we own right now
-                m.consumer_lag.clear()
-                for part, lag in self.source.lag().items():
-                    m.consumer_lag.labels(part).set(lag)
-                last_lag = now
-            items = self._collect()
-            if not items:
-                if self.source.exhausted:
-                    break
-                m.beat()
-                continue
-            t0 = time.perf_counter()
-            batch = [rec for rec, _ in items]
-            outputs, dead, stats = self.pipeline.process(items)
-            try:
-                self.sink.deliver(self.source, batch, outputs, dead)
-            except BatchRolledBack as exc:  # rewound: the same messages come again
-                self._held = []  # they come again too, after the batch's own
-                if exc.transaction:
-                    self.metrics.transactions_aborted.inc()
-                continue
-            now = time.time()
-            self._observe(stats, batch, time.perf_counter() - t0, now)
-            if self.progress is not None:
-                self.progress(len(batch), stats)
+        overlap = self.settings.delivery.overlap and hasattr(self.sink, "send")
+        committer = None
+        if overlap:
+            from concurrent.futures import ThreadPoolExecutor
+
+            committer = ThreadPoolExecutor(1, thread_name_prefix="commit")
+            if hasattr(self.source, "before_revoke"):
+                self.source.before_revoke = self._settle_for_revoke
+        try:
+            while not self._stop:
+                now = time.time()
+                if now - last_lag > 5:  # idle or busy: lag of the partitions we own right now
+                    m.consumer_lag.clear()
+                    for part, lag in self.source.lag().items():
+                        m.consumer_lag.labels(part).set(lag)
+                    last_lag = now
+                items = self._collect()
+                if not items:
+                    self._complete()  # idle: settle the batch in flight
+                    if self.source.exhausted:
+                        break
+                    m.beat()
+                    continue
+                t0 = time.perf_counter()
+                batch = [rec for rec, _ in items]
+                outputs, dead, stats = self.pipeline.process(items)
+                if not self._complete():
+                    # the batch in flight rolled back and the source was rewound: this one,
+                    # read after it, comes again too
+                    self._held = []
+                    continue
+                try:
+                    if committer is None:
+                        self.sink.deliver(self.source, batch, outputs, dead)
+                    else:
+                        delivery = self.sink.send(self.source, batch, outputs, dead)
+                        self._pending = (delivery, committer.submit(delivery.wait), batch,
+                                         stats, t0)
+                        continue
+                except BatchRolledBack as exc:  # rewound: the same messages come again
+                    self._rolled_back(exc)
+                    continue
+                self._delivered(stats, batch, t0)
+            self._complete()
+        finally:
+            if committer is not None:
+                if self._pending is not None:  # an error escaped: the commit ends, unused
+                    self._pending[1].result()
+                    self._pending = None
+                committer.shutdown(wait=True)
         return 0
+
+    def _complete(self) -> bool:
+        """Settle the batch in flight, if any: False when it rolled back."""
+        if self._pending is None:
+            return True
+        delivery, future, batch, stats, t0 = self._pending
+        future.result()  # the commit (or flush) has returned
+        self._pending = None
+        try:
+            delivery.finish()
+        except BatchRolledBack as exc:
+            self._rolled_back(exc)
+            return False
+        self._delivered(stats, batch, t0)
+        return True
+
+    def _settle_for_revoke(self) -> None:
+        """Inside a rebalance: wait for the commit in flight; at least once, commit its
+        offsets now, while the partitions are still ours (an error is handled after)."""
+        if self._pending is not None:
+            delivery = self._pending[0]
+            self._pending[1].result()
+            delivery.commit_offsets()
+
+    def _rolled_back(self, exc: BatchRolledBack) -> None:
+        self._held = []  # they come again too, after the batch's own
+        if exc.transaction:
+            self.metrics.transactions_aborted.inc()
+
+    def _delivered(self, stats: BatchStats, batch: list[Record], t0: float) -> None:
+        self._observe(stats, batch, time.perf_counter() - t0, time.time())
+        if self.progress is not None:
+            self.progress(len(batch), stats)
 
     def _observe(self, stats: BatchStats, batch: list[Record], seconds: float, now: float):
         m = self.metrics
@@ -328,9 +386,11 @@ class Worker:
             m.stop_reasons.labels(reason).inc(n)
         m.audit_rows.inc(stats.audit_rows)
         m.audit_disagreements.inc(stats.audit_disagreements)
-        for rec in batch:
-            if rec.timestamp_ms > 0:
-                m.end_to_end_seconds.observe(max(now - rec.timestamp_ms / 1000, 0.0))
+        stamps = np.fromiter((rec.timestamp_ms for rec in batch), dtype=np.float64,
+                             count=len(batch))
+        stamps = stamps[stamps > 0]
+        if len(stamps):
+            observe_many(m.end_to_end_seconds, np.maximum(now - stamps / 1000, 0.0))
         m.beat()
         for score, work in stats.scores:
             self.sample.add(score, work)
@@ -427,7 +487,7 @@ def run(settings: Settings, summary: bool = True) -> int:
         elapsed = time.perf_counter() - t0
     t = worker.totals
     log.info("worker stopped", records=t.rows, messages=t.messages,
-             dead_letters=sum(t.dead.values()), seconds=round(elapsed, 2),
+             dead_letters=sum(t.dead.values()), seconds=round(elapsed, 4),
              audit_rows=t.audit_rows, audit_disagreements=t.audit_disagreements)
     if summary and settings.sink.type == "file":
         _print_summary(settings, model, worker, elapsed)

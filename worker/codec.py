@@ -37,10 +37,15 @@ class Decoder:
         self._plans: dict[bytes, tuple[pa.Schema, list[int]]] = {}
         self._cache_size = cache_size
 
-    def decode(self, value: bytes | None) -> pa.Table:
-        """One self-contained Arrow IPC stream -> a Table of the feature (and id) columns, each
-        fully validated: nothing native reads a buffer whose size pyarrow has not checked
-        against the lengths, offsets and null counts the message claims."""
+    def decode(self, value: bytes | None) -> pa.RecordBatch:
+        """One self-contained Arrow IPC stream -> one RecordBatch of the columns read, fully
+        validated: nothing native reads a buffer whose size pyarrow has not checked against
+        the lengths, offsets and null counts the message claims."""
+        return self.decode_keyed(value)[0]
+
+    def decode_keyed(self, value: bytes | None) -> tuple[pa.RecordBatch, object]:
+        """``decode``, with a key equal for messages whose batches can be concatenated (the
+        stream's schema bytes, or the schema itself when the framing is unusual)."""
         if not value:
             raise InvalidMessage("empty", "the message has no value")
         key = _schema_bytes(value)
@@ -48,13 +53,14 @@ class Decoder:
         try:
             if plan is not None:
                 schema, keep = plan
-                table = _read_batches(value, len(key), schema)
+                batch = _read_batches(value, len(key), schema, keep)
             else:
                 reader = pa.ipc.open_stream(pa.py_buffer(value))
                 table = reader.read_all()
                 schema = table.schema
                 dictionaries = reader.stats.num_dictionary_batches
                 schema.names  # noqa: B018 (field names are UTF-8, or the decode fails here)
+                batch = None
         except (pa.ArrowException, OSError, MemoryError, ValueError, EOFError) as exc:
             raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                                  f"{_short(exc)}") from None
@@ -66,18 +72,31 @@ class Decoder:
                 if len(self._plans) >= self._cache_size:
                     self._plans.clear()
                 self._plans[key] = (schema, keep)
-        if table.num_rows == 0:
+            n = table.num_rows
+        else:
+            n = batch.num_rows if batch is not None else 0
+        if n == 0:
             raise InvalidMessage("empty_batch", "the Arrow stream has no rows")
-        if self.max_rows is not None and table.num_rows > self.max_rows:
-            raise InvalidMessage("too_large", f"{table.num_rows} rows, more than "
+        if self.max_rows is not None and n > self.max_rows:
+            raise InvalidMessage("too_large", f"{n} rows, more than "
                                  f"delivery.max_message_rows ({self.max_rows})")
-        table = table.select(keep)  # only the columns read from here on
         try:
-            table.validate(full=True)
+            # only the columns read from here on (the others are neither validated nor read)
+            if batch is None:
+                if len(keep) != len(schema):
+                    table = table.select(keep)
+                # validated before anything concatenates the stream's batches
+                table.validate(full=True)
+                batches = table.to_batches()
+                batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            else:
+                if len(keep) != len(schema):
+                    batch = batch.select(keep)
+                batch.validate(full=True)
         except (pa.ArrowException, ValueError) as exc:
             raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
                 from None
-        return table
+        return batch, (key if key is not None else schema)
 
     def _plan(self, schema: pa.Schema) -> list[int]:
         """The indices of the columns to keep, in the message's order; InvalidMessage when the
@@ -113,8 +132,11 @@ def _schema_bytes(value: bytes) -> bytes | None:
     return value[:8 + n]
 
 
-def _read_batches(value: bytes, start: int, schema: pa.Schema) -> pa.Table:
-    """The record batches after the schema message, read against the known schema."""
+def _read_batches(value: bytes, start: int, schema: pa.Schema,
+                  keep: list[int]) -> pa.RecordBatch | None:
+    """The record batches after the schema message, read against the known schema; several
+    are cut to the columns ``keep`` and validated before they are concatenated. None when
+    there are none."""
     reader = pa.BufferReader(pa.py_buffer(value))
     reader.seek(start)
     batches = []
@@ -126,7 +148,19 @@ def _read_batches(value: bytes, start: int, schema: pa.Schema) -> pa.Table:
         if message.type != "record batch":
             raise ValueError(f"unexpected {message.type} message in the stream")
         batches.append(pa.ipc.read_record_batch(message, schema))
-    return pa.Table.from_batches(batches, schema=schema)
+        pos = reader.tell()  # the usual stream: one batch, then the end
+        if len(value) - pos <= 8 and value[pos:] in _STREAM_ENDS:
+            break
+    if len(batches) > 1:
+        if len(keep) != len(schema):
+            batches = [b.select(keep) for b in batches]
+        for b in batches:
+            b.validate(full=True)
+        return pa.concat_batches(batches)
+    return batches[0] if batches else None
+
+
+_STREAM_ENDS = (b"", b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
 
 
 def _has_dictionaries(schema: pa.Schema) -> bool:
@@ -174,9 +208,10 @@ class ResultColumns:
         self.columns = list(cols.values())
         self._schemas: dict[pa.DataType, pa.Schema] = {}
 
-    def batch(self, ids: pa.Array | None, rows: slice) -> pa.RecordBatch:
-        """Rows ``rows`` (one message's); ``ids`` its id column, or None for each row's index
-        in its message."""
+    def batch(self, ids: pa.Array | None, rows: slice | None = None) -> pa.RecordBatch:
+        """Rows ``rows`` (default: all); ``ids`` those rows' ids, or None for each row's
+        index among them."""
+        rows = rows or slice(0, len(self.columns[0]))
         n = rows.stop - rows.start
         ids = ids if ids is not None else pa.array(np.arange(n, dtype=np.int64))
         schema = self._schemas.get(ids.type)
@@ -185,8 +220,82 @@ class ResultColumns:
             types = [ids.type] + [c.type for c in self.columns]
             schema = self._schemas[ids.type] = pa.schema(list(zip(self.names, types,
                                                                   strict=True)))
-        return pa.RecordBatch.from_arrays([ids] + [c.slice(rows.start, n) for c in self.columns],
-                                          schema=schema)
+        cols = self.columns if (rows.start, n) == (0, len(self.columns[0])) else \
+            [c.slice(rows.start, n) for c in self.columns]
+        return pa.RecordBatch.from_arrays([ids] + cols, schema=schema)
+
+
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_OFFSET_SLOT = b"\x01" * 20  # room for any int64 offset; no topic name holds \x01
+
+
+class StreamEncoder:
+    """One output stream per input message: schema (with the model's metadata and the input's
+    topic, partition and offset), dictionaries, that message's rows, end of stream. The schema
+    and dictionary messages are serialized once per output schema, topic and partition; each
+    message only writes its offset into its copy and serializes its slice of the batch."""
+
+    def __init__(self, metadata: dict[bytes, bytes], cache_size: int = 4096):
+        self.metadata = metadata
+        self._heads: dict[tuple, tuple[bytes, int, bytes] | None] = {}
+        self._cache_size = cache_size
+
+    def encode(self, batch: pa.RecordBatch, rows: slice, topic: str, partition: int,
+               offset: int, schema_key: object = None) -> bytes:
+        """The stream of ``batch``'s rows ``rows``; ``schema_key`` names ``batch.schema``
+        (equal keys: identical schemas), None to always serialize the schema."""
+        head = None
+        if schema_key is not None:
+            key = (schema_key, topic, partition)
+            head = self._heads.get(key, False)
+            if head is False:
+                head = self._head(batch, topic, partition)
+                if len(self._heads) >= self._cache_size:
+                    self._heads.clear()
+                self._heads[key] = head
+        n = rows.stop - rows.start
+        if head is None:
+            return encode(batch.slice(rows.start, n), {
+                **self.metadata, b"input_topic": topic.encode(),
+                b"input_partition": str(partition).encode(),
+                b"input_offset": str(offset).encode()})
+        template, pos, dictionaries = head
+        schema_msg = bytearray(template)
+        text = str(offset).encode()
+        schema_msg[pos - 4:pos] = len(text).to_bytes(4, "little")
+        schema_msg[pos:pos + len(text)] = text  # the rest of the slot stays zero
+        return b"".join((schema_msg, dictionaries, batch.slice(rows.start, n).serialize(),
+                         _EOS))
+
+    def _head(self, batch: pa.RecordBatch, topic: str, partition: int):
+        """(schema message with an offset slot, slot position, dictionary messages), or None
+        where the dictionaries are not the same for every message (a dictionary id column)."""
+        schema = batch.schema
+        if any(_nested_dictionary(f.type) for f in schema if f.name != "stop_reason"):
+            return None
+        meta = {**self.metadata, b"input_topic": topic.encode(),
+                b"input_partition": str(partition).encode(), b"input_offset": _OFFSET_SLOT}
+        template = schema.with_metadata(meta).serialize().to_pybytes()
+        pos = template.find(_OFFSET_SLOT)
+        if template.count(_OFFSET_SLOT) != 1 or \
+                int.from_bytes(template[pos - 4:pos], "little") != len(_OFFSET_SLOT):
+            return None
+        template = template.replace(_OFFSET_SLOT, b"\x00" * len(_OFFSET_SLOT))
+        # the dictionary messages a stream writer puts between the schema and the first batch
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema, options=_WRITE_OPTIONS) as writer:
+            writer.write_batch(batch.slice(0, 0))  # no rows; the dictionaries in full
+        stream = sink.getvalue()
+        start = 8 + int.from_bytes(stream.slice(4, 4).to_pybytes(), "little")
+        reader = pa.BufferReader(stream)
+        reader.seek(start)
+        end = start
+        while True:
+            message = pa.ipc.read_message(reader)
+            if message.type != "dictionary":
+                break
+            end = reader.tell()
+        return template, pos, stream.slice(start, end - start).to_pybytes()
 
 
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
@@ -194,7 +303,7 @@ def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
     """The output columns (README: Messages) for rows ``slice_`` of a score result; ``ids``
     are those rows' ids (one message's id column), or None for each row's index in its
     message."""
-    return ResultColumns(r, classifier).batch(ids, slice_ or slice(0, len(r)))
+    return ResultColumns(r, classifier).batch(ids, slice_)
 
 
 def output_metadata(model, **extra) -> dict[bytes, bytes]:

@@ -235,6 +235,8 @@ class DeliveryConfig(_Section):
     """...or this long after its first message."""
     transaction_timeout_ms: int = Field(60_000, ge=1000)
     """Broker-side transaction timeout."""
+    overlap: bool = True
+    """Kafka sink: prepare the next batch while one commits (it is produced after)."""
 
 
 class MetricsConfig(_Section):
@@ -315,6 +317,8 @@ class Settings(BaseSettings):
         conf: dict[str, Any] = {
             "linger.ms": 5,
             "queue.buffering.max.kbytes": 262144,
+            # the sink only looks at failed deliveries: no Python callback per message sent
+            "delivery.report.only.error": True,
             **self.kafka.common(),
             "enable.idempotence": True,
         }

@@ -64,24 +64,32 @@ class KafkaSource:
         except KafkaException as exc:
             raise _startup_error(exc) from None
         self.revoked: set[tuple[str, int]] = set()  # since the last take_revoked()
+        # called first when partitions are revoked or lost: the run loop settles a batch whose
+        # commit is still in flight, so the next owner starts after it
+        self.before_revoke = None
         self.exhausted = False  # a topic never ends
         self.total = None
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
-    # Rebalance callbacks run inside poll/consume. Between batches nothing is in flight (every
-    # batch is committed, or aborted and rewound, before the next one starts); within a batch,
-    # the worker drops the messages of revoked partitions (take_revoked) before delivering.
+    # Rebalance callbacks run inside poll/consume, on the loop's thread. A batch whose commit
+    # is in flight (overlapped with the next poll) is settled first (before_revoke); within
+    # a batch, the worker drops the messages of revoked partitions (take_revoked) before
+    # delivering.
     def _on_assign(self, consumer, partitions):
         log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
                                                    for p in partitions])
 
     def _on_revoke(self, consumer, partitions):
+        if self.before_revoke is not None:
+            self.before_revoke()
         self.revoked |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
     def _on_lost(self, consumer, partitions):
+        if self.before_revoke is not None:
+            self.before_revoke()
         self.revoked |= {(p.topic, p.partition) for p in partitions}
         log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
@@ -234,39 +242,95 @@ class KafkaSink:
         """Steps, in order: 1 begin; 2 produce scores and dead letters; 3 add the input
         offsets (next to consume) with the group metadata; 4 commit. Output and input
         offsets become visible together or not at all."""
-        self._errors = []
+        d = self.send(source, batch, outputs, dead)
+        d.wait()
+        d.finish()
+
+    def _abort(self, source: KafkaSource, exc: KafkaException) -> TransactionAborted:
+        log.warning("transaction aborted", error=str(exc.args[0]))
         try:
-            self._txn(self.producer.begin_transaction)
-            self.write(outputs, dead)
-            self._txn(self.producer.send_offsets_to_transaction,
-                      source.next_offsets(batch), source.consumer.consumer_group_metadata())
-            self._txn(self.producer.commit_transaction, 60)
-        except FatalKafkaError:
-            raise
-        except KafkaException as exc:
-            log.warning("transaction aborted", error=str(exc.args[0]))
+            self.producer.abort_transaction(60)
+        except KafkaException as abort_exc:
+            raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
+        source.rewind()
+        return TransactionAborted(str(exc.args[0]))
+
+    def send(self, source: KafkaSource, batch: list[Record], outputs: list[Record],
+             dead: list[Record]) -> KafkaDelivery:
+        """The first part of a delivery: produce the batch (exactly once: begin, produce, add
+        the input offsets to the transaction). The returned delivery's ``wait`` (the commit or
+        the flush, which may run in another thread while the next batch is prepared) and
+        ``finish`` (on the loop's thread) complete it."""
+        self._errors = []
+        if self.transactional:
             try:
-                self.producer.abort_transaction(60)
-            except KafkaException as abort_exc:
-                raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
-            source.rewind()
-            raise TransactionAborted(str(exc.args[0])) from exc
+                self._txn(self.producer.begin_transaction)
+                self.write(outputs, dead)
+                self._txn(self.producer.send_offsets_to_transaction,
+                          source.next_offsets(batch), source.consumer.consumer_group_metadata())
+            except FatalKafkaError:
+                raise
+            except KafkaException as exc:
+                raise self._abort(source, exc) from exc
+        else:
+            try:
+                self.write(outputs, dead)
+            except KafkaException as exc:
+                raise self._rolled_back(source, exc) from exc
+        return KafkaDelivery(self, source, batch)
+
+    @staticmethod
+    def _rolled_back(source: KafkaSource, exc: KafkaException) -> BatchRolledBack:
+        log.warning("delivery failed: the batch will be read again", error=str(exc))
+        source.rewind()
+        return BatchRolledBack(str(exc), transaction=False)
 
     def deliver(self, source, batch: list[Record], outputs: list[Record],
                 dead: list[Record]) -> None:
         """One batch: a transaction with the input offsets (exactly once), or produce, flush,
         then commit the offsets (at least once)."""
-        if self.transactional:
-            self.commit_transaction(source, batch, outputs, dead)
-            return
-        try:
-            self.write(outputs, dead)
-            self.flush()
-        except KafkaException as exc:  # not delivered: read the batch again
-            log.warning("delivery failed: the batch will be read again", error=str(exc))
-            source.rewind()
-            raise BatchRolledBack(str(exc), transaction=False) from exc
-        source.commit(batch)  # at least once: offsets only after delivery
+        d = self.send(source, batch, outputs, dead)
+        d.wait()
+        d.finish()
 
     def close(self) -> None:
         self.producer.flush(10)
+
+
+class KafkaDelivery:
+    """A batch produced and not yet committed: ``wait`` blocks until the transaction commits
+    (exactly once) or every message is acknowledged (at least once) and keeps any error; it
+    touches only the producer, so it may run in another thread while the loop polls and
+    scores the next batch. ``finish``, on the loop's thread, commits the consumer offsets (at
+    least once) or, after an error, aborts, rewinds the source and raises BatchRolledBack."""
+
+    def __init__(self, sink: KafkaSink, source: KafkaSource, batch: list[Record]):
+        self.sink, self.source, self.batch = sink, source, batch
+        self.error: BaseException | None = None
+        self.offsets_committed = False
+
+    def wait(self) -> None:
+        try:
+            if self.sink.transactional:
+                self.sink._txn(self.sink.producer.commit_transaction, 60)
+            else:
+                self.sink.flush()
+        except BaseException as exc:  # noqa: BLE001 (kept for finish, on the loop's thread)
+            self.error = exc
+
+    def commit_offsets(self) -> None:
+        """At least once: the batch's offsets, once its messages are acknowledged."""
+        if not self.sink.transactional and self.error is None and not self.offsets_committed:
+            self.offsets_committed = True
+            self.source.commit(self.batch)
+
+    def finish(self) -> None:
+        exc = self.error
+        if exc is None:
+            self.commit_offsets()
+            return
+        if isinstance(exc, FatalKafkaError) or not isinstance(exc, KafkaException):
+            raise exc
+        if self.sink.transactional:
+            raise self.sink._abort(self.source, exc) from exc
+        raise self.sink._rolled_back(self.source, exc) from exc

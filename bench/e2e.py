@@ -1,0 +1,634 @@
+"""End to end: the worker against the loops a user would otherwise write, in one run.
+
+    python bench/e2e.py [--quick] [--no-broker]        # or: make bench-e2e
+
+Model: XGBoost, 300 trees of depth 6 on 30 float32 features (binary), `threads: 1`.
+Messages: Arrow IPC streams of 1, 10, 100 and 1000 rows (an int64 `txn_id` and 30 features,
+2% missing).
+
+1. File -> file (rows/s and messages/s of the run loop, the `worker stopped ... seconds` line):
+   the worker (`scoring-worker --config`), a bare pyarrow loop (read each stream, write an
+   output stream of the same rows) and the hand-written loop (that, plus XGBoost
+   `inplace_predict` per message, an output of id and score); `score_batch` and
+   `predict_proba` alone on the same rows.
+2. Through the local broker (a backlog of messages; rate from the first to the last output a
+   read_committed reader sees): the worker in exactly_once, and the hand-written transactional
+   loop (confluent-kafka consumer, transactional producer, pyarrow, `inplace_predict`, one
+   transaction per poll of up to 500 messages).
+3. Floors on the same broker: a bare transaction (begin, produce one message, commit, seen by a
+   read_committed reader) and a plain produce -> consume.
+4. Latency of 1-row messages produced at 500 and 5,000 messages/s (a child process stamps each
+   message with its send time in a header, which the worker copies to its output), read under
+   read_committed with `fetch.wait.max.ms: 5`: p50/p99/max for both delivery modes.
+
+Writes bench/out/e2e/results.json, bench/E2E-RESULTS.md, bench/e2e-throughput.png and
+bench/e2e-latency.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import yaml  # noqa: E402
+
+OUT = REPO / "bench" / "out" / "e2e"
+N_FEATURES = 30
+SIZES = (1, 10, 100, 1000)
+FEATURES = [f"f{j}" for j in range(N_FEATURES)]
+_OPTS = pa.ipc.IpcWriteOptions()
+
+
+# ---------------------------------------------------------------- model and messages
+
+
+def model_files() -> tuple[Path, Path]:
+    """(XGBoost JSON, our artifact), trained once and kept under bench/out/e2e."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    xgb_path, art = OUT / "model-300x6.json", OUT / "model-300x6.model"
+    if not (xgb_path.exists() and art.exists()):
+        import xgboost as xgb
+
+        import worker
+
+        rng = np.random.default_rng(1)
+        X = rng.normal(size=(60_000, N_FEATURES)).astype(np.float32)
+        logit = X[:, 0] * 1.5 - X[:, 1] + 0.8 * X[:, 2] * X[:, 3] - 2.5 + np.sin(X[:, 4] * 2)
+        y = (rng.random(len(X)) < 1 / (1 + np.exp(-logit))).astype(np.int32)
+        X[rng.random(X.shape) < 0.02] = np.nan
+        booster = xgb.train({"max_depth": 6, "eta": 0.1, "objective": "binary:logistic",
+                             "tree_method": "hist", "nthread": 2, "base_score": 0.3},
+                            xgb.DMatrix(X, y, feature_names=FEATURES), num_boost_round=300)
+        booster.save_model(str(xgb_path))
+        worker.compile_model(booster).save(art)
+    return xgb_path, art
+
+
+def table(first_id: int, n: int, rng) -> pa.Table:
+    X = rng.normal(size=(n, N_FEATURES)).astype(np.float32)
+    X[rng.random(X.shape) < 0.02] = np.nan
+    cols = {"txn_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64))}
+    cols.update({f: pa.array(X[:, j]) for j, f in enumerate(FEATURES)})
+    return pa.table(cols)
+
+
+def stream(t: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema, options=_OPTS) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def values(rows: int, n: int, seed: int = 5) -> list[bytes]:
+    rng = np.random.default_rng(seed + rows)
+    return [stream(table(i * rows, rows, rng)) for i in range(n)]
+
+
+def recording(rows: int, n: int) -> Path:
+    from worker.io.records import Record, write_records
+
+    path = OUT / f"in-{rows}x{n}.arrows"
+    if not path.exists():
+        recs = (Record("e2e-in", 0, i, f"card-{i}".encode(), v, 1_700_000_000_000 + i,
+                       [("content-type", b"application/vnd.apache.arrow.stream")])
+                for i, v in enumerate(values(rows, n)))
+        write_records(path, recs)
+    return path
+
+
+# ---------------------------------------------------------------- file -> file
+
+
+def worker_file_run(path: Path, art: Path, tmp: Path) -> float:
+    """Seconds of the worker's run loop (its `worker stopped` log line)."""
+    cfg = tmp / "file.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": {"type": "file", "path": str(path)},
+        "sink": {"type": "file", "path": str(tmp / "scores.arrows")},
+        "model": {"path": str(art)},
+        "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
+        "logging": {"level": "INFO", "format": "json", "progress": False},
+    }))
+    p = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)], cwd=REPO,
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"worker failed: {p.stderr[-2000:]}")
+    for line in p.stderr.splitlines():
+        if '"worker stopped"' in line:
+            return float(json.loads(line)["seconds"])
+    raise RuntimeError("no 'worker stopped' line")
+
+
+def bare_loop(path: Path, tmp: Path, booster=None) -> float:
+    """The loop a user writes: read each message's stream, (score it,) write an output."""
+    from worker.io.records import Record, RecordWriter, read_records
+
+    recs = list(read_records(path))
+    t0 = time.perf_counter()
+    with RecordWriter(tmp / "bare.arrows") as w:
+        out = []
+        for rec in recs:
+            t = pa.ipc.open_stream(rec.value).read_all()
+            if booster is not None:
+                X = np.column_stack([t.column(f).to_numpy() for f in FEATURES])
+                score = booster.inplace_predict(X)
+                t = pa.table({"id": t.column("txn_id"), "score": pa.array(score, pa.float64())})
+            out.append(Record("out", -1, -1, rec.key, stream(t), rec.timestamp_ms, rec.headers))
+            if len(out) >= 1000:
+                w.write(out)
+                out = []
+        w.write(out)
+    return time.perf_counter() - t0
+
+
+def kernels_alone(art: Path, booster, rows: int = 100_000) -> dict:
+    import worker
+
+    m = worker.load_model(art)
+    t = pa.concat_tables([pa.ipc.open_stream(v).read_all() for v in values(1000, rows // 1000)])
+    X = np.column_stack([t.column(f).to_numpy() for f in FEATURES]).astype(np.float32)
+
+    def best(fn, k=5):
+        fn()
+        ts = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    return {
+        "score_batch_table": rows / best(lambda: m.score_batch(t, thresholds=[0.5, 0.9],
+                                                               n_threads=1)),
+        "score_batch": rows / best(lambda: m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1)),
+        "predict_proba": rows / best(lambda: m.predict_proba(X, n_threads=1)),
+        "xgboost_inplace_predict": rows / best(lambda: booster.inplace_predict(X)),
+    }
+
+
+def file_bench(art: Path, xgb_path: Path, quick: bool) -> dict:
+    import xgboost as xgb
+
+    booster = xgb.Booster(model_file=str(xgb_path))
+    booster.set_param({"nthread": 1})
+    counts = {1: 20_000, 10: 10_000, 100: 2_000, 1000: 300}
+    if quick:
+        counts = {k: max(v // 10, 30) for k, v in counts.items()}
+    res = {"kernels": kernels_alone(art, booster, 20_000 if quick else 100_000), "sizes": {}}
+    for rows, n in counts.items():
+        path = recording(rows, n)
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            w = min(worker_file_run(path, art, tmp) for _ in range(2))
+            b = min(bare_loop(path, tmp) for _ in range(2))
+            h = bare_loop(path, tmp, booster)
+        res["sizes"][rows] = {"messages": n, "worker_s": w, "bare_s": b, "hand_s": h}
+        print(f"file {rows:>4} rows/msg: worker {n / w:,.0f} msg/s, bare pyarrow {n / b:,.0f}, "
+              f"hand-written xgboost {n / h:,.0f}", flush=True)
+    return res
+
+
+# ---------------------------------------------------------------- broker
+
+
+def bootstrap_servers() -> str:
+    if os.environ.get("BOOTSTRAP"):
+        return os.environ["BOOTSTRAP"]
+    out = subprocess.run([str(REPO / "deploy" / "kafka-local" / "broker"), "start"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()[-1]
+
+
+class Topics:
+    def __init__(self, bootstrap: str, partitions: int = 1):
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        run = uuid.uuid4().hex[:8]
+        self.input, self.output, self.dlq = (f"e2e-in-{run}", f"e2e-out-{run}",
+                                             f"e2e-dlq-{run}")
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        fs = self.admin.create_topics([NewTopic(t, partitions) for t in
+                                       (self.input, self.output, self.dlq)])
+        for f in fs.values():
+            f.result()
+        time.sleep(1)
+
+    def delete(self):
+        self.admin.delete_topics([self.input, self.output, self.dlq])
+
+
+def produce_backlog(bootstrap: str, topic: str, vals: list[bytes]) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True,
+                  "batch.size": 1 << 20})
+    for i, v in enumerate(vals):
+        while True:
+            try:
+                p.produce(topic, value=v, key=f"card-{i}".encode())
+                break
+            except BufferError:
+                p.poll(0.1)
+        p.poll(0)
+    assert p.flush(120) == 0
+
+
+def reader(bootstrap: str, topic: str):
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "fetch.wait.max.ms": 5})
+    c.subscribe([topic])
+    return c
+
+
+def read_rate(bootstrap: str, topic: str, n: int, timeout: float) -> dict:
+    """Messages/s seen by a read_committed reader, from its first output to its last."""
+    c = reader(bootstrap, topic)
+    seen, first, t_first, t_last = 0, None, 0.0, 0.0
+    deadline = time.monotonic() + timeout
+    try:
+        while seen < n and time.monotonic() < deadline:
+            got = [m for m in c.consume(1000, 0.2) if m.error() is None]
+            if got:
+                now = time.perf_counter()
+                if first is None:
+                    first, t_first = len(got), now
+                seen += len(got)
+                t_last = now
+    finally:
+        c.close()
+    if seen < n or first is None or t_last <= t_first:
+        return {"messages": seen, "rate": None}
+    return {"messages": seen, "rate": (seen - first) / (t_last - t_first)}
+
+
+def worker_config(tmp: Path, bootstrap: str, art: Path, topics: Topics, mode: str,
+                  **delivery) -> Path:
+    cfg = tmp / f"kafka-{uuid.uuid4().hex[:6]}.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": {"type": "kafka", "topic": topics.input},
+        "sink": {"type": "kafka", "topic": topics.output, "dead_letter_topic": topics.dlq},
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": f"e2e-{uuid.uuid4().hex[:8]}"},
+        "model": {"path": str(art)},
+        "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
+        "delivery": {"mode": mode, **delivery},
+        "logging": {"level": "WARNING", "format": "json", "progress": False},
+    }))
+    return cfg
+
+
+def start_worker(cfg: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                            cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def hand_loop(conf_json: str) -> int:
+    """The hand-written transactional loop (run in a child process by the benchmark)."""
+    import xgboost as xgb
+    from confluent_kafka import Consumer, Producer
+
+    c = json.loads(conf_json)
+    booster = xgb.Booster(model_file=c["model"])
+    booster.set_param({"nthread": 1})
+    consumer = Consumer({"bootstrap.servers": c["bootstrap"], "group.id": c["group"],
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    producer = Producer({"bootstrap.servers": c["bootstrap"],
+                         "transactional.id": f"hand-{uuid.uuid4().hex}", "linger.ms": 5})
+    producer.init_transactions()
+    consumer.subscribe([c["input"]])
+    import signal
+
+    running = [True]
+    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
+    while running[0]:
+        msgs = [m for m in consumer.consume(500, 0.1) if m.error() is None]
+        if not msgs:
+            continue
+        producer.begin_transaction()
+        for m in msgs:
+            t = pa.ipc.open_stream(m.value()).read_all()
+            X = np.column_stack([t.column(f).to_numpy() for f in FEATURES])
+            score = booster.inplace_predict(X)
+            out = pa.table({"id": t.column("txn_id"), "score": pa.array(score, pa.float64())})
+            producer.produce(c["output"], value=stream(out), key=m.key(), headers=m.headers())
+            producer.poll(0)
+        producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                             consumer.consumer_group_metadata())
+        producer.commit_transaction()
+    consumer.close()
+    return 0
+
+
+def broker_throughput(bootstrap: str, art: Path, xgb_path: Path, tmp: Path,
+                      quick: bool) -> dict:
+    counts = {1: 20_000, 10: 10_000, 100: 2_000, 1000: 300}
+    if quick:
+        counts = {k: max(v // 10, 30) for k, v in counts.items()}
+    res = {}
+    for rows, n in counts.items():
+        vals = values(rows, n)
+        res[rows] = {"messages": n}
+        for who in ("worker", "hand"):
+            topics = Topics(bootstrap)
+            produce_backlog(bootstrap, topics.input, vals)
+            if who == "worker":
+                proc = start_worker(worker_config(tmp, bootstrap, art, topics, "exactly_once"),
+                                    tmp / "worker.log")
+            else:
+                conf = json.dumps({"bootstrap": bootstrap, "model": str(xgb_path),
+                                   "group": f"hand-{uuid.uuid4().hex[:8]}",
+                                   "input": topics.input, "output": topics.output})
+                proc = subprocess.Popen([sys.executable, __file__, "--hand-loop", conf],
+                                        cwd=REPO)
+            try:
+                r = read_rate(bootstrap, topics.output, n, timeout=600)
+            finally:
+                stop(proc)
+                topics.delete()
+            res[rows][who] = r["rate"]
+        w, h = res[rows]["worker"], res[rows]["hand"]
+        print(f"broker {rows:>4} rows/msg: worker {w or 0:,.0f} msg/s, hand-written "
+              f"{h or 0:,.0f} msg/s", flush=True)
+    return res
+
+
+def floors(bootstrap: str, n: int) -> dict:
+    """Latency (ms) of a bare transaction and of a plain produce -> consume."""
+    from confluent_kafka import Producer
+
+    out = {}
+    for kind in ("transaction", "produce_consume"):
+        topics = Topics(bootstrap)
+        conf = {"bootstrap.servers": bootstrap, "linger.ms": 0}
+        if kind == "transaction":
+            conf["transactional.id"] = f"floor-{uuid.uuid4().hex}"
+        p = Producer(conf)
+        if kind == "transaction":
+            p.init_transactions()
+        c = reader(bootstrap, topics.input)
+        while not c.assignment():
+            c.poll(0.1)
+        lat = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            if kind == "transaction":
+                p.begin_transaction()
+            p.produce(topics.input, value=b"x", key=str(i).encode())
+            if kind == "transaction":
+                p.commit_transaction()
+            else:
+                p.flush()
+            while True:
+                m = c.poll(1.0)
+                if m is not None and m.error() is None:
+                    break
+            lat.append((time.perf_counter() - t0) * 1000)
+        c.close()
+        topics.delete()
+        out[kind] = percentiles(lat)
+        print(f"floor {kind}: p50 {out[kind]['p50']:.1f} ms, p99 {out[kind]['p99']:.1f} ms",
+              flush=True)
+    return out
+
+
+def percentiles(ms) -> dict:
+    a = np.asarray(ms, dtype=np.float64)
+    return {"n": int(len(a)), "p50": float(np.percentile(a, 50)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+
+def paced_producer(conf_json: str) -> int:
+    """Child process: produce 1-row messages at a fixed rate, each with its send time."""
+    from confluent_kafka import Producer
+
+    c = json.loads(conf_json)
+    vals = values(1, 2000, seed=11)
+    p = Producer({"bootstrap.servers": c["bootstrap"], "linger.ms": 0,
+                  "enable.idempotence": True})
+    period = 1.0 / c["rate"]
+    start = time.perf_counter()
+    for i in range(c["n"]):
+        due = start + i * period
+        while True:
+            now = time.perf_counter()
+            if now >= due:
+                break
+            if due - now > 0.002:
+                time.sleep(due - now - 0.001)
+            p.poll(0)
+        while True:
+            try:
+                p.produce(c["topic"], value=vals[i % len(vals)], key=f"card-{i}".encode(),
+                          headers=[("sent_ns", str(time.time_ns()).encode())])
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    p.flush(60)
+    return 0
+
+
+def latency(bootstrap: str, art: Path, tmp: Path, mode: str, rate: int, seconds: float) -> dict:
+    topics = Topics(bootstrap)
+    proc = start_worker(worker_config(tmp, bootstrap, art, topics, mode), tmp / "worker.log")
+    c = reader(bootstrap, topics.output)
+    try:
+        # warm up: one message through the whole path before the clock starts
+        produce_backlog(bootstrap, topics.input, values(1, 1, seed=3))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                break
+        n = int(rate * seconds)
+        prod = subprocess.Popen([sys.executable, __file__, "--paced-producer", json.dumps(
+            {"bootstrap": bootstrap, "topic": topics.input, "rate": rate, "n": n})], cwd=REPO)
+        lat = []
+        deadline = time.monotonic() + seconds + 120
+        while len(lat) < n and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.1):
+                if m.error() is not None:
+                    continue
+                now = time.time_ns()
+                sent = dict(m.headers() or []).get("sent_ns")
+                if sent is not None:
+                    lat.append((now - int(sent)) / 1e6)
+        prod.wait(60)
+    finally:
+        c.close()
+        stop(proc)
+        topics.delete()
+    r = percentiles(lat) if lat else {"n": 0}
+    r["expected"] = int(rate * seconds)
+    r["samples_ms"] = sorted(lat)
+    print(f"latency {mode} at {rate}/s: p50 {r.get('p50', 0):.1f} ms, p99 {r.get('p99', 0):.1f}"
+          f" ms, max {r.get('max', 0):.1f} ms ({r['n']} of {r['expected']})", flush=True)
+    return r
+
+
+# ---------------------------------------------------------------- report
+
+
+def write_report(res: dict) -> None:
+    from report import machine
+
+    res["machine"] = machine()
+    (OUT / "results.json").write_text(json.dumps(res, indent=1))
+    f, k = res["file"], res["file"]["kernels"]
+    lines = ["# End to end: results", "",
+             "Produced by `make bench-e2e` (`python bench/e2e.py`); model XGBoost 300 trees x "
+             "depth 6, 30 float32 features, `threads: 1`; every figure from the same run.", "",
+             f"Machine: {res['machine'].get('Model name', '?')}, "
+             f"{res['machine'].get('cpus_usable')} usable CPUs, Python "
+             f"{res['machine']['python']}, {res['machine']['date']}.", "",
+             "## File -> file (messages/s of the run loop)", "",
+             "| rows per message | scoring-worker msg/s | rows/s | bare pyarrow loop msg/s | "
+             "hand-written XGBoost loop msg/s | worker / hand-written |",
+             "|---|---|---|---|---|---|"]
+    for rows, s in f["sizes"].items():
+        n = s["messages"]
+        lines.append(f"| {rows} | {n / s['worker_s']:,.0f} | {n * int(rows) / s['worker_s']:,.0f}"
+                     f" | {n / s['bare_s']:,.0f} | {n / s['hand_s']:,.0f} | "
+                     f"{s['hand_s'] / s['worker_s']:.1f}x |")
+    lines += ["", f"Alone on 100,000 rows (rows/s): `score_batch` on the Arrow table "
+              f"{k['score_batch_table']:,.0f}, on numpy {k['score_batch']:,.0f}, `predict_proba` "
+              f"{k['predict_proba']:,.0f}, XGBoost `inplace_predict` "
+              f"{k['xgboost_inplace_predict']:,.0f}.", ""]
+    if "broker" in res:
+        b = res["broker"]
+        lines += ["## Through the local broker (exactly once, messages/s)", "",
+                  "| rows per message | scoring-worker | hand-written transactional loop | "
+                  "ratio | worker / its file rate |", "|---|---|---|---|---|"]
+        for rows, s in b["throughput"].items():
+            w, h = s.get("worker"), s.get("hand")
+            fr = f["sizes"][rows]["messages"] / f["sizes"][rows]["worker_s"]
+            lines.append(f"| {rows} | {w or 0:,.0f} | {h or 0:,.0f} | "
+                         f"{(w or 0) / (h or 1):.1f}x | {(w or 0) / fr:.0%} |")
+        fl = b["floors"]
+        lines += ["", f"Floors: bare transaction p50 {fl['transaction']['p50']:.1f} ms / p99 "
+                  f"{fl['transaction']['p99']:.1f} ms; produce -> consume p50 "
+                  f"{fl['produce_consume']['p50']:.1f} ms / p99 "
+                  f"{fl['produce_consume']['p99']:.1f} ms.", "",
+                  "## Latency, 1-row messages (send -> read under read_committed, ms)", "",
+                  "| mode | rate (msg/s) | p50 | p99 | max | received |",
+                  "|---|---|---|---|---|---|"]
+        for key, r in b["latency"].items():
+            mode, rate = key.rsplit("@", 1)
+            lines.append(f"| {mode} | {rate} | {r.get('p50', 0):.1f} | {r.get('p99', 0):.1f} | "
+                         f"{r.get('max', 0):.1f} | {r['n']} of {r['expected']} |")
+    lines += ["", "![throughput](e2e-throughput.png)", ""]
+    if "broker" in res:
+        lines += ["![latency](e2e-latency.png)", ""]
+    (REPO / "bench" / "E2E-RESULTS.md").write_text("\n".join(lines))
+    plot(res)
+
+
+def plot(res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f = res["file"]["sizes"]
+    sizes = list(f)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = {"bare pyarrow loop (file)": [f[s]["messages"] * int(s) / f[s]["bare_s"]
+                                           for s in sizes],
+              "scoring-worker (file)": [f[s]["messages"] * int(s) / f[s]["worker_s"]
+                                        for s in sizes],
+              "hand-written XGBoost loop (file)": [f[s]["messages"] * int(s) / f[s]["hand_s"]
+                                                   for s in sizes]}
+    if "broker" in res:
+        t = res["broker"]["throughput"]
+        series["scoring-worker (broker, exactly once)"] = [(t[s]["worker"] or 0) * int(s)
+                                                           for s in sizes]
+        series["hand-written transactional loop (broker)"] = [(t[s]["hand"] or 0) * int(s)
+                                                              for s in sizes]
+    for name, ys in series.items():
+        ax.plot([int(s) for s in sizes], ys, marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rows per message")
+    ax.set_ylabel("rows/s (1 thread)")
+    ax.set_title("End to end throughput by message size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(REPO / "bench" / "e2e-throughput.png", dpi=110)
+    plt.close(fig)
+    if "broker" in res:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for key, r in res["broker"]["latency"].items():
+            s = np.asarray(r.get("samples_ms", []))
+            if len(s):
+                ax.plot(s, np.arange(1, len(s) + 1) / len(s), label=key.replace("@", " at ")
+                        + " msg/s")
+        ax.set_xscale("log")
+        ax.set_xlabel("latency (ms), send -> read under read_committed")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title("Latency CDF, 1-row messages")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(REPO / "bench" / "e2e-latency.png", dpi=110)
+        plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a tenth of the messages")
+    ap.add_argument("--no-broker", action="store_true", help="file -> file only")
+    ap.add_argument("--hand-loop", help=argparse.SUPPRESS)
+    ap.add_argument("--paced-producer", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.hand_loop:
+        return hand_loop(args.hand_loop)
+    if args.paced_producer:
+        return paced_producer(args.paced_producer)
+    xgb_path, art = model_files()
+    res = {"file": file_bench(art, xgb_path, args.quick)}
+    if not args.no_broker:
+        bootstrap = bootstrap_servers()
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            res["broker"] = {"throughput": broker_throughput(bootstrap, art, xgb_path, tmp,
+                                                             args.quick),
+                             "floors": floors(bootstrap, 100 if args.quick else 500),
+                             "latency": {}}
+            secs = 3 if args.quick else 10
+            for mode in ("at_least_once", "exactly_once"):
+                for rate in (500, 5000):
+                    res["broker"]["latency"][f"{mode}@{rate}"] = latency(
+                        bootstrap, art, tmp, mode, rate, secs if rate == 500 else secs / 2)
+    write_report(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
