@@ -272,11 +272,18 @@ def test_overlapped_commit_that_aborts_drops_the_batch_prepared_behind_it():
                                          "abort", "begin"]
 
 
-def test_the_next_batch_is_prepared_while_a_commit_is_in_flight():
-    for overlap in (True, False):
-        src = LogSource(_keyed(4))
-        p = TxnProducer(src, watch_polls=True)
-        assert _txn_worker(src, p, overlap=overlap).run() == 0
-        assert p.published == [str(i).encode() for i in range(4)]
-        # with the overlap every commit but the last sees the next poll; without, none does
-        assert p.overlapped == [overlap] * 3 + [False], (overlap, p.overlapped)
+@pytest.mark.parametrize("overlap,batch_messages,expected", [
+    (True, 1, True),  # every batch closes at a bound: more is waiting, so it overlaps
+    (False, 1, False),  # overlap off
+    (True, 10, False),  # batches close at max_wait_ms (caught up): committed right away
+])
+def test_the_next_batch_is_prepared_while_a_commit_is_in_flight(overlap, batch_messages,
+                                                                 expected):
+    src = LogSource(_keyed(4))
+    p = TxnProducer(src, watch_polls=True)
+    w = _txn_worker(src, p, overlap=overlap)
+    w.settings.delivery.__dict__["max_batch_messages"] = batch_messages
+    assert w.run() == 0
+    assert p.published == [str(i).encode() for i in range(4)]
+    # overlapped: every commit but the last sees the next poll; otherwise none does
+    assert p.overlapped == [expected] * 3 + [False], p.overlapped

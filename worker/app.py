@@ -220,6 +220,7 @@ class Worker:
         self._held: list[tuple[Record, tuple | codec.InvalidMessage]] = []
         # (delivery, its commit in the helper thread, batch, stats, start) while it commits
         self._pending: tuple | None = None
+        self._behind = False  # the last batch closed at a bound: more messages are waiting
         self._stop = False
 
     def stop(self, *_args) -> None:
@@ -234,6 +235,7 @@ class Worker:
         items: list = []
         rows = nbytes = 0
         deadline = None
+        self._behind = False
         while True:
             if self._held:
                 recs, self._held = self._held, []
@@ -274,6 +276,7 @@ class Worker:
                               if (it[0].topic, it[0].partition) not in revoked]
                 break
             if full or len(items) >= d.max_batch_messages or self._stop:
+                self._behind = full or len(items) >= d.max_batch_messages
                 break
             if not recs and (deadline is None or self.source.exhausted):
                 break
@@ -322,8 +325,15 @@ class Worker:
                         self.sink.deliver(self.source, batch, outputs, dead)
                     else:
                         delivery = self.sink.send(self.source, batch, outputs, dead)
-                        self._pending = (delivery, committer.submit(delivery.wait), batch,
-                                         stats, t0)
+                        if self._behind:  # more is waiting: prepare it while this commits
+                            self._pending = (delivery, committer.submit(delivery.wait), batch,
+                                             stats, t0)
+                            continue
+                        # caught up (the batch closed at max_wait_ms): commit right away,
+                        # nothing would be gained by a hand-over to the helper thread
+                        delivery.wait()
+                        self._pending = (delivery, None, batch, stats, t0)
+                        self._complete()
                         continue
                 except BatchRolledBack as exc:  # rewound: the same messages come again
                     self._rolled_back(exc)
@@ -332,8 +342,8 @@ class Worker:
             self._complete()
         finally:
             if committer is not None:
-                if self._pending is not None:  # an error escaped: the commit ends, unused
-                    self._pending[1].result()
+                if self._pending is not None and self._pending[1] is not None:
+                    self._pending[1].result()  # an error escaped: the commit ends, unused
                     self._pending = None
                 committer.shutdown(wait=True)
         return 0
@@ -343,7 +353,8 @@ class Worker:
         if self._pending is None:
             return True
         delivery, future, batch, stats, t0 = self._pending
-        future.result()  # the commit (or flush) has returned
+        if future is not None:
+            future.result()  # the commit (or flush) has returned
         self._pending = None
         try:
             delivery.finish()
@@ -357,8 +368,9 @@ class Worker:
         """Inside a rebalance: wait for the commit in flight; at least once, commit its
         offsets now, while the partitions are still ours (an error is handled after)."""
         if self._pending is not None:
-            delivery = self._pending[0]
-            self._pending[1].result()
+            delivery, future = self._pending[:2]
+            if future is not None:
+                future.result()
             delivery.commit_offsets()
 
     def _rolled_back(self, exc: BatchRolledBack) -> None:

@@ -236,7 +236,7 @@ class DeliveryConfig(_Section):
     transaction_timeout_ms: int = Field(60_000, ge=1000)
     """Broker-side transaction timeout."""
     overlap: bool = True
-    """Kafka sink: prepare the next batch while one commits (it is produced after)."""
+    """Kafka sink, behind a backlog: prepare the next batch while one commits."""
 
 
 class MetricsConfig(_Section):
