@@ -71,6 +71,7 @@ def sink_with(producer, transactional: bool = True) -> KafkaSink:
     sink = KafkaSink.__new__(KafkaSink)  # no network: wire the stub in directly
     sink.producer, sink.topic, sink.dead_letter_topic = producer, "scores", "scores-dlq"
     sink.transactional, sink._errors = transactional, []
+    sink.stopping = lambda: False
     return sink
 
 
@@ -287,3 +288,67 @@ def test_the_next_batch_is_prepared_while_a_commit_is_in_flight(overlap, batch_m
     assert p.published == [str(i).encode() for i in range(4)]
     # overlapped: every commit but the last sees the next poll; otherwise none does
     assert p.overlapped == [expected] * 3 + [False], p.overlapped
+
+
+def test_a_full_local_queue_heeds_a_stop():
+    # before: with the broker away, produce raised BufferError forever and SIGTERM was
+    # ignored until Kubernetes' SIGKILL
+    class FullQueue(StubProducer):
+        def produce(self, topic, **kw):
+            raise BufferError("queue full")
+
+    p = FullQueue()
+    sink = sink_with(p)
+    asked = []
+    sink.stopping = lambda: asked.append(1) or len(asked) >= 3
+    src = StubSource()
+    with pytest.raises(TransactionAborted):
+        sink.deliver(src, BATCH, OUT, [])
+    assert len(asked) == 3 and p.calls[-1] == "abort" and src.rewound == 1
+
+
+def test_rewind_that_cannot_read_the_committed_offsets_is_fatal():
+    from confluent_kafka import TopicPartition
+
+    from worker.io.kafka import KafkaSource
+
+    class AwayCoordinator:
+        def assignment(self):
+            return [TopicPartition("in", 0)]
+
+        def committed(self, partitions, timeout=None):
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator away"))
+
+    src = KafkaSource.__new__(KafkaSource)
+    src.consumer = AwayCoordinator()
+    with pytest.raises(FatalKafkaError, match="cannot rewind"):
+        src.rewind()
+
+
+def test_sigterm_during_start_up_exits_0(tmp_path):
+    # before: handlers came after init_transactions (up to 60 s against an absent
+    # coordinator), so SIGTERM killed the process (exit -15), silently
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "source: {type: kafka, topic: in}\n"
+        "sink: {type: kafka, topic: out, dead_letter_topic: dlq}\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1', group_id: g}\n"
+        f"model: {{path: {root / 'tests' / 'golden' / 'fraud-xgb.model'}}}\n"
+        "logging: {progress: false}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3.0)
+    assert proc.poll() is None  # still waiting for the coordinator
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=15)
+    text = (out + err).decode()
+    assert proc.returncode == 0, text
+    assert "waiting for the transaction coordinator" in text
+    assert "stopped during start-up" in text and "Traceback" not in text

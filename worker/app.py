@@ -211,6 +211,8 @@ class Worker:
                  metrics: Metrics | None = None, progress=None):
         self.settings, self.model = settings, model
         self.source, self.sink = source, sink
+        if hasattr(sink, "stopping"):  # a sink that waits (a full queue) heeds a stop
+            sink.stopping = lambda: self._stop
         self.metrics = metrics or Metrics()
         self.pipeline = Pipeline(model, settings, sink.topic)
         self.progress = progress
@@ -437,7 +439,31 @@ def run_from_config(path: str | None, **overrides) -> int:
     return run(settings)
 
 
+class _StopDuringStartup(Exception):
+    """SIGTERM or SIGINT before the loop runs (Kubernetes stops starting pods too)."""
+
+
+def _stop_during_startup(*_args):
+    raise _StopDuringStartup
+
+
 def run(settings: Settings, summary: bool = True) -> int:
+    """Start, run until stopped, summarize; the process exit code. A stop requested during
+    start-up (while a coordinator loads, say) ends it there with exit 0: nothing was read."""
+    previous = {sig: signal.signal(sig, _stop_during_startup)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(settings, summary)
+    except _StopDuringStartup:
+        log.info("stopped during start-up")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is _stop_during_startup:
+                signal.signal(sig, handler)
+
+
+def _run(settings: Settings, summary: bool) -> int:
     from .model.artifact import ArtifactError
     from .model.compiled import load_model
 

@@ -9,6 +9,12 @@ run loop only calls it and reads the outcome:
   committed offsets: the same messages come again;
 * ``FatalError``: this worker cannot go on (fenced, a fatal client error): exit 1 for a
   restart.
+
+A sink may also split its delivery (the Kafka sink does): ``send`` produces the batch and
+returns a delivery whose ``wait`` (the commit or flush; it touches only the producer and never
+raises) may run in another thread while the loop prepares the next batch, and whose
+``finish``, on the loop's thread, ends it as ``deliver`` would (returns, or raises one of the
+two errors above).
 """
 
 from __future__ import annotations

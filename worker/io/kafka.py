@@ -139,15 +139,22 @@ class KafkaSource:
                         error=str(exc))
 
     def rewind(self) -> None:
-        """Seek every assigned partition back to its committed offset (after an abort)."""
-        assignment = self.consumer.assignment()
-        if not assignment:
-            return
-        for tp in self.consumer.committed(assignment, timeout=30):
-            if tp.offset == OFFSET_INVALID:
-                lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
-                tp.offset = lo
-            self.consumer.seek(tp)
+        """Seek every assigned partition back to its committed offset (after an abort). If
+        the committed offsets cannot be read or sought (the coordinator is away), where the
+        consumer stands is unknown: FatalKafkaError, exit 1, and the restart reads from the
+        committed offsets."""
+        try:
+            assignment = self.consumer.assignment()
+            if not assignment:
+                return
+            for tp in self.consumer.committed(assignment, timeout=30):
+                if tp.offset == OFFSET_INVALID:
+                    lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
+                    tp.offset = lo
+                self.consumer.seek(tp)
+        except KafkaException as exc:
+            raise FatalKafkaError(f"cannot rewind to the committed offsets: "
+                                  f"{exc.args[0] if exc.args else exc}") from exc
 
     def lag(self) -> dict[str, int]:
         """Per-partition lag: high watermark minus position (>= 1 after transaction markers)."""
@@ -168,6 +175,10 @@ class KafkaSource:
         self.consumer.close()
 
 
+def _never() -> bool:
+    return False
+
+
 class KafkaSink:
     """Producer for scores and dead letters; transactional in exactly-once mode."""
 
@@ -178,12 +189,30 @@ class KafkaSink:
             raise _startup_error(exc) from None
         self.topic, self.dead_letter_topic = topic, dead_letter_topic
         self.transactional = transactional
+        self.stopping = _never  # the run loop's stop flag (a full local queue waits on it)
         self._errors: list[KafkaError] = []
         if transactional:
+            self._init_transactions(60.0)
+
+    def _init_transactions(self, timeout_s: float) -> None:
+        """Register the transactional id with its coordinator, in one-second attempts (a
+        signal handler runs between them), saying what it waits for; a coordinator that does
+        not answer within ``timeout_s`` is a dependency down (exit 1)."""
+        deadline = time.monotonic() + timeout_s
+        told = 0.0
+        while True:
             try:
-                self._txn(self.producer.init_transactions, 60)
+                self.producer.init_transactions(1.0)
+                return
             except KafkaException as exc:
-                raise _startup_error(exc) from None
+                err = exc.args[0]
+                now = time.monotonic()
+                if not (isinstance(err, KafkaError) and err.retriable()) or now >= deadline:
+                    raise _startup_error(exc) from None
+                if now - told >= 10:
+                    told = now
+                    log.info("waiting for the transaction coordinator", error=err.str(),
+                             gives_up_in_s=round(deadline - now))
 
     def _on_delivery(self, err, msg):
         if err is not None:
@@ -196,6 +225,10 @@ class KafkaSink:
                                       on_delivery=self._on_delivery)
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
+                if self.stopping():  # the broker is away and a stop was asked for
+                    raise KafkaException(KafkaError(KafkaError._QUEUE_FULL,
+                                                    "stopping with the local queue full")) \
+                        from None
                 self.producer.poll(0.1)
             except KafkaException as exc:
                 too_large = exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
