@@ -155,20 +155,16 @@ def bare_loop(path: Path, tmp: Path, booster=None) -> float:
 
 
 def kernels_alone(art: Path, booster, rows: int = 100_000) -> dict:
+    from lazy import best_time
+
     import worker
 
     m = worker.load_model(art)
     t = pa.concat_tables([pa.ipc.open_stream(v).read_all() for v in values(1000, rows // 1000)])
     X = np.column_stack([t.column(f).to_numpy() for f in FEATURES]).astype(np.float32)
 
-    def best(fn, k=5):
-        fn()
-        ts = []
-        for _ in range(k):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return min(ts)
+    def best(fn):
+        return best_time(fn, 5)
 
     return {
         "score_batch_table": rows / best(lambda: m.score_batch(t, thresholds=[0.5, 0.9],
@@ -620,16 +616,9 @@ def plot(res: dict) -> None:
                                                               for s in sizes]
     for name, ys in series.items():
         ax.plot([int(s) for s in sizes], ys, marker="o", label=name)
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("rows per message")
-    ax.set_ylabel("rows/s (1 thread)")
-    ax.set_title("End to end throughput by message size")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(REPO / "bench" / "e2e-throughput.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, "rows per message", "rows/s (1 thread)",
+          "End to end throughput by message size", "e2e-throughput.png")
     if "broker" in res:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for key, r in res["broker"]["latency"].items():
@@ -637,15 +626,21 @@ def plot(res: dict) -> None:
             if len(s):
                 ax.plot(s, np.arange(1, len(s) + 1) / len(s), label=key.replace("@", " at ")
                         + " msg/s")
-        ax.set_xscale("log")
-        ax.set_xlabel("latency (ms), send -> read under read_committed")
-        ax.set_ylabel("fraction of messages")
-        ax.set_title("Latency CDF, 1-row messages")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(REPO / "bench" / "e2e-latency.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, ax, "latency (ms), send -> read under read_committed",
+              "fraction of messages", "Latency CDF, 1-row messages", "e2e-latency.png")
+
+
+def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, name: str) -> None:
+    """Log x axis, labels, grid, legend; written to bench/<name>."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(REPO / "bench" / name, dpi=110)
+    plt.close(fig)
 
 
 def main() -> int:

@@ -275,9 +275,8 @@ class KafkaSink:
         """Steps, in order: 1 begin; 2 produce scores and dead letters; 3 add the input
         offsets (next to consume) with the group metadata; 4 commit. Output and input
         offsets become visible together or not at all."""
-        d = self.send(source, batch, outputs, dead)
-        d.wait()
-        d.finish()
+        assert self.transactional
+        self.deliver(source, batch, outputs, dead)
 
     def _abort(self, source: KafkaSource, exc: KafkaException) -> TransactionAborted:
         log.warning("transaction aborted", error=str(exc.args[0]))
