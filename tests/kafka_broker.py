@@ -10,6 +10,10 @@ kafka_bootstrap (session)
     jars) and takes the last line of its stdout. A broker started by this fixture is stopped
     at the end of the session unless ``KAFKA_LOCAL_KEEP=1``; a broker that was already running
     is left alone.
+kafka_cluster (session)
+    The three-node cluster (``broker --brokers 3``) with ``kill(n)``, ``restart(n)`` and
+    ``leader(topic, partition)``; ``cluster_topic_factory`` makes topics on it (replication
+    factor 3, ``min.insync.replicas`` 2).
 topic_factory (function)
     ``topic_factory(partitions=1, prefix="test", config=None) -> str`` creates a uniquely named
     topic, waits until all its partitions have leaders, and deletes it at teardown.
@@ -99,9 +103,11 @@ def create_topic(
     partitions: int = 1,
     config: dict | None = None,
     timeout: float = 30.0,
+    replication: int = 1,
 ) -> str:
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
+        [NewTopic(name, num_partitions=partitions, replication_factor=replication,
+                  config=config or {})],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
@@ -133,6 +139,81 @@ def topic_factory(kafka_bootstrap):
     def factory(partitions: int = 1, prefix: str = "test", config: dict | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex}"
         create_topic(clients[0], name, partitions=partitions, config=config)
+        created.append(name)
+        return name
+
+    yield factory
+    delete_topics(clients[0], created)
+    clients.clear()
+
+
+class LocalCluster:
+    """The three-node local cluster (``broker --brokers 3``): node N is broker id N."""
+
+    def __init__(self, bootstrap: str):
+        self.bootstrap = bootstrap
+
+    def _run(self, *args: str, timeout: float = 180) -> str:
+        proc = subprocess.run([str(BROKER_SCRIPT), "--brokers", "3", *args], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"broker --brokers 3 {' '.join(args)} failed "
+                               f"(exit {proc.returncode}):\n{proc.stderr}")
+        return proc.stdout
+
+    def kill(self, node: int) -> None:
+        """SIGKILL one node (a crash: no controlled shutdown)."""
+        self._run("kill", str(node))
+
+    def restart(self, node: int) -> None:
+        """Start the node again and wait until it serves."""
+        self._run("restart", str(node))
+
+    def leader(self, topic: str, partition: int = 0, timeout: float = 30) -> int:
+        """The node leading a partition (internal topics too: __transaction_state[0] is every
+        transaction's coordinator, __consumer_offsets[0] every group's)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(KafkaException):
+                md = admin.list_topics(topic=topic, timeout=5).topics.get(topic)
+                if md is not None and md.error is None and partition in md.partitions \
+                        and md.partitions[partition].leader > 0:
+                    return md.partitions[partition].leader
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no leader for {topic}[{partition}] after {timeout}s")
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    """The local three-node KRaft cluster, started for the session (stopped at its end unless
+    it was already running or ``KAFKA_LOCAL_KEEP=1``)."""
+    run = [str(BROKER_SCRIPT), "--brokers", "3"]
+    already = subprocess.run([*run, "status"], capture_output=True, timeout=30).returncode == 0
+    proc = subprocess.run([*run, "start"], capture_output=True, text=True,
+                          timeout=BROKER_START_TIMEOUT_S, check=False)
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"broker --brokers 3 start failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr}")
+    try:
+        yield LocalCluster(lines[-1])
+    finally:
+        if not already and os.environ.get(KEEP_ENV, "") not in ("1", "true", "yes"):
+            subprocess.run([*run, "stop"], capture_output=True, timeout=180, check=False)
+
+
+@pytest.fixture
+def cluster_topic_factory(kafka_cluster):
+    """Topics on the cluster: replication factor 3, min.insync.replicas 2."""
+    clients = [AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})]
+    created: list[str] = []
+
+    def factory(partitions: int = 1, prefix: str = "test", config: dict | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex}"
+        create_topic(clients[0], name, partitions=partitions,
+                     config={"min.insync.replicas": "2", **(config or {})}, replication=3)
         created.append(name)
         return name
 

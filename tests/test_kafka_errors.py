@@ -307,22 +307,37 @@ def test_a_full_local_queue_heeds_a_stop():
     assert len(asked) == 3 and p.calls[-1] == "abort" and src.rewound == 1
 
 
-def test_rewind_that_cannot_read_the_committed_offsets_is_fatal():
+def test_rewind_retries_while_the_coordinator_is_away_then_is_fatal():
     from confluent_kafka import TopicPartition
 
     from worker.io.kafka import KafkaSource
 
     class AwayCoordinator:
+        """committed() fails ``away`` times (a coordinator restarting), then answers."""
+
+        def __init__(self, away):
+            self.away, self.calls, self.sought = away, 0, []
+
         def assignment(self):
             return [TopicPartition("in", 0)]
 
         def committed(self, partitions, timeout=None):
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator away"))
+            self.calls += 1
+            if self.calls <= self.away:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator away"))
+            return [TopicPartition("in", 0, 7)]
+
+        def seek(self, tp):
+            self.sought.append(tp.offset)
 
     src = KafkaSource.__new__(KafkaSource)
-    src.consumer = AwayCoordinator()
+    src.consumer = AwayCoordinator(away=2)
+    src.rewind(timeout_s=10)  # back after two failures: rewound, no error
+    assert src.consumer.calls == 3 and src.consumer.sought == [7]
+    src.consumer = AwayCoordinator(away=10**6)
     with pytest.raises(FatalKafkaError, match="cannot rewind"):
-        src.rewind()
+        src.rewind(timeout_s=1.5)
+    assert 2 <= src.consumer.calls <= 3 and src.consumer.sought == []
 
 
 def test_sigterm_during_start_up_exits_0(tmp_path):

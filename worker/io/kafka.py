@@ -138,23 +138,31 @@ class KafkaSource:
             log.warning("offset commit failed: these messages may be delivered again",
                         error=str(exc))
 
-    def rewind(self) -> None:
-        """Seek every assigned partition back to its committed offset (after an abort). If
-        the committed offsets cannot be read or sought (the coordinator is away), where the
-        consumer stands is unknown: FatalKafkaError, exit 1, and the restart reads from the
-        committed offsets."""
-        try:
-            assignment = self.consumer.assignment()
-            if not assignment:
+    def rewind(self, timeout_s: float = 30.0) -> None:
+        """Seek every assigned partition back to its committed offset (after an abort). While
+        the group coordinator is away (a broker restarting) the committed offsets cannot be
+        read: retried for ``timeout_s``; after that where the consumer stands is unknown:
+        FatalKafkaError, exit 1, and the restart reads from the committed offsets."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                assignment = self.consumer.assignment()
+                if not assignment:
+                    return
+                for tp in self.consumer.committed(assignment, timeout=10):
+                    if tp.offset == OFFSET_INVALID:
+                        lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
+                        tp.offset = lo
+                    self.consumer.seek(tp)
                 return
-            for tp in self.consumer.committed(assignment, timeout=30):
-                if tp.offset == OFFSET_INVALID:
-                    lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
-                    tp.offset = lo
-                self.consumer.seek(tp)
-        except KafkaException as exc:
-            raise FatalKafkaError(f"cannot rewind to the committed offsets: "
-                                  f"{exc.args[0] if exc.args else exc}") from exc
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else exc
+                if time.monotonic() >= deadline or (isinstance(err, KafkaError)
+                                                     and err.fatal()):
+                    raise FatalKafkaError(f"cannot rewind to the committed offsets: "
+                                          f"{err}") from exc
+                log.warning("cannot read the committed offsets yet: retrying", error=str(err))
+                time.sleep(1.0)
 
     def lag(self) -> dict[str, int]:
         """Per-partition lag: high watermark minus position (>= 1 after transaction markers)."""

@@ -1,0 +1,130 @@
+"""Broker failures under load on the local three-node cluster (`broker --brokers 3`): the
+leader of an input partition and the coordinator of the worker's transactions (or group) are
+killed with SIGKILL mid-stream and restarted; the worker keeps running, and every id arrives
+exactly once (exactly_once, read_committed) or at least once (at_least_once)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+
+import worker
+from tests import kafka_util as K
+from tests import models as M
+
+pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
+
+ROWS = 10
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "fraud.model"
+    worker.compile_model(M.xgboost_models()["xgb-binary-logistic"]).save(path)
+    return path
+
+
+class SteadyProducer(threading.Thread):
+    """Messages of ROWS rows at ~40 messages/s until ``done`` is set (acks=all, idempotent,
+    so the input itself has no duplicates through the kills); ``sent`` counts them."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.sent = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                          "acks": "all", "linger.ms": 5, "message.timeout.ms": 120000})
+            i = 0
+            while not self.done.is_set():
+                p.produce(self.topic, value=K.arrow_bytes(K.input_table(i * ROWS, ROWS, i)),
+                          key=f"card-{i}".encode(), partition=i % 2)
+                p.poll(0)
+                i = self.sent = i + 1
+                time.sleep(0.025)
+            assert p.flush(120) == 0, "input not all acknowledged"
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            self.error = exc
+
+
+def _wait_progress(bootstrap: str, topic: str, at_least: int, proc, timeout: float = 90):
+    """Until the output topic's high watermarks reach ``at_least`` (output is flowing)."""
+    deadline = time.monotonic() + timeout
+    while K.high_watermarks(bootstrap, topic) < at_least:
+        assert proc.poll() is None, "the worker exited"
+        assert time.monotonic() < deadline, f"no output progress to {at_least}"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
+def test_broker_kills_lose_and_duplicate_nothing(tmp_path, kafka_cluster, cluster_topic_factory,
+                                                 model_path, mode):
+    b = kafka_cluster.bootstrap
+    topics = {"in": cluster_topic_factory(partitions=2, prefix="in"),
+              "out": cluster_topic_factory(partitions=2, prefix="scores"),
+              "dlq": cluster_topic_factory(partitions=1, prefix="dlq")}
+    cfg = K.write_config(tmp_path / "worker.yaml", b, model_path, topics["in"], topics["out"],
+                         topics["dlq"], group=f"g-{topics['in']}", mode=mode)
+    log = tmp_path / "worker.log"
+    proc = K.start_worker(cfg, log)
+    producer = SteadyProducer(b, topics["in"])
+    killed = []
+    try:
+        producer.start()
+        _wait_progress(b, topics["out"], 20, proc)
+        # 1. the leader of an input partition
+        leader = kafka_cluster.leader(topics["in"], 0)
+        kafka_cluster.kill(leader)
+        killed.append(("input leader", leader))
+        time.sleep(6)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        kafka_cluster.restart(leader)
+        # 2. the coordinator: of the worker's transactions, or of its group's offsets
+        internal = "__transaction_state" if mode == "exactly_once" else "__consumer_offsets"
+        before = K.high_watermarks(b, topics["out"])
+        coord = kafka_cluster.leader(internal, 0)
+        kafka_cluster.kill(coord)
+        killed.append((internal, coord))
+        time.sleep(6)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        kafka_cluster.restart(coord)
+        _wait_progress(b, topics["out"], before + 20, proc, timeout=120)
+        producer.done.set()
+        producer.join(180)
+        assert producer.error is None, producer.error
+        n_messages = producer.sent
+        out = K.wait_for_ids(b, topics["out"], n_messages * ROWS, timeout=240)
+    finally:
+        rc = K.stop_worker(proc, timeout=90)
+        producer.done.set()
+        producer.join(60)
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    ids = K.output_ids(out)
+    expected = np.arange(n_messages * ROWS)
+    assert np.array_equal(np.unique(ids), expected), (killed, text[-3000:])
+    if mode == "exactly_once":
+        assert len(ids) == len(expected), f"{len(ids) - len(expected)} duplicates ({killed})"
+    # nothing went to the dead-letter topic, and every score is the model's
+    assert K.read_topic(b, topics["dlq"], timeout=5, idle=1) == []
+    got = pa.concat_tables([pa.ipc.open_stream(m.value()).read_all().replace_schema_metadata(None)
+                            for m in out])
+    first = {}
+    for i, s in zip(got.column("id").to_pylist(), got.column("score").to_pylist(),
+                    strict=True):
+        assert first.setdefault(i, s) == s  # a duplicate (at least once) has the same score
+    model = worker.load_model(model_path)
+    table = pa.concat_tables([K.input_table(i * ROWS, ROWS, i) for i in range(n_messages)])
+    want = model.score_batch(table.drop_columns(["txn_id"])).score
+    assert np.array_equal(np.array([first[i] for i in range(len(want))]),
+                          want)
