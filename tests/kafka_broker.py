@@ -169,6 +169,10 @@ class LocalCluster:
         """Start the node again and wait until it serves."""
         self._run("restart", str(node))
 
+    def start(self) -> None:
+        """Start every node that is not running and wait until all serve."""
+        self._run("start", timeout=BROKER_START_TIMEOUT_S)
+
     def leader(self, topic: str, partition: int = 0, timeout: float = 30) -> int:
         """The node leading a partition (internal topics too: __transaction_state[0] is every
         transaction's coordinator, __consumer_offsets[0] every group's)."""

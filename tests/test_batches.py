@@ -138,3 +138,41 @@ def test_input_headers_follow_the_workers_own():
     assert keys.count("content-type") == 1
     table = pa.ipc.open_stream(out.value).read_all()
     assert table.num_rows == 2
+
+
+def test_a_file_source_rewinds_to_the_first_undelivered_message(tmp_path):
+    # before: FileSource.rewind raised, so `replay --topic` died on a failed delivery
+    from worker.io.files import FileSource
+    from worker.io.records import write_records
+
+    path = tmp_path / "rec.arrows"
+    write_records(path, [_rec(0, i, rows=1) for i in range(9)])
+    src, sink = FileSource(path), RecordingSink(fail_first=True)
+    w = _worker(src, sink, max_batch_messages=4)
+    assert w.run() == 0
+    delivered = [r.offset for b in sink.batches for r in b]
+    assert delivered == list(range(9))  # the failed batch came again, once, in order
+    src.close()
+
+
+def test_a_file_sink_fsyncs_before_a_kafka_source_commits(tmp_path, monkeypatch):
+    import os
+
+    from worker.io.files import FileSink
+
+    events = []
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append("fsync"))
+
+    class KafkaLike(ScriptedSource):
+        consumer = object()  # what a Kafka source has
+
+        def commit(self, batch):
+            events.append("commit")
+
+    sink = FileSink(tmp_path / "o.arrows", tmp_path / "d.arrows")
+    sink.deliver(KafkaLike([]), [_rec(0, 0)], [_rec(0, 0)], [_rec(0, 1)])
+    assert events == ["fsync", "fsync", "commit"]  # scores and dead letters, then offsets
+    events.clear()
+    sink.deliver(ScriptedSource([]), [_rec(0, 2)], [_rec(0, 2)], [])  # a file source: no fsync
+    assert events == []
+    sink.close()

@@ -128,3 +128,45 @@ def test_broker_kills_lose_and_duplicate_nothing(tmp_path, kafka_cluster, cluste
     want = model.score_batch(table.drop_columns(["txn_id"])).score
     assert np.array_equal(np.array([first[i] for i in range(len(want))]),
                           want)
+
+
+def test_sigterm_with_every_broker_down_exits_0_within_the_bound(
+        tmp_path, kafka_cluster, cluster_topic_factory, model_path):
+    # SIGTERM while the whole cluster is down mid-stream: the commit in flight is given up
+    # after delivery.stop_timeout_ms, and the worker exits 0; once the cluster is back, a new
+    # worker delivers every id exactly once (nothing of the abandoned transaction shows)
+    b = kafka_cluster.bootstrap
+    topics = {"in": cluster_topic_factory(partitions=2, prefix="in"),
+              "out": cluster_topic_factory(partitions=2, prefix="scores"),
+              "dlq": cluster_topic_factory(partitions=1, prefix="dlq")}
+    n = 300
+    K.produce_inputs(b, topics["in"], n_messages=n, rows=ROWS)
+    cfg = K.write_config(tmp_path / "worker.yaml", b, model_path, topics["in"], topics["out"],
+                         topics["dlq"], group=f"g-{topics['in']}", max_batch_messages=2,
+                         stop_timeout_ms=5000)
+    log = tmp_path / "worker.log"
+    proc = K.start_worker(cfg, log)
+    try:
+        _wait_progress(b, topics["out"], 20, proc)
+        for node in (1, 2, 3):
+            kafka_cluster.kill(node)
+        time.sleep(2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        t0 = time.monotonic()
+        rc = K.stop_worker(proc, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kafka_cluster.start()
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert took < 5 + 10 + 3, f"exit took {took:.1f} s (stop_timeout 5 s + the 10 s margin)"
+    proc = K.start_worker(cfg, tmp_path / "worker2.log")
+    try:
+        out = K.wait_for_ids(b, topics["out"], n * ROWS, timeout=240)
+    finally:
+        assert K.stop_worker(proc, timeout=90) == 0
+    ids = K.output_ids(out)
+    assert np.array_equal(np.sort(ids), np.arange(n * ROWS)), "lost or duplicated"

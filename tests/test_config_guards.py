@@ -175,3 +175,29 @@ def test_metrics_server_is_bounded():
         for s in socks:
             s.close()
         server.shutdown()
+
+
+@pytest.mark.parametrize("source,sink,why", [
+    ("kafka", "file", "fsynced before the offsets commit"),
+    ("file", "kafka", "a rerun publishes it again")])
+def test_exactly_once_only_where_it_holds(tmp_path, source, sink, why):
+    # before: a Kafka source with a file sink (or a recording published to Kafka) under
+    # exactly_once silently ran at least once
+    cfg = {"model": MINIMAL["model"],
+           "source": {"type": "kafka", "topic": "in"} if source == "kafka"
+           else MINIMAL["source"],
+           "sink": {"type": "file", "path": str(tmp_path / "o.arrows")} if sink == "file"
+           else {"type": "kafka", "topic": "out"},
+           "kafka": {"bootstrap_servers": "127.0.0.1:1"}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**cfg, "delivery": {"mode": "exactly_once"}}))
+    r = cli("--config", path, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("config error: delivery.mode: exactly_once needs") and why in \
+        r.stderr, r.stderr
+    # unset, the mode is what holds for the pair (at least once), and says so in the settings
+    assert load_settings(None, **cfg).delivery.mode == "at_least_once"
+    # Kafka to Kafka and file to file keep exactly once
+    both = {**cfg, "source": MINIMAL["source"], "sink": {"type": "file",
+                                                         "path": str(tmp_path / "o.arrows")}}
+    assert load_settings(None, **both).delivery.mode == "exactly_once"

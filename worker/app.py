@@ -61,6 +61,12 @@ class Pipeline:
         self.classifier = model.task != "regression"
         self.threads = settings.scoring.threads or default_threads()  # resolved once
         self.rows_seen = 0
+        # inputs whose output or dead letter the broker refused: {(topic, partition, offset):
+        # (reason code, dead letter refused too)}; dead-lettered (without the value if the
+        # dead letter was refused) until a delivery of them succeeds
+        self.refused: dict[tuple[str, int, int], tuple[str, bool]] = {}
+        # the largest message (value, key, headers) the sink's topics take, if it says
+        self.max_out_bytes = self.max_dead_bytes = None
 
     def decode(self, rec: Record) -> tuple[pa.RecordBatch, object] | codec.InvalidMessage:
         """(the message's validated batch, its group key) or why it is invalid."""
@@ -71,7 +77,8 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
             return codec.InvalidMessage("invalid", f"{type(exc).__name__}: {exc}")
 
-    def dead_letter(self, rec: Record, err: codec.InvalidMessage) -> Record:
+    def dead_letter(self, rec: Record, err: codec.InvalidMessage,
+                    drop_value: bool = False) -> Record:
         headers = list(rec.headers) + [
             ("error", err.detail.encode()), ("error_code", err.code.encode()),
             ("source_topic", rec.topic.encode()),
@@ -79,8 +86,27 @@ class Pipeline:
             ("source_offset", str(rec.offset).encode()),
             ("model_id", self.model.model_id.encode()),
         ]
-        return Record(rec.topic, rec.partition, rec.offset, rec.key, rec.value,
-                      rec.timestamp_ms, headers)
+        value = rec.value
+        if not drop_value and self.max_dead_bytes is not None and value is not None and \
+                _size(value, rec.key, headers) > self.max_dead_bytes:
+            drop_value = True
+        if drop_value:  # the broker would refuse (or refused) this dead letter with its value
+            value = None
+            headers.append(("value_dropped", b"the dead letter with the value is larger than "
+                                             b"the dead-letter topic takes"))
+        return Record(rec.topic, rec.partition, rec.offset, rec.key, value,
+                      rec.timestamp_ms, headers, (rec.topic, rec.partition, rec.offset))
+
+    def _refused_letter(self, rec: Record, decoded) -> Record | None:
+        """A dead letter for an input whose output (or dead letter) the broker refused."""
+        why = self.refused.get((rec.topic, rec.partition, rec.offset))
+        if why is None:
+            return None
+        code, dead_letter_refused = why
+        err = decoded if isinstance(decoded, codec.InvalidMessage) else codec.InvalidMessage(
+            code, "the broker refused this message's scores"
+                  + (" (too large)" if code == "output_too_large" else ""))
+        return self.dead_letter(rec, err, drop_value=dead_letter_refused)
 
     def _score(self, table: pa.RecordBatch):
         lazy = self.scoring.lazy.mode
@@ -101,6 +127,12 @@ class Pipeline:
         dead: list[Record] = []
         groups: dict[object, list[int]] = {}  # by the stream's schema bytes: usually one
         for i, (rec, decoded) in enumerate(items):
+            if self.refused:
+                letter = self._refused_letter(rec, decoded)
+                if letter is not None:
+                    dead.append(letter)
+                    stats.dead[_code_of(letter)] += 1
+                    continue
             if isinstance(decoded, codec.InvalidMessage):
                 dead.append(self.dead_letter(rec, decoded))
                 stats.dead[decoded.code] += 1
@@ -155,9 +187,10 @@ class Pipeline:
                         raise ValueError("the output batch could not be built")
                     results[i] = self._encode(rec, out, sl, key)
                 except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
-                    dead.append(self.dead_letter(rec, codec.InvalidMessage("encode_error",
-                                                                           str(exc))))
-                    stats.dead["encode_error"] += 1
+                    err = exc if isinstance(exc, codec.InvalidMessage) else \
+                        codec.InvalidMessage("encode_error", str(exc))
+                    dead.append(self.dead_letter(rec, err))
+                    stats.dead[err.code] += 1
                     if published is None:
                         published = np.ones(len(r), dtype=bool)
                     published[sl] = False
@@ -170,7 +203,21 @@ class Pipeline:
         headers = self._headers + [(k, v) for k, v in rec.headers
                                    if k not in ("content-type", "model_id")] \
             if rec.headers else list(self._headers)
-        return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers)
+        if self.max_out_bytes is not None and len(value) > self.max_out_bytes - 512 and \
+                _size(value, rec.key, headers) > self.max_out_bytes:
+            raise codec.InvalidMessage(
+                "output_too_large", f"the scores message ({len(value)} bytes) is larger than "
+                f"the output topic takes ({self.max_out_bytes} bytes with key and headers)")
+        return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers,
+                      (rec.topic, rec.partition, rec.offset))
+
+
+def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    return len(value) + len(key or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+
+
+def _code_of(letter: Record) -> str:
+    return next(v.decode() for k, v in reversed(letter.headers) if k == "error_code")
 
 
 def _account(stats: BatchStats, r, rows: np.ndarray | None = None) -> None:
@@ -211,10 +258,18 @@ class Worker:
                  metrics: Metrics | None = None, progress=None):
         self.settings, self.model = settings, model
         self.source, self.sink = source, sink
-        if hasattr(sink, "stopping"):  # a sink that waits (a full queue) heeds a stop
-            sink.stopping = lambda: self._stop
+        # what waits on the broker (a full queue, a commit, a rewind) gives up once a stop was
+        # asked for delivery.stop_timeout_ms ago: the worker then exits 0 within that bound
+        # plus the batch in hand
+        for part in (sink, source):
+            if hasattr(part, "stopping"):
+                part.stopping = self._give_up
         self.metrics = metrics or Metrics()
         self.pipeline = Pipeline(model, settings, sink.topic)
+        limits = getattr(sink, "max_bytes", None)
+        if limits:
+            self.pipeline.max_out_bytes = limits.get(sink.topic)
+            self.pipeline.max_dead_bytes = limits.get(sink.dead_letter_topic)
         self.progress = progress
         self.totals = BatchStats()
         self.sample = ScoreSample()
@@ -224,9 +279,19 @@ class Worker:
         self._pending: tuple | None = None
         self._behind = False  # the last batch closed at a bound: more messages are waiting
         self._stop = False
+        self._stop_deadline = float("inf")
+        self._failures = 0  # batches rolled back in a row (backoff grows with it)
+        self._limit: int | None = None  # messages per batch while a failing one is split
 
     def stop(self, *_args) -> None:
-        self._stop = True
+        if not self._stop:
+            self._stop = True
+            self._stop_deadline = (time.monotonic()
+                                   + self.settings.delivery.stop_timeout_ms / 1000)
+
+    def _give_up(self) -> bool:
+        """A stop was asked for and its grace (delivery.stop_timeout_ms) has passed."""
+        return self._stop and time.monotonic() >= self._stop_deadline
 
     def _collect(self) -> list[tuple[Record, tuple | codec.InvalidMessage]]:
         """One batch: it starts at the first message (the first poll returns as soon as one is
@@ -234,6 +299,7 @@ class Worker:
         upper bounds: a message that would pass one waits for the next batch (a message larger
         than a bound forms a batch of its own)."""
         d = self.settings.delivery
+        max_messages = self._limit or d.max_batch_messages
         items: list = []
         rows = nbytes = 0
         deadline = None
@@ -249,14 +315,14 @@ class Worker:
                     if timeout <= 0:
                         break
                 recs = [(r, None) for r in
-                        self.source.poll(d.max_batch_messages - len(items), timeout)]
+                        self.source.poll(max_messages - len(items), timeout)]
             full = False
             for k, (rec, decoded) in enumerate(recs):
                 if decoded is None:
                     decoded = self.pipeline.decode(rec)
                 n_rows = 0 if isinstance(decoded, codec.InvalidMessage) else decoded[0].num_rows
                 n_bytes = len(rec.value or b"")
-                if items and (len(items) + 1 > d.max_batch_messages
+                if items and (len(items) + 1 > max_messages
                               or rows + n_rows > d.max_batch_rows
                               or nbytes + n_bytes > d.max_batch_bytes):
                     # kept, decoded, for the next batch
@@ -277,8 +343,8 @@ class Worker:
                 self._held = [it for it in self._held
                               if (it[0].topic, it[0].partition) not in revoked]
                 break
-            if full or len(items) >= d.max_batch_messages or self._stop:
-                self._behind = full or len(items) >= d.max_batch_messages
+            if full or len(items) >= max_messages or self._stop:
+                self._behind = full or len(items) >= max_messages
                 break
             if not recs and (deadline is None or self.source.exhausted):
                 break
@@ -338,7 +404,7 @@ class Worker:
                         self._complete()
                         continue
                 except BatchRolledBack as exc:  # rewound: the same messages come again
-                    self._rolled_back(exc)
+                    self._rolled_back(exc, batch)
                     continue
                 self._delivered(stats, batch, t0)
             self._complete()
@@ -361,7 +427,7 @@ class Worker:
         try:
             delivery.finish()
         except BatchRolledBack as exc:
-            self._rolled_back(exc)
+            self._rolled_back(exc, batch)
             return False
         self._delivered(stats, batch, t0)
         return True
@@ -375,12 +441,46 @@ class Worker:
                 future.result()
             delivery.commit_offsets()
 
-    def _rolled_back(self, exc: BatchRolledBack) -> None:
+    def _rolled_back(self, exc: BatchRolledBack, batch: list[Record]) -> None:
+        """A batch came back. Inputs whose output the broker refused are dead-lettered next
+        time. A batch that keeps failing is retried with a growing pause (the broker is away:
+        it comes back); one that keeps failing for no message named and for no reason of the
+        broker's is split in halves until the message that fails is alone, which is then
+        dead-lettered (``delivery_failed``), so no batch loops forever."""
         self._held = []  # they come again too, after the batch's own
         if exc.transaction:
             self.metrics.transactions_aborted.inc()
+        self._failures += 1
+        if exc.refused:
+            for key, (code, dead_letter) in exc.refused.items():
+                before = self.pipeline.refused.get(key)
+                self.pipeline.refused[key] = (code, dead_letter or (before or ("", False))[1])
+            return  # the next attempt dead-letters them: no pause needed
+        if not exc.retriable and self._failures >= 2 and batch:
+            if len(batch) == 1:  # alone and still failing: it is the message
+                r = batch[0]
+                key = (r.topic, r.partition, r.offset)
+                dropped = key in self.pipeline.refused  # its dead letter failed as well
+                self.pipeline.refused[key] = ("delivery_failed", dropped)
+                log.warning("a message fails delivery alone: dead-lettering it",
+                            source=f"{r.topic}[{r.partition}]@{r.offset}", error=str(exc))
+                return
+            self._limit = max(1, len(batch) // 2)
+            log.warning("a batch keeps failing: splitting it", messages=self._limit)
+        pause = min(0.1 * 2 ** (self._failures - 1), 5.0) if self._failures > 1 else 0.0
+        end = time.monotonic() + pause
+        while not self._stop and time.monotonic() < end:  # a stop ends the pause
+            time.sleep(min(0.1, max(end - time.monotonic(), 0)))
 
     def _delivered(self, stats: BatchStats, batch: list[Record], t0: float) -> None:
+        self._failures = 0
+        if self._limit is not None:  # after a split: back to full batches, doubling
+            self._limit *= 2
+            if self._limit >= self.settings.delivery.max_batch_messages:
+                self._limit = None
+        if self.pipeline.refused:
+            for r in batch:
+                self.pipeline.refused.pop((r.topic, r.partition, r.offset), None)
         self._observe(stats, batch, time.perf_counter() - t0, time.time())
         if self.progress is not None:
             self.progress(len(batch), stats)
@@ -439,31 +539,107 @@ def run_from_config(path: str | None, **overrides) -> int:
     return run(settings)
 
 
-class _StopDuringStartup(Exception):
-    """SIGTERM or SIGINT before the loop runs (Kubernetes stops starting pods too)."""
+# After a stop, the loop gives up on an absent broker after delivery.stop_timeout_ms; some
+# librdkafka calls block longer than the timeout they are given (sending offsets to a
+# transaction waits for its request, up to socket.timeout.ms, 60 s). So the process exits 0
+# at the latest this long after the grace: what is open is uncommitted (a transaction the
+# broker aborts, offsets the next owner reads from), so nothing is lost or doubled.
+EXIT_MARGIN_S = 10.0
+_watchdog = None
 
 
-def _stop_during_startup(*_args):
-    raise _StopDuringStartup
+def _arm_exit_watchdog(after_s: float) -> None:
+    import os
+    import threading
+
+    global _watchdog
+    if _watchdog is not None:
+        return
+
+    def hard_exit():
+        log.warning("still waiting for the broker after the stop's grace: exiting now, with "
+                    "nothing more committed (an open transaction is aborted by the broker)",
+                    waited_s=round(after_s, 1))
+        sys.stderr.flush()
+        os._exit(0)
+
+    _watchdog = threading.Timer(after_s, hard_exit)
+    _watchdog.daemon = True
+    _watchdog.start()
+
+
+class _StopDuringStartup(BaseException):
+    """SIGTERM or SIGINT before the loop runs (Kubernetes stops starting pods too); a
+    BaseException, so no ``except Exception`` of a start-up step swallows it."""
+
+
+class _Signals:
+    """SIGTERM and SIGINT, from the first line of start-up to the last commit. Python runs a
+    signal handler only in the main thread, between bytecodes, so a main thread waiting in a
+    librdkafka call (some ignore the timeout they are given) would not notice a stop. Here the
+    interpreter's own C handler writes each signal to a socket (``signal.set_wakeup_fd``),
+    read by a thread of its own, which calls ``on_stop`` at once. Before the loop runs, a stop
+    interrupts the start-up instead (``_StopDuringStartup``, raised in the main thread: the
+    start-up's waits are one-second attempts)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.on_stop = None
+        self._closing = False
+
+    def __enter__(self):
+        import socket
+        import threading
+
+        self._handlers = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
+        self._r, self._w = socket.socketpair()
+        self._w.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._wait, name="signals", daemon=True)
+        self._thread.start()
+        return self
+
+    def _handler(self, *_args):
+        if self.on_stop is None:  # start-up: stop it where it is
+            raise _StopDuringStartup
+        # the loop runs: the thread has been told through the socket
+
+    def _wait(self):
+        wanted = {int(s) for s in self.SIGNALS}
+        while True:
+            try:
+                data = self._r.recv(64)
+            except OSError:
+                return
+            if not data or self._closing:
+                return
+            if self.on_stop is not None and wanted.intersection(data):
+                self.on_stop()
+
+    def __exit__(self, *exc):
+        self._closing = True
+        signal.set_wakeup_fd(self._old_fd)
+        self._w.close()  # ends the thread's recv
+        self._thread.join(1.0)
+        self._r.close()
+        for sig, handler in self._handlers.items():
+            if signal.getsignal(sig) == self._handler:
+                signal.signal(sig, handler)
 
 
 def run(settings: Settings, summary: bool = True) -> int:
     """Start, run until stopped, summarize; the process exit code. A stop requested during
     start-up (while a coordinator loads, say) ends it there with exit 0: nothing was read."""
-    previous = {sig: signal.signal(sig, _stop_during_startup)
-                for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return _run(settings, summary)
-    except _StopDuringStartup:
-        log.info("stopped during start-up")
-        return 0
-    finally:
-        for sig, handler in previous.items():
-            if signal.getsignal(sig) is _stop_during_startup:
-                signal.signal(sig, handler)
+    with _Signals() as signals:
+        try:
+            return _run(settings, summary, signals)
+        except _StopDuringStartup:
+            log.info("stopped during start-up")
+            return 0
 
 
-def _run(settings: Settings, summary: bool) -> int:
+def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
     from .model.artifact import ArtifactError
     from .model.compiled import load_model
 
@@ -511,8 +687,12 @@ def _run(settings: Settings, summary: bool) -> int:
             stack.callback(server.shutdown)
         progress = stack.enter_context(_progress(settings, source))
         worker = Worker(settings, model, source, sink, metrics, progress)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, worker.stop)
+
+        def on_stop():
+            worker.stop()
+            _arm_exit_watchdog(settings.delivery.stop_timeout_ms / 1000 + EXIT_MARGIN_S)
+
+        signals.on_stop = on_stop
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
                  source=settings.source.type, sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)

@@ -222,7 +222,9 @@ class ScoringConfig(_Section):
 
 class DeliveryConfig(_Section):
     mode: Literal["exactly_once", "at_least_once"] = "exactly_once"
-    """exactly_once: Kafka transactions (outputs and offsets commit together)."""
+    """exactly_once: Kafka transactions (outputs and offsets commit together), Kafka to Kafka;
+    a file run (recording to file) is exactly once as well, since each run writes its output
+    whole. Kafka to file and file to Kafka are at least once (unset, the mode means that)."""
     max_message_rows: int = Field(1_000_000, ge=1)
     """A message of more rows is dead-lettered (`too_large`) instead of scored."""
     max_batch_rows: int = Field(8192, ge=1)
@@ -237,6 +239,9 @@ class DeliveryConfig(_Section):
     """Broker-side transaction timeout."""
     overlap: bool = True
     """Kafka sink, behind a backlog: prepare the next batch while one commits."""
+    stop_timeout_ms: int = Field(10_000, ge=0, le=600_000)
+    """After SIGTERM/SIGINT, how long a commit waits for an unavailable broker before the
+    worker aborts it and exits 0 (exit within this plus one batch)."""
 
 
 class MetricsConfig(_Section):
@@ -269,6 +274,23 @@ class Settings(BaseSettings):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _delivery_mode_holds(self):
+        """exactly_once only where it holds: Kafka to Kafka (transactions) or file to file.
+        Unset, the mode is at least once for the mixed pairs; set, it is a configuration
+        error rather than a weaker guarantee in silence."""
+        mixed = self.source.type != self.sink.type
+        if mixed and self.delivery.mode == "exactly_once":
+            if "mode" in self.delivery.model_fields_set:
+                why = ("a Kafka source with a file sink: the file is fsynced before the "
+                       "offsets commit" if self.source.type == "kafka" else
+                       "a recording published to Kafka: a rerun publishes it again")
+                raise ValueError(f"delivery.mode: exactly_once needs a Kafka source and a "
+                                 f"Kafka sink (or files for both); {why}, which is "
+                                 f"at_least_once: set delivery.mode: at_least_once")
+            object.__setattr__(self.delivery, "mode", "at_least_once")
+        return self
 
     @model_validator(mode="after")
     def _no_aliasing(self):
@@ -332,8 +354,12 @@ class Settings(BaseSettings):
 def _format_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"config error: {loc}: {err['msg']}")
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if not loc and msg.startswith("Value error, "):  # a check across sections names
+            lines.append(f"config error: {msg[len('Value error, '):]}")  # its fields itself
+            continue
+        lines.append(f"config error: {loc or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 

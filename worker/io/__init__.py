@@ -28,8 +28,9 @@ def open_sink(settings) -> Sink:
         from .files import FileSink
 
         return FileSink(s.path, s.dead_letter_path)
-    from .kafka import KafkaSink
+    from .kafka import KafkaSink, topic_max_bytes
 
     transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
-    return KafkaSink(settings.producer_config(transactional), s.topic, s.dead_letter_topic,
-                     transactional)
+    conf = settings.producer_config(transactional)
+    return KafkaSink(conf, s.topic, s.dead_letter_topic, transactional,
+                     topic_max_bytes(conf, [s.topic, s.dead_letter_topic]))

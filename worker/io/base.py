@@ -35,11 +35,20 @@ class StartupError(Exception):
 
 class BatchRolledBack(RuntimeError):
     """The batch was not delivered; the source was rewound (``transaction``: an aborted Kafka
-    transaction, else a failed at-least-once delivery)."""
+    transaction, else a failed at-least-once delivery).
 
-    def __init__(self, reason: str, transaction: bool):
+    ``refused`` names the inputs whose output or dead letter the broker refused for what the
+    message is (too large, an invalid record): {(topic, partition, offset): (reason code,
+    whether it was the dead letter)}; the next attempt dead-letters them instead (poison pills
+    never loop). ``retriable``: the failure was the broker's or the network's (back off and
+    try the same batch again), not a message's."""
+
+    def __init__(self, reason: str, transaction: bool, refused: dict | None = None,
+                 retriable: bool = True):
         super().__init__(reason)
         self.transaction = transaction
+        self.refused = refused or {}
+        self.retriable = retriable
 
 
 class FatalError(RuntimeError):

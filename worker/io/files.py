@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .base import FatalError, StartupError
+from .base import StartupError
 from .records import RECORD_SCHEMA, Record, RecordWriter, read_records
 
 
@@ -30,6 +30,7 @@ class FileSource:
                                f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
         self._it = read_records(self.path)
         self.exhausted = False
+        self._read = self._committed = 0  # messages read; messages delivered
 
     def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
         out = []
@@ -39,20 +40,27 @@ class FileSource:
                 break
         else:
             self.exhausted = True
+        self._read += len(out)
         return out
 
     def commit(self, batch: list[Record]) -> None:
-        """Nothing to commit: a file is replayed from its start."""
+        """The run's position: a batch that is not delivered is read again from here (a
+        file is replayed from its start by the next run)."""
+        self._committed += len(batch)
 
     def take_revoked(self) -> set:
         """A file has no partitions to lose."""
         return set()
 
     def rewind(self) -> None:
-        """A recording is read once: a batch that was not delivered cannot be read again, so
-        the run stops (exit 1) rather than skip it."""
-        raise FatalError("a batch read from a file was not delivered; the file cannot be "
-                         "re-read from there")
+        """Back to the first message not delivered (a replay to a topic whose delivery
+        failed reads that batch again)."""
+        self._it.close()
+        self._it = read_records(self.path)
+        for _ in range(self._committed):
+            next(self._it)
+        self._read = self._committed
+        self.exhausted = self._committed >= (self.total or 0)
 
     def lag(self) -> dict[str, int]:
         return {}
@@ -77,13 +85,18 @@ class FileSink:
 
     def deliver(self, source, batch: list[Record], outputs: list[Record],
                 dead: list[Record]) -> None:
-        """Write the batch's scores and dead letters, then commit its input (at least once:
-        a Kafka source's offsets only after the file has them)."""
+        """Write the batch's scores and dead letters, then commit its input. From a Kafka
+        source (at least once) the files are fsynced first: a committed offset never points
+        past what a crash of the machine could lose."""
         self._out.write(outputs)
         if dead:
             if self._dead is None:
                 self._dead = RecordWriter(self._dead_letter_path)
             self._dead.write(dead)
+        if hasattr(source, "consumer"):
+            self._out.sync()
+            if self._dead is not None:
+                self._dead.sync()
         source.commit(batch)
 
     @property

@@ -9,6 +9,7 @@ restart), ``StartupError`` (a setting librdkafka refuses, or a broker that does 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import structlog
 from confluent_kafka import (
@@ -26,6 +27,15 @@ from .records import Record
 log = structlog.get_logger("worker.kafka")
 
 
+# Errors that belong to one message (the broker will refuse it every time), not to the broker
+# or the network: such a message is dead-lettered rather than retried.
+MESSAGE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                            KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG,
+                            KafkaError.INVALID_MSG_SIZE})
+SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                         KafkaError.INVALID_MSG_SIZE})
+
+
 class FatalKafkaError(FatalError):
     """Unrecoverable: fenced by a newer instance, or a fatal librdkafka error."""
 
@@ -33,8 +43,8 @@ class FatalKafkaError(FatalError):
 class TransactionAborted(BatchRolledBack):
     """The transaction was aborted; the consumer was rewound to the committed offsets."""
 
-    def __init__(self, reason: str):
-        super().__init__(reason, transaction=True)
+    def __init__(self, reason: str, refused: dict | None = None, retriable: bool = True):
+        super().__init__(reason, transaction=True, refused=refused, retriable=retriable)
 
 
 def _startup_error(exc: KafkaException) -> StartupError:
@@ -69,6 +79,7 @@ class KafkaSource:
         self.before_revoke = None
         self.exhausted = False  # a topic never ends
         self.total = None
+        self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
@@ -157,6 +168,8 @@ class KafkaSource:
                 return
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else exc
+                if self.stopping():  # exiting: the next owner reads from the committed
+                    return           # offsets anyway
                 if time.monotonic() >= deadline or (isinstance(err, KafkaError)
                                                      and err.fatal()):
                     raise FatalKafkaError(f"cannot rewind to the committed offsets: "
@@ -187,10 +200,65 @@ def _never() -> bool:
     return False
 
 
-class KafkaSink:
-    """Producer for scores and dead letters; transactional in exactly-once mode."""
+# What a record adds to its value in a record batch (batch header 61 bytes, record framing up to
+# ~20, the key and headers counted separately): kept below a topic's max.message.bytes.
+RECORD_OVERHEAD = 128
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
+_CLIENT_PREFIXES = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.",
+                    "metadata.", "api.", "connections.", "reconnect.")
 
-    def __init__(self, conf: dict, topic: str, dead_letter_topic: str, transactional: bool):
+
+def topic_max_bytes(conf: dict, topics: list[str]) -> dict[str, int]:
+    """Each topic's ``max.message.bytes`` (a larger record batch is refused by the broker). A
+    topic that does not exist yet, or a broker that does not let us read its configuration,
+    gets the broker's default, and the refusal is still handled when it comes."""
+    from concurrent.futures import TimeoutError as Pending
+
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    out = dict.fromkeys(topics, BROKER_DEFAULT_MAX_MESSAGE_BYTES)
+    admin = AdminClient({k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES)})
+    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t)
+                                      for t in set(topics)], request_timeout=10)
+    told = False
+    for res, fut in futures.items():
+        try:
+            while True:
+                try:
+                    entry = fut.result(timeout=1.0).get("max.message.bytes")
+                    break
+                except Pending:
+                    if not told:
+                        told = True
+                        log.info("waiting for the broker to read the topics' "
+                                 "max.message.bytes", topics=sorted(set(topics)))
+            if entry is not None and entry.value:
+                out[res.name] = int(entry.value)
+        except Exception as exc:  # noqa: BLE001 (absent topic, ACLs: keep the default)
+            log.info("cannot read a topic's max.message.bytes: using the broker default",
+                     topic=res.name, error=str(exc).splitlines()[0] if str(exc) else "")
+    return out
+
+
+class KafkaSink:
+    """Producer for scores and dead letters; transactional in exactly-once mode.
+
+    ``max_bytes`` maps the scores and dead-letter topics to the largest value (key and headers
+    included) the broker takes there: the topic's ``max.message.bytes`` (read at start) and the
+    producer's ``message.max.bytes``, less the record overhead. The run loop dead-letters a
+    larger output (``output_too_large``) and drops the value of a larger dead letter before
+    producing; ``batch.size`` is kept under the smaller limit so the producer never packs
+    small messages into a batch the broker refuses."""
+
+    def __init__(self, conf: dict, topic: str, dead_letter_topic: str, transactional: bool,
+                 topic_limits: dict[str, int] | None = None):
+        producer_max = int(conf.get("message.max.bytes", 1_000_000))
+        limits = topic_limits or {}
+        self.max_bytes = {t: min(limits.get(t, BROKER_DEFAULT_MAX_MESSAGE_BYTES), producer_max)
+                          - RECORD_OVERHEAD for t in (topic, dead_letter_topic)}
+        if "batch.size" not in conf:
+            conf = {**conf, "batch.size": min(1_000_000, min(self.max_bytes.values()) +
+                                              RECORD_OVERHEAD)}
         try:
             self.producer = Producer(conf)
         except KafkaException as exc:
@@ -199,6 +267,8 @@ class KafkaSink:
         self.transactional = transactional
         self.stopping = _never  # the run loop's stop flag (a full local queue waits on it)
         self._errors: list[KafkaError] = []
+        # (error, record, topic) of messages the producer or broker refused, this delivery
+        self._refused: list[tuple[KafkaError, Record, str]] = []
         if transactional:
             self._init_transactions(60.0)
 
@@ -222,15 +292,17 @@ class KafkaSink:
                     log.info("waiting for the transaction coordinator", error=err.str(),
                              gives_up_in_s=round(deadline - now))
 
-    def _on_delivery(self, err, msg):
+    def _on_delivery(self, r: Record, topic: str, err, msg):
         if err is not None:
             self._errors.append(err)
+            if err.code() in MESSAGE_ERRORS and r.origin is not None:
+                self._refused.append((err, r, topic))
 
     def _produce(self, topic: str, r: Record) -> None:
         while True:
             try:
                 self.producer.produce(topic, value=r.value, key=r.key, headers=r.headers,
-                                      on_delivery=self._on_delivery)
+                                      on_delivery=partial(self._on_delivery, r, topic))
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 if self.stopping():  # the broker is away and a stop was asked for
@@ -239,8 +311,11 @@ class KafkaSink:
                         from None
                 self.producer.poll(0.1)
             except KafkaException as exc:
-                too_large = exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
-                if topic != self.dead_letter_topic or not too_large:
+                code = exc.args[0].code()
+                if code in MESSAGE_ERRORS and r.origin is not None and \
+                        topic != self.dead_letter_topic:
+                    self._refused.append((exc.args[0], r, topic))  # dead-lettered next time
+                if topic != self.dead_letter_topic or code not in SIZE_ERRORS:
                     raise
                 # a dead letter too large to carry its input: keep the headers (error, source
                 # partition and offset), drop the value, say so
@@ -255,14 +330,18 @@ class KafkaSink:
         self.producer.poll(0)
 
     def flush(self, timeout_s: float = 60.0) -> None:
-        remaining = self.producer.flush(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:  # in 1 s steps: a stop (with the broker away) ends the wait
+            remaining = self.producer.flush(min(1.0, max(deadline - time.monotonic(), 0)))
+            if not remaining or time.monotonic() >= deadline or self.stopping():
+                break
         if remaining or self._errors:
             errs, self._errors = self._errors, []
             raise KafkaException(errs[0] if errs else KafkaError(KafkaError._MSG_TIMED_OUT))
 
-    @staticmethod
-    def _txn(call, *args):
-        """Run a transactional API call; retriable errors are retried, the rest classified."""
+    def _txn(self, call, *args):
+        """Run a transactional API call; retriable errors are retried (not after a stop's
+        grace), the rest classified."""
         for attempt in range(10):
             try:
                 return call(*args)
@@ -273,10 +352,27 @@ class KafkaSink:
                     raise FatalKafkaError(str(err)) from exc
                 if err.txn_requires_abort():
                     raise
-                if err.retriable() and attempt < 9:
+                if err.retriable() and attempt < 9 and not self.stopping():
                     time.sleep(min(0.1 * 2**attempt, 2.0))
                     continue
                 raise
+
+    def _commit(self, timeout_s: float = 60.0) -> None:
+        self._txn_wait(self.producer.commit_transaction, timeout_s=timeout_s)
+
+    def _txn_wait(self, call, *args, timeout_s: float = 60.0) -> None:
+        """A blocking transactional call (commit, send offsets) in 1 s attempts (librdkafka
+        resumes a call that timed out), so a stop with the broker away ends the wait after
+        its grace; without a timeout librdkafka waits for ever."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._txn(call, *args, 1.0)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not (isinstance(err, KafkaError) and err.retriable()) or \
+                        time.monotonic() >= deadline or self.stopping():
+                    raise
 
     def commit_transaction(self, source: KafkaSource, batch: list[Record],
                            outputs: list[Record], dead: list[Record]) -> None:
@@ -286,14 +382,47 @@ class KafkaSink:
         assert self.transactional
         self.deliver(source, batch, outputs, dead)
 
+    def _take_refused(self) -> dict:
+        """The input whose output or dead letter was refused for what it is (see
+        BatchRolledBack.refused), from this delivery's reports. The broker refuses a whole
+        request: when messages of several inputs were refused together, which one is at fault
+        is not known, and the run loop splits the batch to find it."""
+        refused, self._refused = self._refused, []
+        origins = {r.origin for _err, r, _topic in refused}
+        if len(origins) != 1:
+            if origins:
+                log.warning("the broker refused messages of several inputs together",
+                            inputs=len(origins), error=refused[0][0].str())
+            return {}
+        err, r, topic = refused[0]
+        code = "output_too_large" if err.code() in SIZE_ERRORS else "output_refused"
+        dead_letter = any(t == self.dead_letter_topic for _e, _r, t in refused)
+        log.warning("the broker refused a message: its input will be dead-lettered",
+                    topic=topic, error=err.str(), dead_letter=dead_letter,
+                    source=f"{r.origin[0]}[{r.origin[1]}]@{r.origin[2]}")
+        return {r.origin: (code, dead_letter)}
+
+    @staticmethod
+    def _retriable(exc: BaseException) -> bool:
+        err = exc.args[0] if exc.args else None
+        return not isinstance(err, KafkaError) or err.code() not in MESSAGE_ERRORS
+
     def _abort(self, source: KafkaSource, exc: KafkaException) -> TransactionAborted:
         log.warning("transaction aborted", error=str(exc.args[0]))
+        if self.stopping():  # exiting with the broker away: a short try, then leave it
+            try:
+                self.producer.abort_transaction(2)
+            except KafkaException:
+                log.warning("stopping with a transaction open: the broker aborts it (at "
+                            "transaction.timeout.ms, or when this transactional id starts "
+                            "again); nothing of it was committed")
+            return TransactionAborted(str(exc.args[0]))
         try:
             self.producer.abort_transaction(60)
         except KafkaException as abort_exc:
             raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
         source.rewind()
-        return TransactionAborted(str(exc.args[0]))
+        return TransactionAborted(str(exc.args[0]), self._take_refused(), self._retriable(exc))
 
     def send(self, source: KafkaSource, batch: list[Record], outputs: list[Record],
              dead: list[Record]) -> KafkaDelivery:
@@ -301,13 +430,14 @@ class KafkaSink:
         the input offsets to the transaction). The returned delivery's ``wait`` (the commit or
         the flush, which may run in another thread while the next batch is prepared) and
         ``finish`` (on the loop's thread) complete it."""
-        self._errors = []
+        self._errors, self._refused = [], []
         if self.transactional:
             try:
                 self._txn(self.producer.begin_transaction)
                 self.write(outputs, dead)
-                self._txn(self.producer.send_offsets_to_transaction,
-                          source.next_offsets(batch), source.consumer.consumer_group_metadata())
+                self._txn_wait(self.producer.send_offsets_to_transaction,
+                               source.next_offsets(batch),
+                               source.consumer.consumer_group_metadata())
             except FatalKafkaError:
                 raise
             except KafkaException as exc:
@@ -319,11 +449,13 @@ class KafkaSink:
                 raise self._rolled_back(source, exc) from exc
         return KafkaDelivery(self, source, batch)
 
-    @staticmethod
-    def _rolled_back(source: KafkaSource, exc: KafkaException) -> BatchRolledBack:
+    def _rolled_back(self, source: KafkaSource, exc: KafkaException) -> BatchRolledBack:
         log.warning("delivery failed: the batch will be read again", error=str(exc))
-        source.rewind()
-        return BatchRolledBack(str(exc), transaction=False)
+        self.producer.poll(0)  # serve the reports already in (a refused message names itself)
+        if not self.stopping():  # exiting: the next owner reads from the committed offsets
+            source.rewind()
+        return BatchRolledBack(str(exc), transaction=False, refused=self._take_refused(),
+                               retriable=self._retriable(exc))
 
     def deliver(self, source, batch: list[Record], outputs: list[Record],
                 dead: list[Record]) -> None:
@@ -334,7 +466,7 @@ class KafkaSink:
         d.finish()
 
     def close(self) -> None:
-        self.producer.flush(10)
+        self.producer.flush(0 if self.stopping() else 10)
 
 
 class KafkaDelivery:
@@ -352,7 +484,7 @@ class KafkaDelivery:
     def wait(self) -> None:
         try:
             if self.sink.transactional:
-                self.sink._txn(self.sink.producer.commit_transaction, 60)
+                self.sink._commit(60.0)
             else:
                 self.sink.flush()
         except BaseException as exc:  # noqa: BLE001 (kept for finish, on the loop's thread)

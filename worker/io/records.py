@@ -7,6 +7,7 @@ they were consumed; ``scoring-worker record`` writes them from a topic.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ class Record:
     value: bytes | None
     timestamp_ms: int = 0
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    # an output or dead letter: the (topic, partition, offset) of the input it answers, so a
+    # message the broker refuses is traced back to the input that produced it
+    origin: tuple[str, int, int] | None = None
 
 
 def to_batch(records: list[Record]) -> pa.RecordBatch:
@@ -55,8 +59,8 @@ class RecordWriter:
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._sink = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, RECORD_SCHEMA)
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self._writer = pa.ipc.new_stream(self._file, RECORD_SCHEMA)
         self.count = 0
 
     def write(self, records: list[Record]) -> None:
@@ -64,9 +68,14 @@ class RecordWriter:
             self._writer.write_batch(to_batch(records))
             self.count += len(records)
 
+    def sync(self) -> None:
+        """Make what was written durable (fsync) before the input is committed."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
     def close(self) -> None:
         self._writer.close()
-        self._sink.close()
+        self._file.close()
 
     def __enter__(self):
         return self
