@@ -10,7 +10,7 @@ offline score.
    if this run started it. Topics with replication factor 3 and min.insync.replicas 2: input
    (4 partitions), output (4), dead letters (1).
 2. The model: tests/models.py's `xgb-binary-logistic` (25 trees of depth 4, 7 features),
-   compiled once into out/soak/.
+   compiled into out/soak/model.bin.
 3. The input: messages of 100 rows (`tests.kafka_util.input_table`, ids 0..N-1), produced by an
    idempotent acks=all producer at an even pace over --produce-seconds, so every fault lands
    under load.
@@ -19,8 +19,8 @@ offline score.
    transaction timeout). A seeded schedule spreads the faults over the production window:
    --worker-kills SIGKILLs of a random worker, each restarted after a random 0.5-5 s pause,
    and --broker-kills SIGKILLs of a random node (`broker --brokers 3 kill N`), restarted after
-   a random 3-10 s (`restart N`). A worker that exits by itself is an unexpected exit:
-   recorded, restarted.
+   a random 3-10 s (`restart N`; retried, and reported, when the node cannot bind its port).
+   A worker that exits by itself is an unexpected exit: recorded, restarted.
 5. A read_committed reader counts the output rows every second (the throughput curve) and
    which ids it has seen; peak RSS (VmHWM) of every worker process is read every second, just
    before it is killed, and before the final stop.
@@ -800,6 +800,7 @@ def write_report(res: dict, out: Path) -> None:
     span = res["caught_up_s"]
     rate = res["args"]["records"] / span if span > 0 else 0
     png = out.with_name("soak.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
     lines = [
         "# Soak: exactly once through worker and broker crashes", "",
         f"Produced by `{res['command']}`"

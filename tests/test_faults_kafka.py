@@ -107,3 +107,41 @@ def test_refused_outputs_are_dead_lettered_and_the_stream_goes_on(
         assert aborts == 0, text[-3000:]
     else:  # refused: a few rollbacks per big message (the batch split to find it), no loop
         assert 1 <= aborts <= 40, text[-3000:]
+
+
+def test_sigterm_at_many_points_exits_0_and_loses_nothing(tmp_path, kafka_bootstrap,
+                                                         topic_factory, model_path):
+    # SIGTERM during start-up, while catching up (mid-batch, commits in flight) and when idle:
+    # every time exit 0 within the bound, and across the restarts every id exactly once
+    import random
+    import signal
+
+    topics = {"in": topic_factory(partitions=2, prefix="in"),
+              "out": topic_factory(partitions=2, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    n, rows = 3000, 5
+    K.produce_inputs(kafka_bootstrap, topics["in"], n_messages=n, rows=rows)
+    cfg = K.write_config(tmp_path / "w.yaml", kafka_bootstrap, model_path, topics["in"],
+                         topics["out"], topics["dlq"], group=f"g-{topics['in']}",
+                         max_batch_messages=20)
+    rng = random.Random(7)
+    exits = []
+    for k, delay in enumerate([0.3, 1.0, 2.0, 3.0] + [rng.uniform(1.5, 5.0) for _ in range(3)]):
+        log = tmp_path / f"w{k}.log"
+        proc = K.start_worker(cfg, log)
+        time.sleep(delay)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        exits.append((delay, rc, round(time.monotonic() - t0, 1)))
+        text = log.read_text()
+        assert rc == 0 and "Traceback" not in text, (exits, text[-2000:])
+        assert exits[-1][2] < 10 + 10, exits  # stop_timeout (10 s) + margin, with a broker up
+    proc = K.start_worker(cfg, tmp_path / "last.log")
+    try:
+        out = K.wait_for_ids(kafka_bootstrap, topics["out"], n * rows, timeout=180)
+    finally:
+        assert K.stop_worker(proc) == 0
+    ids = K.output_ids(out)
+    assert np.array_equal(np.sort(ids), np.arange(n * rows)), exits
+    print("SIGTERM after (s), exit code, seconds to exit:", exits)

@@ -1,11 +1,31 @@
 """scoring-worker: exact, fast tree-ensemble scoring for Kafka streams of Arrow batches."""
 
-from .model.artifact import ArtifactError
-from .model.compile import compile_model
-from .model.compiled import CompiledModel, load_model
-from .model.ir import UnsupportedModelError
-from .model.result import ScoreResult
+# The public names are imported on first use (PEP 562), so `scoring-worker` can install its
+# signal handlers before numpy, pyarrow and the kernels load (a SIGTERM during that second
+# of start-up then exits 0 instead of killing the process).
+_PUBLIC = {
+    "ArtifactError": ".model.artifact",
+    "compile_model": ".model.compile",
+    "CompiledModel": ".model.compiled",
+    "load_model": ".model.compiled",
+    "UnsupportedModelError": ".model.ir",
+    "ScoreResult": ".model.result",
+}
 
-__all__ = ["ArtifactError", "CompiledModel", "ScoreResult", "UnsupportedModelError",
-           "compile_model", "load_model"]
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worker' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import signal
 import sys
-import time
 from pathlib import Path
 
-import click
 
-from . import __version__
+def _stopped_while_loading(*_args):
+    sys.stderr.write("stopped during start-up\n")
+    raise SystemExit(0)
+
+
+# Run as the command (not imported by a test): a SIGTERM/SIGINT from the first line of
+# start-up exits 0 (Kubernetes stops starting pods during every rolling update); the run loop
+# installs its own handling once the modules are loaded.
+if __name__ == "__main__" or Path(sys.argv[0]).name == "scoring-worker":
+    for _sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(_sig) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(_sig, _stopped_while_loading)
+
+import time  # noqa: E402
+
+import click  # noqa: E402
+
+from . import __version__  # noqa: E402
 
 
 def _config_exit(message: str) -> None:
