@@ -497,7 +497,7 @@ class Faults(threading.Thread):
                           "restarted": self.clock(), "restart_failures": failures})
 
     def _restart(self, node: int, attempts: int = 8) -> list[dict]:
-        """`restart N`, again after a failure: the node's ports (39192.. by default) are in
+        """`restart N`, again after a failure: the node's ports (29192.. by default) are in
         the kernel's ephemeral range, and while the node is down any client's outgoing
         connection may take one (the JVM then fails with BindException), until that
         connection closes. Each failure is kept with who held the ports."""
@@ -610,7 +610,7 @@ def run(args) -> dict:
     rng = np.random.default_rng(args.seed)
     plan = message_plan(args.records)
     res = {"args": vars(args).copy(), "command": command_line(),
-           "cluster_port": os.environ.get("KAFKA_LOCAL_CLUSTER_PORT", "39192 (default)"),
+           "cluster_port": os.environ.get("KAFKA_LOCAL_CLUSTER_PORT", "29192 (default)"),
            "messages": len(plan), "rows_per_message": ROWS}
     cluster = Cluster()
     slots: list[WorkerSlot] = []
