@@ -497,10 +497,11 @@ class Faults(threading.Thread):
                           "restarted": self.clock(), "restart_failures": failures})
 
     def _restart(self, node: int, attempts: int = 8) -> list[dict]:
-        """`restart N`, again after a failure: the node's ports (29192.. by default) are in
-        the kernel's ephemeral range, and while the node is down any client's outgoing
-        connection may take one (the JVM then fails with BindException), until that
-        connection closes. Each failure is kept with who held the ports."""
+        """`restart N`, again after a failure. The first full run failed here: the cluster's
+        ports were then in the kernel's ephemeral range (39192..), and while a node was down a
+        client's outgoing connection took its port (BindException). The default is now
+        29192, below that range; a failure is still retried and kept with who held the
+        ports."""
         failures = []
         for attempt in range(1, attempts + 1):
             try:
