@@ -61,6 +61,8 @@ class Pipeline:
         self.classifier = model.task != "regression"
         self.threads = settings.scoring.threads or default_threads()  # resolved once
         self.rows_seen = 0
+        self.max_message_bytes = settings.message_byte_limit
+        self._row_bytes: dict[object, int | None] = {}  # per group key: fixed row width
         # inputs whose output or dead letter the broker refused: {(topic, partition, offset):
         # (reason code, dead letter refused too)}; dead-lettered (without the value if the
         # dead letter was refused) until a delivery of them succeeds
@@ -68,14 +70,37 @@ class Pipeline:
         # the largest message (value, key, headers) the sink's topics take, if it says
         self.max_out_bytes = self.max_dead_bytes = None
 
-    def decode(self, rec: Record) -> tuple[pa.RecordBatch, object] | codec.InvalidMessage:
-        """(the message's validated batch, its group key) or why it is invalid."""
+    def decode(self, rec: Record) -> tuple[pa.RecordBatch, object, int] | codec.InvalidMessage:
+        """(the message's validated batch, its group key, its decoded bytes) or why it is
+        invalid."""
         try:
-            return self.decoder.decode_keyed(rec.value)
+            batch, key = self.decoder.decode_keyed(rec.value)
         except codec.InvalidMessage as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
             return codec.InvalidMessage("invalid", f"{type(exc).__name__}: {exc}")
+        nbytes = self._decoded_bytes(batch, key)
+        if nbytes > self.max_message_bytes:
+            return codec.InvalidMessage(
+                "too_large", f"{nbytes} bytes decoded, more than delivery.max_message_bytes "
+                f"({self.max_message_bytes})")
+        return batch, key, nbytes
+
+    def _decoded_bytes(self, batch: pa.RecordBatch, key) -> int:
+        """The decoded size: rows x the row width for fixed-width columns (known per schema,
+        cached), else the buffers' total (a string id column)."""
+        width = self._row_bytes.get(key, 0)
+        if width == 0:
+            try:
+                width = sum(f.type.byte_width for f in batch.schema)
+            except ValueError:  # a variable-width column
+                width = None
+            if len(self._row_bytes) > 1024:
+                self._row_bytes.clear()
+            self._row_bytes[key] = width
+        if width is None:
+            return batch.get_total_buffer_size()
+        return batch.num_rows * width
 
     def dead_letter(self, rec: Record, err: codec.InvalidMessage,
                     drop_value: bool = False) -> Record:
@@ -320,8 +345,10 @@ class Worker:
             for k, (rec, decoded) in enumerate(recs):
                 if decoded is None:
                     decoded = self.pipeline.decode(rec)
-                n_rows = 0 if isinstance(decoded, codec.InvalidMessage) else decoded[0].num_rows
-                n_bytes = len(rec.value or b"")
+                if isinstance(decoded, codec.InvalidMessage):
+                    n_rows, n_bytes = 0, len(rec.value or b"")
+                else:
+                    n_rows, n_bytes = decoded[0].num_rows, max(len(rec.value), decoded[2])
                 if items and (len(items) + 1 > max_messages
                               or rows + n_rows > d.max_batch_rows
                               or nbytes + n_bytes > d.max_batch_bytes):

@@ -227,10 +227,17 @@ class DeliveryConfig(_Section):
     whole. Kafka to file and file to Kafka are at least once (unset, the mode means that)."""
     max_message_rows: int = Field(1_000_000, ge=1)
     """A message of more rows is dead-lettered (`too_large`) instead of scored."""
+    max_message_bytes: int | None = Field(None, ge=1024)
+    """A message larger than this decoded (the columns read) is dead-lettered (`too_large`);
+    default: an eighth of memory_budget_mb."""
+    memory_budget_mb: int = Field(1024, ge=256)
+    """What the worker may hold: librdkafka's prefetch (1/16) and producer queue (1/8), one
+    message (max_message_bytes, 1/8) and a batch are sized from it. Give the container
+    about this much (peak RSS stays under it: tests/test_memory.py)."""
     max_batch_rows: int = Field(8192, ge=1)
     """A batch (one transaction) ends once it holds this many rows..."""
     max_batch_bytes: int = Field(16 << 20, ge=1024)
-    """...or this many input bytes..."""
+    """...or this many bytes (a message counts its input or decoded size, the larger)..."""
     max_batch_messages: int = Field(2000, ge=1)
     """...or this many messages..."""
     max_wait_ms: int = Field(20, ge=0, le=60_000)
@@ -274,6 +281,24 @@ class Settings(BaseSettings):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _within_the_memory_budget(self):
+        d = self.delivery
+        budget = d.memory_budget_mb << 20
+        if d.max_batch_bytes > budget // 8:
+            raise ValueError(f"delivery.max_batch_bytes: {d.max_batch_bytes} is more than an "
+                             f"eighth of delivery.memory_budget_mb ({d.memory_budget_mb} MB)")
+        if d.max_message_bytes is not None and d.max_message_bytes > budget // 4:
+            raise ValueError(f"delivery.max_message_bytes: {d.max_message_bytes} is more than "
+                             f"a quarter of delivery.memory_budget_mb ({d.memory_budget_mb} MB)")
+        return self
+
+    @property
+    def message_byte_limit(self) -> int:
+        """delivery.max_message_bytes, or its default from the memory budget."""
+        d = self.delivery
+        return d.max_message_bytes or (d.memory_budget_mb << 20) // 8
 
     @model_validator(mode="after")
     def _delivery_mode_holds(self):
@@ -321,8 +346,10 @@ class Settings(BaseSettings):
         return {
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
-            # bound memory under a backlog: librdkafka's prefetch queue
-            "queued.max.messages.kbytes": 65536,
+            # bound memory under a backlog: librdkafka's prefetch queue and fetch sizes, from
+            # delivery.memory_budget_mb
+            "queued.max.messages.kbytes": self.delivery.memory_budget_mb * 1024 // 16,
+            "fetch.max.bytes": min(52_428_800, self.delivery.memory_budget_mb * 65536),
             "max.poll.interval.ms": 300_000,
             # low latency: a fetch returns after 10 ms without new data (librdkafka: 500 ms);
             # kafka.client may set it back
@@ -338,7 +365,7 @@ class Settings(BaseSettings):
     def producer_config(self, transactional: bool) -> dict[str, Any]:
         conf: dict[str, Any] = {
             "linger.ms": 5,
-            "queue.buffering.max.kbytes": 262144,
+            "queue.buffering.max.kbytes": self.delivery.memory_budget_mb * 1024 // 8,
             # the sink only looks at failed deliveries: no Python callback per message sent
             "delivery.report.only.error": True,
             **self.kafka.common(),
