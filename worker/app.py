@@ -70,6 +70,14 @@ class Pipeline:
         # the largest message (value, key, headers) the sink's topics take, if it says
         self.max_out_bytes = self.max_dead_bytes = None
 
+    def with_model(self, model: CompiledModel, settings: Settings) -> Pipeline:
+        """The same pipeline around another model (a hot swap): what it learned of the
+        stream (refused outputs, the sink's limits, rows seen for the audit) carries over."""
+        new = Pipeline(model, settings, self.out_topic)
+        new.refused, new.rows_seen = self.refused, self.rows_seen
+        new.max_out_bytes, new.max_dead_bytes = self.max_out_bytes, self.max_dead_bytes
+        return new
+
     def decode(self, rec: Record) -> tuple[pa.RecordBatch, object, int] | codec.InvalidMessage:
         """(the message's validated batch, its group key, its decoded bytes) or why it is
         invalid."""
@@ -306,6 +314,8 @@ class Worker:
         self._stop = False
         self._stop_deadline = float("inf")
         self._failures = 0  # batches rolled back in a row (backoff grows with it)
+        self.watcher = None  # a lifecycle.ModelWatcher when model.reload is on
+        self.swaps: list[dict] = []  # the last swaps (model ids, when, how long)
         self._limit: int | None = None  # messages per batch while a failing one is split
 
     def stop(self, *_args) -> None:
@@ -394,6 +404,8 @@ class Worker:
                 self.source.before_revoke = self._settle_for_revoke
         try:
             while not self._stop:
+                if self.watcher is not None and self.watcher._ready is not None:
+                    self._swap(self.watcher.take())
                 now = time.time()
                 if now - last_lag > 5:  # idle or busy: lag of the partitions we own right now
                     m.consumer_lag.clear()
@@ -442,6 +454,28 @@ class Worker:
                     self._pending = None
                 committer.shutdown(wait=True)
         return 0
+
+    def _swap(self, model: CompiledModel) -> None:
+        """Between two batches: the next batch is scored by ``model``, every batch before by
+        the one before (a batch whose commit is in flight was scored, and is committed, as
+        it is). Messages held for the next batch were decoded for the old model's columns:
+        they are decoded again."""
+        t0 = time.perf_counter()
+        old = self.model
+        self.pipeline = self.pipeline.with_model(model, self.settings)
+        self.model = model
+        self._held = [(rec, None) for rec, _ in self._held]
+        m = self.metrics
+        m.model_info.labels(old.model_id, "live").set(0)
+        m.model_info.labels(model.model_id, "live").set(1)
+        m.model_swaps.labels("live").inc()
+        took = (time.perf_counter() - t0) * 1000
+        self.swaps = (self.swaps + [{"from": old.model_id[:12], "to": model.model_id[:12],
+                                     "at": round(time.time(), 3),
+                                     "swap_ms": round(took, 3)}])[-10:]
+        log.info("model swapped", role="live", from_model=old.model_id[:12],
+                 to_model=model.model_id[:12], swap_ms=round(took, 3),
+                 last_swaps=[f"{s['from']}->{s['to']}" for s in self.swaps])
 
     def _complete(self) -> bool:
         """Settle the batch in flight, if any: False when it rolled back."""
@@ -720,6 +754,12 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             _arm_exit_watchdog(settings.delivery.stop_timeout_ms / 1000 + EXIT_MARGIN_S)
 
         signals.on_stop = on_stop
+        metrics.model_info.labels(model.model_id, "live").set(1)
+        if settings.model.reload:
+            from .lifecycle import ModelWatcher
+
+            worker.watcher = ModelWatcher(settings.model.path, model, settings, metrics).start()
+            stack.callback(worker.watcher.stop)
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
                  source=settings.source.type, sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)

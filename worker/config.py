@@ -157,6 +157,12 @@ class KafkaConfig(_Section):
 class ModelConfig(_Section):
     path: str
     """Compiled model artifact (`scoring-worker compile`); required."""
+    reload: bool = False
+    """Watch `path`: a new artifact is verified and swapped in between two batches."""
+    reload_interval_ms: int = Field(1000, ge=50, le=600_000)
+    """How often `path` is checked for a new artifact."""
+    allow_feature_change: bool = False
+    """Accept a new artifact that reads features the running model does not."""
 
 
 class LazyConfig(BaseModel):

@@ -72,6 +72,13 @@ class Metrics:
                                   ["partition"], registry=r)
         self.last_batch = Gauge("scoring_last_batch_timestamp", "Unix time of the last "
                                 "completed loop iteration", registry=r)
+        self.model_info = Gauge("scoring_model_info", "1 for the model scoring now, by role",
+                                ["model_id", "role"], registry=r)
+        self.model_swaps = Counter("scoring_model_swaps", "Models swapped in while running",
+                                   ["role"], registry=r)
+        self.model_refusals = Counter("scoring_model_refusals", "New model artifacts refused "
+                                      "(the running model stayed)", ["role", "reason"],
+                                      registry=r)
         self.heartbeat = time.time()
 
     def beat(self) -> None:

@@ -113,8 +113,23 @@ def _array(spec, body: bytes, base: int, what: str) -> tuple[str, np.ndarray]:
 
 
 def save(path: str | Path, meta: dict, arrays: dict[str, np.ndarray]) -> str:
+    """Write atomically: a temporary file beside ``path``, fsynced, then renamed over it, so a
+    worker watching ``path`` (model.reload) never sees half an artifact."""
+    import os
+    import tempfile
+
     data = dumps(meta, arrays)
-    Path(path).write_bytes(data)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return data[-32:].hex()
 
 
