@@ -122,15 +122,19 @@ def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
         tmp_path, kafka_bootstrap, topic_factory, models):
     topics = {"in": topic_factory(partitions=2, prefix="in"),
               "out": topic_factory(partitions=2, prefix="scores"),
-              "dlq": topic_factory(partitions=1, prefix="dlq")}
+              "dlq": topic_factory(partitions=1, prefix="dlq"),
+              "shadow": topic_factory(partitions=2, prefix="shadow")}
     path = tmp_path / "fraud.model"
     models["a"].save(path)
+    models["wide"].save(tmp_path / "challenger.model")  # a regression model as the shadow
     cfg = K.write_config(tmp_path / "w.yaml", kafka_bootstrap, path, topics["in"],
                          topics["out"], topics["dlq"], group=f"g-{topics['in']}")
     import yaml
 
     c = yaml.safe_load(cfg.read_text())
-    c["model"].update(reload=True, reload_interval_ms=100)
+    c["model"].update(reload=True, reload_interval_ms=100,
+                      shadow_path=str(tmp_path / "challenger.model"))
+    c["sink"]["shadow_topic"] = topics["shadow"]
     cfg.write_text(yaml.safe_dump(c))
     log = tmp_path / "w.log"
     proc = K.start_worker(cfg, log)
@@ -173,6 +177,17 @@ def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
         np.testing.assert_array_equal(t.column("score").to_numpy(), want)
         used.add(mid)
     assert used == {models["a"].model_id, models["b"].model_id}
+    # the shadow topic: every id once, in the same transactions, with the challenger's scores
+    shadow = K.read_topic(kafka_bootstrap, topics["shadow"], expect_messages=n, timeout=60)
+    sids = K.output_ids(shadow)
+    assert np.array_equal(np.sort(sids), np.arange(n * 5))
+    for m in shadow[:50]:
+        assert dict(m.headers())["model_id"].decode() == models["wide"].model_id
+        t = pa.ipc.open_stream(m.value()).read_all()
+        msg = t.column("id")[0].as_py() // 5
+        want = models["wide"].score_batch(K.input_table(msg * 5, 5, msg).drop_columns(
+            ["txn_id"])).score
+        np.testing.assert_array_equal(t.column("score").to_numpy(), want)
     # the loop's pause: the swap at the boundary, and the gap between committed outputs
     # around each swap (outputs carry their produce time) against the gaps elsewhere
     from datetime import datetime
@@ -190,3 +205,77 @@ def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
           f"elsewhere {gaps[~near].max() * 1000:.1f} ms (p99 "
           f"{np.percentile(gaps[~near], 99) * 1000:.1f} ms)")
     assert max(ms for _t, ms in swaps) < 50  # the swap itself: no load, no warm-up on the loop
+
+
+def _recording(path, n_messages=40, rows=25):
+    from worker.io.records import Record, write_records
+
+    write_records(path, [Record("in", i % 2, i // 2, None,
+                                K.arrow_bytes(K.input_table(i * rows, rows, i)), 1)
+                         for i in range(n_messages)])
+    return pa.concat_tables([K.input_table(i * rows, rows, i) for i in range(n_messages)])
+
+
+def _scores(path):
+    from worker.io.records import read_outputs
+
+    tables = [t for _r, t in read_outputs(path)]
+    t = pa.concat_tables([x.replace_schema_metadata(None) for x in tables])
+    order = np.argsort(t.column("id").to_numpy())
+    return t.column("id").to_numpy()[order], t.column("score").to_numpy()[order], tables
+
+
+def _shadow_run(tmp_path, models, shadow, break_shadow=False):
+    from worker.app import Worker
+    from worker.io.files import FileSink, FileSource
+
+    rec = tmp_path / "in.arrows"
+    rows = _recording(rec)
+    settings = load_settings(None, model={"path": "unused"},
+                             source={"type": "file", "path": str(rec)},
+                             sink={"type": "file", "path": str(tmp_path / "o.arrows")},
+                             scoring={"id_column": "txn_id", "thresholds": [0.5, 0.9],
+                                      "threads": 1},
+                             logging={"progress": False})
+    sink = FileSink(tmp_path / "o.arrows", tmp_path / "o-dlq.arrows",
+                    shadow_path=tmp_path / "o-shadow.arrows")
+    w = Worker(settings, models["a"], FileSource(rec), sink)
+    if shadow:
+        w.pipeline.set_shadow(models["b"], "shadow")
+        if break_shadow:
+            def boom(*a, **k):
+                raise RuntimeError("the challenger broke")
+            w.pipeline.shadow.model = type("Broken", (), {"score_batch": boom})()
+    assert w.run() == 0
+    sink.close()
+    return w, rows.drop_columns(["txn_id"])
+
+
+def test_shadow_scores_every_row_beside_the_live_model(tmp_path, models):
+    w, X = _shadow_run(tmp_path, models, shadow=True)
+    live = models["a"].score_batch(X, thresholds=[0.5, 0.9])
+    chal = models["b"].score_batch(X, thresholds=[0.5, 0.9])
+    ids, score, _ = _scores(tmp_path / "o.arrows")
+    sids, sscore, stables = _scores(tmp_path / "o-shadow.arrows")
+    assert np.array_equal(ids, np.arange(len(X))) and np.array_equal(sids, ids)
+    np.testing.assert_array_equal(score, live.score)  # live untouched
+    np.testing.assert_array_equal(sscore, chal.score)  # the challenger's own scores
+    assert {t.schema.metadata[b"model_id"].decode() for t in stables} == \
+        {models["b"].model_id}
+    # agreement: one count per (live band, shadow band) pair, as offline
+    m = w.metrics
+    for a in range(3):
+        for b in range(3):
+            want = int(((live.decision == a) & (chal.decision == b)).sum())
+            got = m.shadow_agreement.labels(str(a), str(b))._value.get()
+            assert got == want, (a, b)
+    assert m.shadow_errors._value.get() == 0
+
+
+def test_a_failing_shadow_never_touches_the_live_output(tmp_path, models):
+    w, X = _shadow_run(tmp_path, models, shadow=True, break_shadow=True)
+    ids, score, _ = _scores(tmp_path / "o.arrows")
+    np.testing.assert_array_equal(score, models["a"].score_batch(X).score)
+    assert np.array_equal(ids, np.arange(len(X)))
+    assert not (tmp_path / "o-shadow.arrows").exists()
+    assert w.metrics.shadow_errors._value.get() > 0

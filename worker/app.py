@@ -39,6 +39,24 @@ class BatchStats:
     kernel_s: float = 0.0
     # this batch's published (score, work units) arrays, for the run's bounded sample
     scores: list = field(default_factory=list)
+    # the shadow model (model.shadow_path): kernel seconds, decision pairs (live band x
+    # shadow band, flattened), score differences, batches it could not score
+    shadow_kernel_s: float = 0.0
+    shadow_pairs: np.ndarray | None = None
+    shadow_diffs: list = field(default_factory=list)
+    shadow_errors: int = 0
+
+
+@dataclass
+class Shadow:
+    """A challenger scored on the live model's rows; its outputs go to its own topic."""
+
+    model: CompiledModel
+    topic: str
+    encoder: codec.StreamEncoder
+    headers: list
+    classifier: bool
+    same_features: bool  # the live model's gathered columns serve it as they are
 
 
 class Pipeline:
@@ -69,6 +87,23 @@ class Pipeline:
         self.refused: dict[tuple[str, int, int], tuple[str, bool]] = {}
         # the largest message (value, key, headers) the sink's topics take, if it says
         self.max_out_bytes = self.max_dead_bytes = None
+        self.shadow: Shadow | None = None
+
+    def set_shadow(self, model: CompiledModel | None, topic: str | None) -> None:
+        """Score ``model`` beside the live one (None: stop). It must read only features the
+        live model reads (they are the columns decoded)."""
+        if model is None:
+            self.shadow = None
+            return
+        missing = [f for f in model.feature_names if f not in set(self.model.feature_names)]
+        if missing:
+            raise ValueError("the shadow model reads features the live model does not: "
+                             + ", ".join(missing[:10]))
+        self.shadow = Shadow(model, topic, codec.StreamEncoder(codec.output_metadata(model)),
+                             [("content-type", codec.CONTENT_TYPE.encode()),
+                              ("model_id", model.model_id.encode()), ("role", b"shadow")],
+                             model.task != "regression",
+                             list(model.feature_names) == list(self.model.feature_names))
 
     def with_model(self, model: CompiledModel, settings: Settings) -> Pipeline:
         """The same pipeline around another model (a hot swap): what it learned of the
@@ -76,6 +111,11 @@ class Pipeline:
         new = Pipeline(model, settings, self.out_topic)
         new.refused, new.rows_seen = self.refused, self.rows_seen
         new.max_out_bytes, new.max_dead_bytes = self.max_out_bytes, self.max_dead_bytes
+        if self.shadow is not None:
+            try:
+                new.set_shadow(self.shadow.model, self.shadow.topic)
+            except ValueError as exc:  # the new live model no longer has its features
+                log.warning("shadow scoring stops", reason=str(exc))
         return new
 
     def decode(self, rec: Record) -> tuple[pa.RecordBatch, object, int] | codec.InvalidMessage:
@@ -141,7 +181,7 @@ class Pipeline:
                   + (" (too large)" if code == "output_too_large" else ""))
         return self.dead_letter(rec, err, drop_value=dead_letter_refused)
 
-    def _score(self, table: pa.RecordBatch):
+    def _score(self, table):
         lazy = self.scoring.lazy.mode
         params = self.lazy_params
         if "audit_fraction" in params:  # audit by position in the stream, not in the batch
@@ -151,12 +191,52 @@ class Pipeline:
         self.rows_seen += len(r)
         return r
 
+    def _shadow(self, stats: BatchStats, big, cols, r, ids, members, items, offsets,
+                results) -> list[Record]:
+        """The shadow's outputs for the messages whose live output is published. Whatever
+        fails here is counted and leaves the live outputs as they are."""
+        sh = self.shadow
+        out = []
+        try:
+            t0 = time.perf_counter()
+            params = {k: v for k, v in self.lazy_params.items() if k != "audit_fraction"}
+            rs = sh.model.score_batch(cols if sh.same_features else big,
+                                      lazy=self.scoring.lazy.mode,
+                                      thresholds=self.scoring.thresholds,
+                                      n_threads=self.threads, **params)
+            stats.shadow_kernel_s += time.perf_counter() - t0
+            sout = codec.ResultColumns(rs, sh.classifier).batch(ids)
+            key = ("schema", sout.schema.serialize().to_pybytes())
+            for k, i in enumerate(members):
+                rec = items[i][0]
+                if i not in results or ("shadow", rec.topic, rec.partition, rec.offset) \
+                        in self.refused:
+                    continue
+                value = sh.encoder.encode(sout, slice(int(offsets[k]), int(offsets[k + 1])),
+                                          rec.topic, rec.partition, rec.offset, key)
+                if self.max_out_bytes is not None and len(value) > self.max_out_bytes - 512:
+                    continue  # too large for the topic: the live output goes on alone
+                out.append(Record(sh.topic, -1, -1, rec.key, value, rec.timestamp_ms,
+                                  sh.headers, ("shadow", rec.topic, rec.partition,
+                                               rec.offset)))
+            nb = len(self.scoring.thresholds) + 1
+            pairs = np.bincount(r.decision.astype(np.int64) * nb + rs.decision, minlength=nb * nb)
+            stats.shadow_pairs = pairs if stats.shadow_pairs is None else \
+                stats.shadow_pairs + pairs
+            stats.shadow_diffs.append(rs.score - r.score)
+        except Exception as exc:  # noqa: BLE001 (the shadow never touches the live output)
+            stats.shadow_errors += 1
+            log.warning("the shadow model could not score a batch", error=str(exc)[:200])
+            return []
+        return out
+
     def process(self, items: list[tuple[Record, tuple | codec.InvalidMessage]]
                 ) -> tuple[list[Record], list[Record], BatchStats]:
         """One batch: messages of one schema are concatenated (pyarrow, in C++), scored in one
         kernel call and encoded from one output batch, each message a slice of it."""
         stats = BatchStats(messages=len(items))
         results: dict[int, Record] = {}
+        shadow_out: list[Record] = []
         dead: list[Record] = []
         groups: dict[object, list[int]] = {}  # by the stream's schema bytes: usually one
         for i, (rec, decoded) in enumerate(items):
@@ -181,7 +261,8 @@ class Pipeline:
             try:
                 t0 = time.perf_counter()
                 big = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-                r = self._score(big)
+                cols = self.model.columns(big)  # gathered once (the shadow reads it too)
+                r = self._score(cols)
                 stats.kernel_s += time.perf_counter() - t0
             except Exception as exc:  # noqa: BLE001 (isolate, dead-letter, keep running)
                 if len(members) == 1:
@@ -194,6 +275,7 @@ class Pipeline:
                     sub_out, sub_dead, sub_stats = self.process([items[i]])
                     if sub_out:
                         results[i] = sub_out[0]
+                        shadow_out.extend(sub_out[1:])
                     dead.extend(sub_dead)
                     stats.dead.update(sub_stats.dead)
                     _add_scored(stats, sub_stats)
@@ -228,7 +310,10 @@ class Pipeline:
                         published = np.ones(len(r), dtype=bool)
                     published[sl] = False
             _account(stats, r, published)
-        return [results[i] for i in sorted(results)], dead, stats
+            if self.shadow is not None and out is not None:
+                shadow_out.extend(self._shadow(stats, big, cols, r, ids, members, items,
+                                               offsets, results))
+        return [results[i] for i in sorted(results)] + shadow_out, dead, stats
 
     def _encode(self, rec: Record, out: pa.RecordBatch, sl: slice, key) -> Record:
         value = self.encoder.encode(out, sl, rec.topic, rec.partition, rec.offset, key)
@@ -282,6 +367,12 @@ def _add_scored(into: BatchStats, other: BatchStats) -> None:
     into.audit_disagreements += other.audit_disagreements
     into.kernel_s += other.kernel_s
     into.scores.extend(other.scores)
+    into.shadow_kernel_s += other.shadow_kernel_s
+    if other.shadow_pairs is not None:
+        into.shadow_pairs = other.shadow_pairs if into.shadow_pairs is None else \
+            into.shadow_pairs + other.shadow_pairs
+    into.shadow_diffs.extend(other.shadow_diffs)
+    into.shadow_errors += other.shadow_errors
 
 
 class Worker:
@@ -315,6 +406,7 @@ class Worker:
         self._stop_deadline = float("inf")
         self._failures = 0  # batches rolled back in a row (backoff grows with it)
         self.watcher = None  # a lifecycle.ModelWatcher when model.reload is on
+        self.shadow_watcher = None  # the same for model.shadow_path
         self.swaps: list[dict] = []  # the last swaps (model ids, when, how long)
         self._limit: int | None = None  # messages per batch while a failing one is split
 
@@ -406,6 +498,8 @@ class Worker:
             while not self._stop:
                 if self.watcher is not None and self.watcher._ready is not None:
                     self._swap(self.watcher.take())
+                if self.shadow_watcher is not None and self.shadow_watcher._ready is not None:
+                    self._swap_shadow(self.shadow_watcher.take())
                 now = time.time()
                 if now - last_lag > 5:  # idle or busy: lag of the partitions we own right now
                     m.consumer_lag.clear()
@@ -455,6 +549,21 @@ class Worker:
                 committer.shutdown(wait=True)
         return 0
 
+    def _observe_shadow(self, stats: BatchStats) -> None:
+        m = self.metrics
+        if stats.shadow_pairs is not None:
+            nb = len(self.settings.scoring.thresholds) + 1
+            for flat, n in enumerate(stats.shadow_pairs.tolist()):
+                if n:
+                    m.shadow_agreement.labels(str(flat // nb), str(flat % nb)).inc(n)
+        for diff in stats.shadow_diffs:
+            observe_many(m.shadow_score_diff, diff)
+        stats.shadow_diffs = []
+        if stats.shadow_kernel_s:
+            m.shadow_kernel_seconds.observe(stats.shadow_kernel_s)
+        if stats.shadow_errors:
+            m.shadow_errors.inc(stats.shadow_errors)
+
     def _swap(self, model: CompiledModel) -> None:
         """Between two batches: the next batch is scored by ``model``, every batch before by
         the one before (a batch whose commit is in flight was scored, and is committed, as
@@ -476,6 +585,22 @@ class Worker:
         log.info("model swapped", role="live", from_model=old.model_id[:12],
                  to_model=model.model_id[:12], swap_ms=round(took, 3),
                  last_swaps=[f"{s['from']}->{s['to']}" for s in self.swaps])
+
+    def _swap_shadow(self, model: CompiledModel) -> None:
+        old = self.pipeline.shadow
+        try:
+            self.pipeline.set_shadow(model, old.topic if old else self.settings.sink.shadow_topic)
+        except ValueError as exc:
+            log.warning("shadow model refused: the running shadow stays", reason=str(exc))
+            self.metrics.model_refusals.labels("shadow", "feature_change").inc()
+            return
+        m = self.metrics
+        if old is not None:
+            m.model_info.labels(old.model.model_id, "shadow").set(0)
+        m.model_info.labels(model.model_id, "shadow").set(1)
+        m.model_swaps.labels("shadow").inc()
+        log.info("model swapped", role="shadow", to_model=model.model_id[:12],
+                 from_model=old.model.model_id[:12] if old else None)
 
     def _complete(self) -> bool:
         """Settle the batch in flight, if any: False when it rolled back."""
@@ -542,6 +667,7 @@ class Worker:
         if self.pipeline.refused:
             for r in batch:
                 self.pipeline.refused.pop((r.topic, r.partition, r.offset), None)
+                self.pipeline.refused.pop(("shadow", r.topic, r.partition, r.offset), None)
         self._observe(stats, batch, time.perf_counter() - t0, time.time())
         if self.progress is not None:
             self.progress(len(batch), stats)
@@ -566,6 +692,8 @@ class Worker:
         stamps = stamps[stamps > 0]
         if len(stamps):
             observe_many(m.end_to_end_seconds, np.maximum(now - stamps / 1000, 0.0))
+        if self.pipeline.shadow is not None or stats.shadow_pairs is not None:
+            self._observe_shadow(stats)
         m.beat()
         for score, work in stats.scores:
             self.sample.add(score, work)
@@ -722,6 +850,23 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         except (TypeError, ValueError, ImportError, OverflowError) as exc:
             print(f"config error: scoring.lazy: {exc}", file=sys.stderr)
             return 2
+    shadow = None
+    if settings.model.shadow_path:
+        try:
+            shadow = load_model(settings.model.shadow_path)
+            from .lifecycle import verify
+
+            verify(shadow, model, settings)
+        except FileNotFoundError:
+            print(f"config error: model.shadow_path: {settings.model.shadow_path} does not "
+                  "exist", file=sys.stderr)
+            return 2
+        except ArtifactError as exc:
+            print(f"config error: model.shadow_path: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:  # noqa: BLE001 (lifecycle.ModelRefused: features, probe)
+            print(f"config error: model.shadow_path: {exc}", file=sys.stderr)
+            return 2
     metrics = Metrics()
     with contextlib.ExitStack() as stack:
         # every start-up error is one line: exit 2 for what the configuration names (a file
@@ -755,11 +900,19 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
 
         signals.on_stop = on_stop
         metrics.model_info.labels(model.model_id, "live").set(1)
+        if shadow is not None:
+            worker.pipeline.set_shadow(shadow, settings.sink.shadow_topic
+                                       if settings.sink.type == "kafka" else "shadow")
+            metrics.model_info.labels(shadow.model_id, "shadow").set(1)
         if settings.model.reload:
             from .lifecycle import ModelWatcher
 
             worker.watcher = ModelWatcher(settings.model.path, model, settings, metrics).start()
             stack.callback(worker.watcher.stop)
+            if shadow is not None:
+                worker.shadow_watcher = ModelWatcher(settings.model.shadow_path, shadow,
+                                                     settings, metrics, role="shadow").start()
+                stack.callback(worker.shadow_watcher.stop)
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
                  source=settings.source.type, sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)

@@ -64,6 +64,10 @@ class SinkConfig(_Section):
     """File: scores as a recorded topic (.arrows)."""
     dead_letter_path: str | None = None
     """File: dead letters (default <path stem>-dlq.arrows)."""
+    shadow_topic: str | None = None
+    """Kafka: the shadow model's scores (default <topic>-shadow when model.shadow_path is set)."""
+    shadow_path: str | None = None
+    """File: the shadow model's scores (default <path stem>-shadow.arrows)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -76,6 +80,11 @@ class SinkConfig(_Section):
             if data.get("path") and not data.get("dead_letter_path"):
                 p = Path(data["path"])
                 data["dead_letter_path"] = str(p.with_name(p.stem + "-dlq" + p.suffix))
+            if data.get("topic") and not data.get("shadow_topic"):
+                data["shadow_topic"] = f"{data['topic']}-shadow"
+            if data.get("path") and not data.get("shadow_path"):
+                p = Path(data["path"])
+                data["shadow_path"] = str(p.with_name(p.stem + "-shadow" + p.suffix))
         return data
 
     @model_validator(mode="after")
@@ -163,6 +172,9 @@ class ModelConfig(_Section):
     """How often `path` is checked for a new artifact."""
     allow_feature_change: bool = False
     """Accept a new artifact that reads features the running model does not."""
+    shadow_path: str | None = None
+    """A challenger scored on the same rows; its scores go to sink.shadow_topic/shadow_path
+    in the same transaction (watched like `path` when `reload` is on)."""
 
 
 class LazyConfig(BaseModel):

@@ -76,6 +76,18 @@ class Metrics:
                                 ["model_id", "role"], registry=r)
         self.model_swaps = Counter("scoring_model_swaps", "Models swapped in while running",
                                    ["role"], registry=r)
+        self.shadow_agreement = Counter("scoring_shadow_decisions", "Rows by live and shadow "
+                                        "decision band (agreement: the diagonal)",
+                                        ["live", "shadow"], registry=r)
+        self.shadow_score_diff = Histogram(
+            "scoring_shadow_score_difference", "Shadow score minus live score",
+            buckets=(-0.5, -0.1, -0.05, -0.01, -0.001, 0.0, 0.001, 0.01, 0.05, 0.1, 0.5),
+            registry=r)
+        self.shadow_kernel_seconds = Histogram("scoring_shadow_kernel_seconds", "Shadow "
+                                               "model kernel seconds per batch", registry=r)
+        self.shadow_errors = Counter("scoring_shadow_errors", "Batches the shadow model "
+                                     "could not score (the live output is unaffected)",
+                                     registry=r)
         self.model_refusals = Counter("scoring_model_refusals", "New model artifacts refused "
                                       "(the running model stayed)", ["role", "reason"],
                                       registry=r)

@@ -27,7 +27,7 @@ def open_sink(settings) -> Sink:
     if s.type == "file":
         from .files import FileSink
 
-        return FileSink(s.path, s.dead_letter_path)
+        return FileSink(s.path, s.dead_letter_path, shadow_path=s.shadow_path)
     from .kafka import KafkaSink, topic_max_bytes
 
     transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"

@@ -72,11 +72,14 @@ class FileSource:
 class FileSink:
     """Scores and dead letters as recorded topics, one row per output message."""
 
-    def __init__(self, path: str | Path, dead_letter_path: str | Path, topic: str = "scores"):
+    def __init__(self, path: str | Path, dead_letter_path: str | Path, topic: str = "scores",
+                 shadow_path: str | Path | None = None):
         self.topic = topic
         self.path = Path(path)
         self._dead_letter_path = Path(dead_letter_path)
         self._dead: RecordWriter | None = None
+        self._shadow_path = Path(shadow_path) if shadow_path else None
+        self._shadow: RecordWriter | None = None
         try:
             self._out = RecordWriter(path)
         except OSError as exc:
@@ -88,6 +91,14 @@ class FileSink:
         """Write the batch's scores and dead letters, then commit its input. From a Kafka
         source (at least once) the files are fsynced first: a committed offset never points
         past what a crash of the machine could lose."""
+        shadow = [r for r in outputs if r.topic == "shadow"]
+        if shadow:  # a shadow model's scores: their own file
+            outputs = [r for r in outputs if r.topic != "shadow"]
+            if self._shadow is None:
+                self._shadow = RecordWriter(self._shadow_path or
+                                            self.path.with_name(self.path.stem + "-shadow"
+                                                                + self.path.suffix))
+            self._shadow.write(shadow)
         self._out.write(outputs)
         if dead:
             if self._dead is None:
@@ -107,3 +118,5 @@ class FileSink:
         self._out.close()
         if self._dead is not None:
             self._dead.close()
+        if self._shadow is not None:
+            self._shadow.close()

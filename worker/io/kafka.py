@@ -360,8 +360,8 @@ class KafkaSink:
                            list(r.headers) + [("value_dropped", b"message too large")])
 
     def write(self, outputs: list[Record], dead: list[Record]) -> None:
-        for r in outputs:
-            self._produce(self.topic, r)
+        for r in outputs:  # scores, and a shadow model's scores to its own topic
+            self._produce(r.topic or self.topic, r)
         for r in dead:
             self._produce(self.dead_letter_topic, r)
         self.producer.poll(0)
