@@ -279,3 +279,29 @@ def test_a_failing_shadow_never_touches_the_live_output(tmp_path, models):
     assert np.array_equal(ids, np.arange(len(X)))
     assert not (tmp_path / "o-shadow.arrows").exists()
     assert w.metrics.shadow_errors._value.get() > 0
+
+
+def test_replay_shadow_prints_the_agreement_table(tmp_path, models):
+    import subprocess
+    import sys
+
+    rec = tmp_path / "in.arrows"
+    X = _recording(rec).drop_columns(["txn_id"])
+    models["a"].save(tmp_path / "a.model")
+    models["b"].save(tmp_path / "b.model")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scoring: {id_column: txn_id, thresholds: [0.5, 0.9], threads: 1}\n"
+                   "logging: {progress: false}\n")
+    r = subprocess.run([sys.executable, "-m", "worker.cli", "replay", str(rec), "--config",
+                        str(cfg), "--model", str(tmp_path / "a.model"), "--shadow",
+                        str(tmp_path / "b.model"), "--output", str(tmp_path / "o.arrows")],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    live = models["a"].score_batch(X, thresholds=[0.5, 0.9]).decision
+    chal = models["b"].score_batch(X, thresholds=[0.5, 0.9]).decision
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("band ")]
+    got = np.array([[int(v.replace(",", "")) for v in row[2:]] for row in rows])
+    want = np.array([[((live == a) & (chal == b)).sum() for b in range(3)] for a in range(3)])
+    np.testing.assert_array_equal(got, want)
+    assert f"agreement {np.trace(want) / len(X):.4%}" in r.stdout

@@ -182,6 +182,9 @@ def record_cmd(bootstrap_servers, topic, output, from_offset, from_timestamp, ma
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="Worker config for scoring settings (source and sink are replaced).")
 @click.option("--model", "model_path", type=click.Path(exists=True), default=None)
+@click.option("--shadow", "shadow_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="A challenger scored beside the model: prints the decision "
+              "agreement table (its scores: <output stem>-shadow.arrows).")
 @click.option("--output", type=click.Path(dir_okay=False), default=None,
               help="Scores file (.arrows); default out/replay-scores.arrows.")
 @click.option("--topic", default=None, help="Publish scores to this topic instead of a file.")
@@ -191,13 +194,15 @@ def record_cmd(bootstrap_servers, topic, output, from_offset, from_timestamp, ma
               help="Golden scores file: compare id by id, exit 1 on any difference.")
 @click.option("--atol", type=float, default=1e-9, show_default=True)
 @click.option("--rtol", type=float, default=0.0, show_default=True)
-def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap_servers, expect, atol,
-               rtol) -> None:
+def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, bootstrap_servers,
+               expect, atol, rtol) -> None:
     """Replay a recorded topic through the worker pipeline (file -> worker -> file or topic)."""
     from .app import run
     from .config import ConfigError, load_settings
-    from .replay import compare
+    from .replay import agreement, compare
 
+    if shadow_path and topic:
+        raise click.UsageError("--shadow compares two scores files: use --output, not --topic")
     if expect and topic:
         raise click.UsageError("--expect compares a scores file: use --output, not --topic")
     output = output or "out/replay-scores.arrows"
@@ -211,6 +216,8 @@ def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap_ser
             "delivery": {"mode": "at_least_once"}}
     if model_path:
         over["model"] = {"path": model_path}
+    if shadow_path:
+        over.setdefault("model", {})["shadow_path"] = shadow_path
     if bootstrap_servers:
         over["kafka"] = {"bootstrap_servers": bootstrap_servers}
     try:
@@ -218,9 +225,12 @@ def replay_cmd(input_path, config_path, model_path, output, topic, bootstrap_ser
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
-    rc = run(settings, summary=expect is None)
+    rc = run(settings, summary=expect is None and shadow_path is None)
     if rc != 0:
         sys.exit(rc)
+    if shadow_path:
+        click.echo(agreement(output, settings.sink.shadow_path,
+                             len(settings.scoring.thresholds) + 1))
     if expect:
         result = compare(output, expect, atol=atol, rtol=rtol)
         click.echo(result.summary())

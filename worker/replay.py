@@ -206,3 +206,29 @@ def _same(x, y, atol: float, rtol: float) -> bool:
             return x != x and y != y
         return abs(x - y) <= atol + rtol * abs(y)
     return x == y
+
+
+def agreement(live: str | Path, shadow: str | Path, bands: int) -> str:
+    """The decision agreement of two scores files of the same input (a live model and its
+    shadow), rows matched by id: a table of row counts per (live band, shadow band), the
+    agreement rate and the score differences."""
+    a, b = _rows(live), _rows(shadow)
+    where = {k: i for i, k in enumerate(b.keys)}
+    pairs = [(i, where[k]) for i, k in enumerate(a.keys) if k in where]
+    table = np.zeros((bands, bands), dtype=np.int64)
+    diffs = []
+    for i, j in pairs:
+        table[a.columns["decision"][i], b.columns["decision"][j]] += 1
+        diffs.append(b.columns["score"][j] - a.columns["score"][i])
+    n = int(table.sum())
+    lines = [f"decisions of {n} rows (live rows down, shadow columns across; "
+             f"{len(a.keys) - n} live rows without a shadow row)",
+             "live\\shadow " + "".join(f"{f'band {k}':>12}" for k in range(bands))]
+    for k in range(bands):
+        lines.append(f"{f'band {k}':<12}" + "".join(f"{int(v):>12,}" for v in table[k]))
+    if n:
+        d = np.abs(np.asarray(diffs, dtype=np.float64))
+        lines.append(f"agreement {np.trace(table) / n:.4%}; |score difference| mean "
+                     f"{np.nanmean(d):.4g}, p99 {np.nanpercentile(d, 99):.4g}, max "
+                     f"{np.nanmax(d):.4g}")
+    return "\n".join(lines)
