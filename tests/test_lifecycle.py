@@ -305,3 +305,64 @@ def test_replay_shadow_prints_the_agreement_table(tmp_path, models):
     want = np.array([[((live == a) & (chal == b)).sum() for b in range(3)] for a in range(3)])
     np.testing.assert_array_equal(got, want)
     assert f"agreement {np.trace(want) / len(X):.4%}" in r.stdout
+
+
+def test_readyz_is_503_until_the_loop_is_ready():
+    import socket
+    import urllib.error
+    import urllib.request
+
+    m = Metrics()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = m.serve("127.0.0.1", port)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert e.value.code == 503
+        m.ready = True
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.kafka
+def test_a_sigkill_during_a_swap_loses_nothing(tmp_path, kafka_bootstrap, topic_factory, models):
+    import yaml
+
+    topics = {"in": topic_factory(partitions=2, prefix="in"),
+              "out": topic_factory(partitions=2, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    path = tmp_path / "fraud.model"
+    models["a"].save(path)
+    cfg = K.write_config(tmp_path / "w.yaml", kafka_bootstrap, path, topics["in"],
+                         topics["out"], topics["dlq"], group=f"g-{topics['in']}")
+    c = yaml.safe_load(cfg.read_text())
+    c["model"].update(reload=True, reload_interval_ms=50)
+    # a stable id (as the StatefulSet's pod name): the restart fences the killed transaction
+    c["kafka"]["transactional_id"] = f"swap-{topics['in']}"
+    cfg.write_text(yaml.safe_dump(c))
+    producer = SteadyProducer(kafka_bootstrap, topics["in"], rate=200)
+    producer.start()
+    proc = K.start_worker(cfg, tmp_path / "w1.log")
+    try:
+        time.sleep(3)
+        models["b"].save(path)
+        time.sleep(0.12)  # the watcher has seen the change, loading or just swapped
+        proc.kill()
+        proc.wait(30)
+        proc = K.start_worker(cfg, tmp_path / "w2.log")
+        time.sleep(3)
+        producer.done.set()
+        producer.join(60)
+        out = K.wait_for_ids(kafka_bootstrap, topics["out"], producer.sent * 5, timeout=120)
+    finally:
+        producer.done.set()
+        assert K.stop_worker(proc) == 0
+    ids = K.output_ids(out)
+    assert np.array_equal(np.sort(ids), np.arange(producer.sent * 5)), "lost or duplicated"
+    # after the restart every message is scored by the artifact now at the path
+    last = {dict(m.headers())["model_id"].decode() for m in out[-20:]}
+    assert last == {models["b"].model_id}

@@ -69,6 +69,11 @@ def test_scores_equal_offline_and_malformed_go_to_dlq(tmp_path, kafka_bootstrap,
         dlq = K.read_topic(kafka_bootstrap, topics["dlq"], expect_messages=len(malformed))
         time.sleep(6)  # the lag gauge refreshes every 5 s
         metrics = _metrics(port)
+        import urllib.request
+
+        # ready: partitions assigned and batches committed
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            assert r.status == 200 and r.read() == b"ready\n"
     finally:
         rc = K.stop_worker(proc)
     assert rc == 0, (tmp_path / "worker.log").read_text()

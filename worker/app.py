@@ -509,6 +509,8 @@ class Worker:
                 items = self._collect()
                 if not items:
                     self._complete()  # idle: settle the batch in flight
+                    if self._pending is None:
+                        self._mark_ready()
                     if self.source.exhausted:
                         break
                     m.beat()
@@ -658,7 +660,15 @@ class Worker:
         while not self._stop and time.monotonic() < end:  # a stop ends the pause
             time.sleep(min(0.1, max(end - time.monotonic(), 0)))
 
+    def _mark_ready(self) -> None:
+        """Ready (/readyz) once partitions are ours (a file source: at once) and a batch was
+        committed or there was nothing to read."""
+        if not self.metrics.ready and getattr(self.source, "assigned", True):
+            self.metrics.ready = True
+            log.info("ready")
+
     def _delivered(self, stats: BatchStats, batch: list[Record], t0: float) -> None:
+        self._mark_ready()
         self._failures = 0
         if self._limit is not None:  # after a split: back to full batches, doubling
             self._limit *= 2

@@ -92,6 +92,9 @@ class Metrics:
                                       "(the running model stayed)", ["role", "reason"],
                                       registry=r)
         self.heartbeat = time.time()
+        # /readyz: the loop has partitions to read (or a file) and has committed a batch or
+        # found nothing to read (a caught-up consumer is ready too)
+        self.ready = False
 
     def beat(self) -> None:
         self.heartbeat = time.time()
@@ -99,7 +102,7 @@ class Metrics:
 
     def serve(self, host: str, port: int, stale_after_s: float = 60.0,
               max_connections: int = 16, timeout_s: float = 5.0) -> ThreadingHTTPServer:
-        """Serve /metrics and /healthz from a background thread. Bounded: at most
+        """Serve /metrics, /healthz and /readyz from a background thread. Bounded: at most
         ``max_connections`` requests in flight (more are closed at once), and a connection
         that has not sent its request within ``timeout_s`` is dropped."""
         metrics = self
@@ -110,6 +113,10 @@ class Metrics:
             def do_GET(self):  # noqa: N802 (http.server API)
                 if self.path.startswith("/metrics"):
                     body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
+                elif self.path.startswith("/readyz"):
+                    ok = metrics.ready and time.time() - metrics.heartbeat < stale_after_s
+                    body = b"ready\n" if ok else b"not ready\n"
+                    ctype, code = "text/plain", 200 if ok else 503
                 elif self.path.startswith(("/healthz", "/health")):
                     ok = time.time() - metrics.heartbeat < stale_after_s
                     body = b"ok\n" if ok else b"stalled\n"

@@ -79,6 +79,7 @@ class KafkaSource:
         self.before_revoke = None
         self.exhausted = False  # a topic never ends
         self.total = None
+        self.assigned: set[tuple[str, int]] = set()  # the partitions this member owns now
         self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
@@ -92,6 +93,7 @@ class KafkaSource:
                                                    for p in partitions])
         if partitions:
             self._assign_at_committed(consumer, partitions)
+        self.assigned |= {(p.topic, p.partition) for p in partitions}
 
     def _assign_at_committed(self, consumer, partitions, timeout_s: float = 180.0) -> None:
         """Start each new partition at its committed offset, read here. While a transaction
@@ -132,6 +134,7 @@ class KafkaSource:
         if self.before_revoke is not None:
             self.before_revoke()
         self.revoked |= {(p.topic, p.partition) for p in partitions}
+        self.assigned -= {(p.topic, p.partition) for p in partitions}
         log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
@@ -139,6 +142,7 @@ class KafkaSource:
         if self.before_revoke is not None:
             self.before_revoke()
         self.revoked |= {(p.topic, p.partition) for p in partitions}
+        self.assigned -= {(p.topic, p.partition) for p in partitions}
         log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
