@@ -407,3 +407,45 @@ def test_a_batch_that_keeps_failing_is_split_until_the_message_is_alone_and_dead
     # found by halving: 4 -> 2 -> 1 messages, a few aborts, not a loop
     assert 3 <= p.calls.count("abort") <= 8, p.calls.count("abort")
     assert w._limit is None  # back to full batches after the split
+
+
+def test_closing_the_consumer_is_bounded_when_the_brokers_are_gone():
+    # seen in CI: a worker whose brokers were killed hung for minutes in consumer.close()
+    import threading
+    import time
+
+    from worker.io.kafka import KafkaSource
+
+    class NeverCloses:
+        def __init__(self):
+            self.release = threading.Event()
+
+        def close(self):
+            self.release.wait(60)
+
+    src = KafkaSource.__new__(KafkaSource)
+    src.consumer = NeverCloses()
+    t0 = time.monotonic()
+    src.close(timeout_s=0.5)
+    assert time.monotonic() - t0 < 2
+    src.consumer.release.set()
+
+
+def test_a_stop_as_the_loop_is_set_up_is_not_lost():
+    # the signal thread saw no callback yet while the main thread had not yet looked at the
+    # flag: the stop must reach the loop either way
+    import signal
+    import time
+
+    from worker.app import _Signals
+
+    calls = []
+    with _Signals() as s:
+        s._w.send(bytes([int(signal.SIGTERM)]))  # as the interpreter's C handler does
+        deadline = time.monotonic() + 2
+        while not s.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.on_stop = lambda: calls.append(1)
+        if s.pending:  # what _run does right after setting on_stop
+            s.on_stop()
+    assert calls == [1]

@@ -86,7 +86,7 @@ class Pipeline:
         # dead letter was refused) until a delivery of them succeeds
         self.refused: dict[tuple[str, int, int], tuple[str, bool]] = {}
         # the largest message (value, key, headers) the sink's topics take, if it says
-        self.max_out_bytes = self.max_dead_bytes = None
+        self.max_out_bytes = self.max_dead_bytes = self.max_shadow_bytes = None
         self.shadow: Shadow | None = None
 
     def set_shadow(self, model: CompiledModel | None, topic: str | None) -> None:
@@ -111,6 +111,7 @@ class Pipeline:
         new = Pipeline(model, settings, self.out_topic)
         new.refused, new.rows_seen = self.refused, self.rows_seen
         new.max_out_bytes, new.max_dead_bytes = self.max_out_bytes, self.max_dead_bytes
+        new.max_shadow_bytes = self.max_shadow_bytes
         if self.shadow is not None:
             try:
                 new.set_shadow(self.shadow.model, self.shadow.topic)
@@ -214,7 +215,8 @@ class Pipeline:
                     continue
                 value = sh.encoder.encode(sout, slice(int(offsets[k]), int(offsets[k + 1])),
                                           rec.topic, rec.partition, rec.offset, key)
-                if self.max_out_bytes is not None and len(value) > self.max_out_bytes - 512:
+                limit = self.max_shadow_bytes or self.max_out_bytes
+                if limit is not None and len(value) > limit - 512:
                     continue  # too large for the topic: the live output goes on alone
                 out.append(Record(sh.topic, -1, -1, rec.key, value, rec.timestamp_ms,
                                   sh.headers, ("shadow", rec.topic, rec.partition,
@@ -394,6 +396,7 @@ class Worker:
         if limits:
             self.pipeline.max_out_bytes = limits.get(sink.topic)
             self.pipeline.max_dead_bytes = limits.get(sink.dead_letter_topic)
+            self.pipeline.max_shadow_bytes = limits.get(settings.sink.shadow_topic)
         self.progress = progress
         self.totals = BatchStats()
         self.sample = ScoreSample()
@@ -407,6 +410,8 @@ class Worker:
         self._failures = 0  # batches rolled back in a row (backoff grows with it)
         self.watcher = None  # a lifecycle.ModelWatcher when model.reload is on
         self.shadow_watcher = None  # the same for model.shadow_path
+        self.shadow_topic: str | None = None  # where shadow outputs go ("shadow": a file)
+        self._shadow_refusals = 0
         self.swaps: list[dict] = []  # the last swaps (model ids, when, how long)
         self._limit: int | None = None  # messages per batch while a failing one is split
 
@@ -591,7 +596,7 @@ class Worker:
     def _swap_shadow(self, model: CompiledModel) -> None:
         old = self.pipeline.shadow
         try:
-            self.pipeline.set_shadow(model, old.topic if old else self.settings.sink.shadow_topic)
+            self.pipeline.set_shadow(model, self.shadow_topic)
         except ValueError as exc:
             log.warning("shadow model refused: the running shadow stays", reason=str(exc))
             self.metrics.model_refusals.labels("shadow", "feature_change").inc()
@@ -639,6 +644,14 @@ class Worker:
         if exc.transaction:
             self.metrics.transactions_aborted.inc()
         self._failures += 1
+        if any(key[0] == "shadow" for key in exc.refused):
+            self._shadow_refusals += 1
+            if self._shadow_refusals >= 3 and self.pipeline.shadow is not None:
+                log.error("shadow scoring turned off: the broker keeps refusing its outputs "
+                          "(the live outputs go on; a shadow model swap turns it back on)",
+                          topic=self.pipeline.shadow.topic)
+                self.metrics.shadow_errors.inc()
+                self.pipeline.set_shadow(None, None)
         if exc.refused:
             for key, (code, dead_letter) in exc.refused.items():
                 before = self.pipeline.refused.get(key)
@@ -785,6 +798,7 @@ class _Signals:
 
     def __init__(self):
         self.on_stop = None
+        self.pending = False
         self._closing = False
 
     def __enter__(self):
@@ -813,8 +827,12 @@ class _Signals:
                 return
             if not data or self._closing:
                 return
-            if self.on_stop is not None and wanted.intersection(data):
-                self.on_stop()
+            if wanted.intersection(data):
+                # first the flag, then the callback: _run sets the callback, then reads the
+                # flag, so a stop as the loop is being set up is never lost
+                self.pending = True
+                if self.on_stop is not None:
+                    self.on_stop()
 
     def __exit__(self, *exc):
         self._closing = True
@@ -830,19 +848,26 @@ class _Signals:
 def run(settings: Settings, summary: bool = True) -> int:
     """Start, run until stopped, summarize; the process exit code. A stop requested during
     start-up (while a coordinator loads, say) ends it there with exit 0: nothing was read."""
+    global _watchdog
     with _Signals() as signals:
         try:
             return _run(settings, summary, signals)
         except _StopDuringStartup:
             log.info("stopped during start-up")
             return 0
+        finally:
+            if _watchdog is not None:  # the run ended in time: no hard exit later
+                _watchdog.cancel()
+                _watchdog = None
 
 
 def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
+    from .lifecycle import identity
     from .model.artifact import ArtifactError
     from .model.compiled import load_model
 
     configure_logging(settings.logging.level, settings.logging.format)
+    seen = identity(settings.model.path)  # before loading: a change from here is noticed
     try:
         model = load_model(settings.model.path)
     except FileNotFoundError:
@@ -862,11 +887,16 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             return 2
     shadow = None
     if settings.model.shadow_path:
+        shadow_seen = identity(settings.model.shadow_path)
         try:
             shadow = load_model(settings.model.shadow_path)
             from .lifecycle import verify
 
             verify(shadow, model, settings)
+            missing = [f for f in shadow.feature_names if f not in set(model.feature_names)]
+            if missing:  # the columns decoded are the live model's
+                raise ValueError("it reads features the live model does not: "
+                                 + ", ".join(missing[:10]))
         except FileNotFoundError:
             print(f"config error: model.shadow_path: {settings.model.shadow_path} does not "
                   "exist", file=sys.stderr)
@@ -909,19 +939,24 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             _arm_exit_watchdog(settings.delivery.stop_timeout_ms / 1000 + EXIT_MARGIN_S)
 
         signals.on_stop = on_stop
+        if signals.pending:  # a stop that came as the loop was being set up
+            on_stop()
         metrics.model_info.labels(model.model_id, "live").set(1)
         if shadow is not None:
-            worker.pipeline.set_shadow(shadow, settings.sink.shadow_topic
-                                       if settings.sink.type == "kafka" else "shadow")
+            worker.shadow_topic = (settings.sink.shadow_topic if settings.sink.type == "kafka"
+                                   else "shadow")
+            worker.pipeline.set_shadow(shadow, worker.shadow_topic)
             metrics.model_info.labels(shadow.model_id, "shadow").set(1)
         if settings.model.reload:
             from .lifecycle import ModelWatcher
 
-            worker.watcher = ModelWatcher(settings.model.path, model, settings, metrics).start()
+            worker.watcher = ModelWatcher(settings.model.path, model, settings, metrics,
+                                          seen=seen).start()
             stack.callback(worker.watcher.stop)
             if shadow is not None:
                 worker.shadow_watcher = ModelWatcher(settings.model.shadow_path, shadow,
-                                                     settings, metrics, role="shadow").start()
+                                                     settings, metrics, role="shadow",
+                                                     seen=shadow_seen).start()
                 stack.callback(worker.shadow_watcher.stop)
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
                  source=settings.source.type, sink=settings.sink.type,

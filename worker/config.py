@@ -339,6 +339,8 @@ class Settings(BaseSettings):
     def _no_aliasing(self):
         """No output file may be an input of the same run (or the other output)."""
         ins = {"model.path": self.model.path}
+        if self.model.shadow_path:
+            ins["model.shadow_path"] = self.model.shadow_path
         if self.source.type == "file":
             ins["source.path"] = self.source.path
         outs = {}
@@ -347,6 +349,11 @@ class Settings(BaseSettings):
                     "sink.dead_letter_path": self.sink.dead_letter_path}
             if _same_file(self.sink.path, self.sink.dead_letter_path):
                 raise ValueError("sink.dead_letter_path is the same file as sink.path")
+            if self.model.shadow_path and self.sink.shadow_path:
+                outs["sink.shadow_path"] = self.sink.shadow_path
+                if any(_same_file(self.sink.shadow_path, o) for o in
+                       (self.sink.path, self.sink.dead_letter_path)):
+                    raise ValueError("sink.shadow_path is the same file as another output")
         for out_key, out in outs.items():
             for in_key, inp in ins.items():
                 if _same_file(out, inp):
@@ -366,7 +373,8 @@ class Settings(BaseSettings):
             "partition.assignment.strategy": "cooperative-sticky",
             # bound memory under a backlog: librdkafka's prefetch queue and fetch sizes, from
             # delivery.memory_budget_mb
-            "queued.max.messages.kbytes": self.delivery.memory_budget_mb * 1024 // 16,
+            "queued.max.messages.kbytes": min(2_097_151,
+                                              self.delivery.memory_budget_mb * 1024 // 16),
             "fetch.max.bytes": min(52_428_800, self.delivery.memory_budget_mb * 65536),
             "max.poll.interval.ms": 300_000,
             # low latency: a fetch returns after 10 ms without new data (librdkafka: 500 ms);
@@ -383,7 +391,8 @@ class Settings(BaseSettings):
     def producer_config(self, transactional: bool) -> dict[str, Any]:
         conf: dict[str, Any] = {
             "linger.ms": 5,
-            "queue.buffering.max.kbytes": self.delivery.memory_budget_mb * 1024 // 8,
+            "queue.buffering.max.kbytes": min(2_147_483_647,
+                                              self.delivery.memory_budget_mb * 1024 // 8),
             # the sink only looks at failed deliveries: no Python callback per message sent
             "delivery.report.only.error": True,
             **self.kafka.common(),

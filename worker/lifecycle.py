@@ -31,7 +31,7 @@ class ModelRefused(Exception):
         self.reason, self.detail = reason, detail
 
 
-def _identity(path: str):
+def identity(path: str):
     try:
         st = os.stat(path)
     except OSError:
@@ -66,12 +66,15 @@ def verify(candidate, running, settings) -> None:
 class ModelWatcher:
     """Background watcher of one artifact path (see the module docstring)."""
 
-    def __init__(self, path: str, running, settings, metrics=None, role: str = "live"):
+    def __init__(self, path: str, running, settings, metrics=None, role: str = "live",
+                 seen=None):
         self.path, self.settings, self.metrics, self.role = path, settings, metrics, role
         self.interval = settings.model.reload_interval_ms / 1000
         self.running_id = running.model_id
         self._running = running
-        self._seen = _identity(path)  # what is loaded (or was refused)
+        # what is loaded (or was refused): the identity read before ``running`` was loaded,
+        # so a file replaced during start-up is still noticed
+        self._seen = seen if seen is not None else identity(path)
         self._ready = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"model-watch-{role}",
@@ -96,7 +99,7 @@ class ModelWatcher:
     def _loop(self):
         pending = None
         while not self._stop.wait(self.interval):
-            ident = _identity(self.path)
+            ident = identity(self.path)
             if ident is None or ident == self._seen or self._ready is not None:
                 pending = None
                 continue
@@ -120,16 +123,18 @@ class ModelWatcher:
             if candidate.model_id == self.running_id:
                 return  # the same artifact, rewritten
             verify(candidate, self._running, self.settings)
-        except ModelRefused as exc:
+            # warm up: the kernels' first batch, off the loop
+            warm = np.zeros((256, candidate.n_features), dtype=np.float32)
+            candidate.score_batch(warm, thresholds=self.settings.scoring.thresholds)
+        except Exception as exc:  # noqa: BLE001 (the watcher thread never dies)
+            if not isinstance(exc, ModelRefused):
+                exc = ModelRefused("probe_failed", f"{type(exc).__name__}: {exc}")
             log.warning("model refused: the running model stays", role=self.role,
                         path=self.path, reason=exc.reason, detail=exc.detail,
                         running=self.running_id[:12])
             if self.metrics is not None:
                 self.metrics.model_refusals.labels(self.role, exc.reason).inc()
             return
-        # warm up: the kernels' first batch at the configured thread count, off the loop
-        warm = np.zeros((256, candidate.n_features), dtype=np.float32)
-        candidate.score_batch(warm, thresholds=self.settings.scoring.thresholds)
         log.info("model verified: swapping it in at the next batch boundary", role=self.role,
                  model_id=candidate.model_id[:12], load_ms=round(
                      (time.perf_counter() - t0) * 1000, 1))

@@ -32,5 +32,8 @@ def open_sink(settings) -> Sink:
 
     transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
     conf = settings.producer_config(transactional)
+    topics = [s.topic, s.dead_letter_topic] + ([s.shadow_topic] if settings.model.shadow_path
+                                              else [])
     return KafkaSink(conf, s.topic, s.dead_letter_topic, transactional,
-                     topic_max_bytes(conf, [s.topic, s.dead_letter_topic]))
+                     topic_max_bytes(conf, topics), shadow_topic=s.shadow_topic
+                     if settings.model.shadow_path else None)

@@ -105,9 +105,9 @@ class FileSink:
                 self._dead = RecordWriter(self._dead_letter_path)
             self._dead.write(dead)
         if hasattr(source, "consumer"):
-            self._out.sync()
-            if self._dead is not None:
-                self._dead.sync()
+            for w in (self._out, self._dead, self._shadow):
+                if w is not None:
+                    w.sync()
         source.commit(batch)
 
     @property

@@ -108,11 +108,17 @@ class KafkaSource:
         while True:
             try:
                 committed = consumer.committed(partitions, timeout=10)
-                break
+                failed = [c for c in committed if c.error is not None]
+                if not failed:
+                    break
+                # a partition's error (not an exception): not yet known, never "none"
+                raise KafkaException(failed[0].error)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else exc
-                if self.stopping() or time.monotonic() >= deadline or (
-                        isinstance(err, KafkaError) and err.fatal()):
+                if self.stopping():
+                    return  # exiting: nothing is read from these partitions
+                if time.monotonic() >= deadline or (isinstance(err, KafkaError)
+                                                     and err.fatal()):
                     raise FatalKafkaError(f"cannot read the committed offsets of newly "
                                           f"assigned partitions: {err}") from exc
                 if not told:
@@ -201,7 +207,11 @@ class KafkaSource:
                 assignment = self.consumer.assignment()
                 if not assignment:
                     return
-                for tp in self.consumer.committed(assignment, timeout=10):
+                committed = self.consumer.committed(assignment, timeout=10)
+                failed = [tp for tp in committed if tp.error is not None]
+                if failed:  # a partition's offset not known: never seek to its start
+                    raise KafkaException(failed[0].error)
+                for tp in committed:
                     if tp.offset == OFFSET_INVALID:
                         lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
                         tp.offset = lo
@@ -233,8 +243,18 @@ class KafkaSource:
                 out[f"{tp.topic}[{tp.partition}]"] = max(hi - tp.offset, 0)
         return out
 
-    def close(self) -> None:
-        self.consumer.close()
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Leave the group. With the brokers gone librdkafka's close never returns: it runs
+        in a thread of its own, and after ``timeout_s`` the worker exits without it (the
+        group expels this member after its session timeout)."""
+        import threading
+
+        t = threading.Thread(target=self.consumer.close, name="consumer-close", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if t.is_alive():
+            log.warning("the consumer did not close within its bound (the brokers are "
+                        "away): exiting without leaving the group", waited_s=timeout_s)
 
 
 def _never() -> bool:
@@ -292,11 +312,12 @@ class KafkaSink:
     small messages into a batch the broker refuses."""
 
     def __init__(self, conf: dict, topic: str, dead_letter_topic: str, transactional: bool,
-                 topic_limits: dict[str, int] | None = None):
+                 topic_limits: dict[str, int] | None = None, shadow_topic: str | None = None):
         producer_max = int(conf.get("message.max.bytes", 1_000_000))
         limits = topic_limits or {}
         self.max_bytes = {t: min(limits.get(t, BROKER_DEFAULT_MAX_MESSAGE_BYTES), producer_max)
-                          - RECORD_OVERHEAD for t in (topic, dead_letter_topic)}
+                          - RECORD_OVERHEAD for t in (topic, dead_letter_topic, shadow_topic)
+                          if t}
         if "batch.size" not in conf:
             conf = {**conf, "batch.size": min(1_000_000, min(self.max_bytes.values()) +
                                               RECORD_OVERHEAD)}
@@ -336,7 +357,10 @@ class KafkaSink:
     def _on_delivery(self, r: Record, topic: str, err, msg):
         if err is not None:
             self._errors.append(err)
-            if err.code() in MESSAGE_ERRORS and r.origin is not None:
+            # a message's own error; and for a shadow model's output, any error (its topic
+            # missing, not writable): the shadow output is dropped next time, never the live
+            if r.origin is not None and (err.code() in MESSAGE_ERRORS
+                                         or r.origin[0] == "shadow"):
                 self._refused.append((err, r, topic))
 
     def _produce(self, topic: str, r: Record) -> None:
@@ -361,7 +385,8 @@ class KafkaSink:
                 # a dead letter too large to carry its input: keep the headers (error, source
                 # partition and offset), drop the value, say so
                 r = Record(r.topic, r.partition, r.offset, r.key, None, r.timestamp_ms,
-                           list(r.headers) + [("value_dropped", b"message too large")])
+                           list(r.headers) + [("value_dropped", b"message too large")],
+                           r.origin)
 
     def write(self, outputs: list[Record], dead: list[Record]) -> None:
         for r in outputs:  # scores, and a shadow model's scores to its own topic
@@ -429,19 +454,27 @@ class KafkaSink:
         request: when messages of several inputs were refused together, which one is at fault
         is not known, and the run loop splits the batch to find it."""
         refused, self._refused = self._refused, []
+        out = {}
+        shadow = [x for x in refused if x[1].origin[0] == "shadow"]
+        if shadow:  # a shadow output is dropped next time, whoever was at fault
+            log.warning("the broker refused shadow outputs: they are dropped",
+                        messages=len(shadow), error=shadow[0][0].str())
+            out.update({r.origin: ("shadow_refused", False) for _e, r, _t in shadow})
+        refused = [x for x in refused if x[1].origin[0] != "shadow"]
         origins = {r.origin for _err, r, _topic in refused}
         if len(origins) != 1:
             if origins:
                 log.warning("the broker refused messages of several inputs together",
                             inputs=len(origins), error=refused[0][0].str())
-            return {}
+            return out
         err, r, topic = refused[0]
         code = "output_too_large" if err.code() in SIZE_ERRORS else "output_refused"
         dead_letter = any(t == self.dead_letter_topic for _e, _r, t in refused)
         log.warning("the broker refused a message: its input will be dead-lettered",
                     topic=topic, error=err.str(), dead_letter=dead_letter,
                     source=f"{r.origin[0]}[{r.origin[1]}]@{r.origin[2]}")
-        return {r.origin: (code, dead_letter)}
+        out[r.origin] = (code, dead_letter)
+        return out
 
     @staticmethod
     def _retriable(exc: BaseException) -> bool:

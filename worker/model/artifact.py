@@ -122,6 +122,9 @@ def save(path: str | Path, meta: dict, arrays: dict[str, np.ndarray]) -> str:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as a plain write would (mkstemp makes it 0600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
