@@ -152,8 +152,12 @@ def test_file_worker_metrics_and_sigterm(tmp_path):
                 health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                               timeout=2).read().decode()
-                if "scoring_records_in_total" in body:
+                # rows already scored (the counter is there, at 0, from the start; a
+                # SIGTERM before the loop runs is a stop during start-up, exit 0 too)
+                if any(line.startswith("scoring_records_in_total ")
+                       and float(line.split()[1]) > 0 for line in body.splitlines()):
                     break
+                time.sleep(0.05)
             except OSError:
                 time.sleep(0.1)
         assert health is not None and health.status == 200
