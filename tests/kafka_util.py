@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -150,3 +151,32 @@ def high_watermarks(bootstrap: str, topic: str, consumer=None) -> int:
     if consumer is None:
         c.close()
     return total
+
+
+class SteadyProducer(threading.Thread):
+    """Messages of ``rows`` rows (ids from 0, message i seeded i) at ``rate`` messages/s over
+    two partitions until ``done`` is set (acks=all, idempotent, so the input itself has no
+    duplicates through broker kills); ``sent`` counts them, ``error`` keeps a failure."""
+
+    def __init__(self, bootstrap: str, topic: str, rows: int = 10, rate: float = 40):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.rows, self.rate = bootstrap, topic, rows, rate
+        self.sent = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                          "acks": "all", "linger.ms": 2, "message.timeout.ms": 120000})
+            i = 0
+            while not self.done.is_set():
+                p.produce(self.topic, value=arrow_bytes(input_table(i * self.rows, self.rows,
+                                                                    i)),
+                          key=f"card-{i}".encode(), partition=i % 2)
+                p.poll(0)
+                i = self.sent = i + 1
+                time.sleep(1 / self.rate)
+            assert p.flush(120) == 0, "input not all acknowledged"
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            self.error = exc

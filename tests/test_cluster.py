@@ -5,55 +5,18 @@ exactly once (exactly_once, read_committed) or at least once (at_least_once)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
 
 import worker
 from tests import kafka_util as K
-from tests import models as M
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
 ROWS = 10
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "fraud.model"
-    worker.compile_model(M.xgboost_models()["xgb-binary-logistic"]).save(path)
-    return path
-
-
-class SteadyProducer(threading.Thread):
-    """Messages of ROWS rows at ~40 messages/s until ``done`` is set (acks=all, idempotent,
-    so the input itself has no duplicates through the kills); ``sent`` counts them."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic = bootstrap, topic
-        self.sent = 0
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self):
-        try:
-            p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                          "acks": "all", "linger.ms": 5, "message.timeout.ms": 120000})
-            i = 0
-            while not self.done.is_set():
-                p.produce(self.topic, value=K.arrow_bytes(K.input_table(i * ROWS, ROWS, i)),
-                          key=f"card-{i}".encode(), partition=i % 2)
-                p.poll(0)
-                i = self.sent = i + 1
-                time.sleep(0.025)
-            assert p.flush(120) == 0, "input not all acknowledged"
-        except BaseException as exc:  # noqa: BLE001 (reported by the test)
-            self.error = exc
 
 
 def _wait_progress(bootstrap: str, topic: str, at_least: int, proc, timeout: float = 90):
@@ -76,7 +39,7 @@ def test_broker_kills_lose_and_duplicate_nothing(tmp_path, kafka_cluster, cluste
                          topics["dlq"], group=f"g-{topics['in']}", mode=mode)
     log = tmp_path / "worker.log"
     proc = K.start_worker(cfg, log)
-    producer = SteadyProducer(b, topics["in"])
+    producer = K.SteadyProducer(b, topics["in"], rows=ROWS)
     killed = []
     try:
         producer.start()

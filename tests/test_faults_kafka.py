@@ -11,20 +11,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-import worker
 from tests import kafka_util as K
-from tests import models as M
 
 pytestmark = pytest.mark.kafka
 
 SMALL, BIG = 5, 2000  # rows: a BIG message's scores (~40 KB) exceed the topic's 4 KB limit
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "fraud.model"
-    worker.compile_model(M.xgboost_models()["xgb-binary-logistic"]).save(path)
-    return path
 
 
 def _produce(bootstrap: str, topic: str) -> tuple[list[int], list[int]]:

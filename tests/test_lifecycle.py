@@ -4,14 +4,12 @@ corrupt file) deliver every id exactly once, each message scored by the model it
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
 
 import worker
 from tests import kafka_util as K
@@ -98,25 +96,6 @@ def test_a_model_reading_other_features_is_refused_unless_allowed(tmp_path, mode
             w.stop()
 
 
-class SteadyProducer(threading.Thread):
-    def __init__(self, bootstrap, topic, rows=5, rate=100):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.rows, self.rate = bootstrap, topic, rows, rate
-        self.sent, self.done = 0, threading.Event()
-
-    def run(self):
-        p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                      "linger.ms": 2})
-        i = 0
-        while not self.done.is_set():
-            p.produce(self.topic, value=K.arrow_bytes(K.input_table(i * self.rows, self.rows,
-                                                                     i)), partition=i % 2)
-            p.poll(0)
-            i = self.sent = i + 1
-            time.sleep(1 / self.rate)
-        assert p.flush(60) == 0
-
-
 @pytest.mark.kafka
 def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
         tmp_path, kafka_bootstrap, topic_factory, models):
@@ -138,7 +117,7 @@ def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
     cfg.write_text(yaml.safe_dump(c))
     log = tmp_path / "w.log"
     proc = K.start_worker(cfg, log)
-    producer = SteadyProducer(kafka_bootstrap, topics["in"])
+    producer = K.SteadyProducer(kafka_bootstrap, topics["in"], rows=5, rate=100)
     producer.start()
     try:
         time.sleep(3)
@@ -344,7 +323,7 @@ def test_a_sigkill_during_a_swap_loses_nothing(tmp_path, kafka_bootstrap, topic_
     # a stable id (as the StatefulSet's pod name): the restart fences the killed transaction
     c["kafka"]["transactional_id"] = f"swap-{topics['in']}"
     cfg.write_text(yaml.safe_dump(c))
-    producer = SteadyProducer(kafka_bootstrap, topics["in"], rate=200)
+    producer = K.SteadyProducer(kafka_bootstrap, topics["in"], rows=5, rate=200)
     producer.start()
     proc = K.start_worker(cfg, tmp_path / "w1.log")
     try:

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer
 
-import worker
 from tests import kafka_util as K
 from tests import models as M
 
@@ -22,13 +21,6 @@ pytestmark = pytest.mark.kafka
 BUDGET_MB = 256
 ROWS, MESSAGES = 20_000, 750  # a 20,000-row message scores into ~840 KB (under 1 MB)
 ROW_BYTES = 4 * M.N_FEATURES + 8  # float32 features and an int64 id, decoded
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "fraud.model"
-    worker.compile_model(M.xgboost_models()["xgb-binary-logistic"]).save(path)
-    return path
 
 
 def _compressed(n: int, seed: int, levels: int = 4) -> bytes:

@@ -11,16 +11,8 @@ import pytest
 
 import worker
 from tests import kafka_util as K
-from tests import models as M
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "fraud.model"
-    worker.compile_model(M.xgboost_models()["xgb-binary-logistic"]).save(path)
-    return path
 
 
 @pytest.fixture

@@ -423,9 +423,6 @@ class KafkaSink:
                     continue
                 raise
 
-    def _commit(self, timeout_s: float = 60.0) -> None:
-        self._txn_wait(self.producer.commit_transaction, timeout_s=timeout_s)
-
     def _txn_wait(self, call, *args, timeout_s: float = 60.0) -> None:
         """A blocking transactional call (commit, send offsets) in 1 s attempts (librdkafka
         resumes a call that timed out), so a stop with the broker away ends the wait after
@@ -558,7 +555,7 @@ class KafkaDelivery:
     def wait(self) -> None:
         try:
             if self.sink.transactional:
-                self.sink._commit(60.0)
+                self.sink._txn_wait(self.sink.producer.commit_transaction)
             else:
                 self.sink.flush()
         except BaseException as exc:  # noqa: BLE001 (kept for finish, on the loop's thread)
