@@ -430,12 +430,20 @@ class KafkaSink:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return self._txn(call, *args, 1.0)
+                # one attempt per turn, not _txn's ten: an attempt can outlast its timeout
+                # (up to socket.timeout.ms while a coordinator is down), and ten nested
+                # retries per turn stalled a worker for minutes after a coordinator kill
+                return call(*args, 1.0)
             except KafkaException as exc:
                 err = exc.args[0]
+                if isinstance(err, KafkaError) and (err.fatal() or err.code() in (
+                        KafkaError._FENCED, KafkaError.PRODUCER_FENCED)):
+                    raise FatalKafkaError(str(err)) from exc
                 if not (isinstance(err, KafkaError) and err.retriable()) or \
-                        time.monotonic() >= deadline or self.stopping():
+                        err.txn_requires_abort() or time.monotonic() >= deadline or \
+                        self.stopping():
                     raise
+                time.sleep(0.1)
 
     def commit_transaction(self, source: KafkaSource, batch: list[Record],
                            outputs: list[Record], dead: list[Record]) -> None:
