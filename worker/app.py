@@ -128,7 +128,8 @@ class Pipeline:
             return exc
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
             return codec.InvalidMessage("invalid", f"{type(exc).__name__}: {exc}")
-        nbytes = self._decoded_bytes(batch, key)
+        nbytes = batch.num_rows * batch.plan.row_bytes if type(batch) is codec.Raw else \
+            self._decoded_bytes(batch, key)
         if nbytes > self.max_message_bytes:
             return codec.InvalidMessage(
                 "too_large", f"{nbytes} bytes decoded, more than delivery.max_message_bytes "
@@ -259,12 +260,20 @@ class Pipeline:
             else:
                 members.append(i)
         for members in groups.values():
-            batches = [items[i][1][0] for i in members]
+            raw = isinstance(items[members[0]][1][0], codec.Raw)
             try:
                 t0 = time.perf_counter()
-                big = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-                cols = self.model.columns(big)  # gathered once (the shadow reads it too)
-                r = self._score(cols)
+                if raw:  # read in C: gathered from the message bytes, no Arrow objects
+                    big, X, ids, offsets = self._gather(members, items)
+                    r = self._score(X)
+                    cols = X
+                else:
+                    batches = [items[i][1][0] for i in members]
+                    big = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+                    cols = self.model.columns(big)  # gathered once (the shadow reads it too)
+                    r = self._score(cols)
+                    offsets = _offsets(b.num_rows for b in batches)
+                    ids = None
                 stats.kernel_s += time.perf_counter() - t0
             except Exception as exc:  # noqa: BLE001 (isolate, dead-letter, keep running)
                 if len(members) == 1:
@@ -282,54 +291,108 @@ class Pipeline:
                     stats.dead.update(sub_stats.dead)
                     _add_scored(stats, sub_stats)
                 continue
-            counts = np.fromiter((b.num_rows for b in batches), dtype=np.int64,
-                                 count=len(batches))
-            offsets = np.zeros(len(batches) + 1, dtype=np.int64)
-            np.cumsum(counts, out=offsets[1:])
+            counts = np.diff(offsets)
+            if ids is None:  # each row's index in its message
+                ids = None if big is not None and self.scoring.id_column else \
+                    np.arange(len(r), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+            out = key = None
             published = None  # rows of messages that failed to encode are not counted
-            try:
-                idc = self.scoring.id_column
-                # ids: the input's, or each row's index in its message
-                ids = big.column(idc) if idc else pa.array(
-                    np.arange(len(r), dtype=np.int64) - np.repeat(offsets[:-1], counts))
-                out = codec.ResultColumns(r, self.classifier).batch(ids)  # the group's, once
-                key = ("schema", out.schema.serialize().to_pybytes())
-            except Exception:  # noqa: BLE001 (e.g. ids Arrow cannot put in a batch: one by one)
-                out = key = None
-            for k, i in enumerate(members):
-                rec = items[i][0]
-                sl = slice(int(offsets[k]), int(offsets[k + 1]))
+            if raw and self.encoder.native:
                 try:
-                    if out is None:
-                        raise ValueError("the output batch could not be built")
-                    results[i] = self._encode(rec, out, sl, key)
-                except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
-                    err = exc if isinstance(exc, codec.InvalidMessage) else \
-                        codec.InvalidMessage("encode_error", str(exc))
-                    dead.append(self.dead_letter(rec, err))
-                    stats.dead[err.code] += 1
-                    if published is None:
-                        published = np.ones(len(r), dtype=bool)
-                    published[sl] = False
+                    values = self.encoder.encode_numpy(
+                        ids, r, self.classifier, offsets, [items[i][0] for i in members])
+                    for k, i in enumerate(members):
+                        results[i] = self._record(items[i][0], values[k])
+                except Exception:  # noqa: BLE001 (pyarrow's encoder below, message by message)
+                    results.update({i: None for i in members})
+            if not raw or not self.encoder.native or results.get(members[0]) is None:
+                try:
+                    idc = self.scoring.id_column
+                    id_arr = big.column(idc) if (idc and not raw) else pa.array(ids)
+                    out = codec.ResultColumns(r, self.classifier).batch(id_arr)  # once
+                    key = ("schema", out.schema.serialize().to_pybytes())
+                except Exception:  # noqa: BLE001 (ids Arrow cannot put in a batch: one by one)
+                    out = key = None
+                for k, i in enumerate(members):
+                    rec = items[i][0]
+                    sl = slice(int(offsets[k]), int(offsets[k + 1]))
+                    try:
+                        if out is None:
+                            raise ValueError("the output batch could not be built")
+                        results[i] = self._encode(rec, out, sl, key)
+                    except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
+                        results.pop(i, None)
+                        err = exc if isinstance(exc, codec.InvalidMessage) else \
+                            codec.InvalidMessage("encode_error", str(exc))
+                        dead.append(self.dead_letter(rec, err))
+                        stats.dead[err.code] += 1
+                        if published is None:
+                            published = np.ones(len(r), dtype=bool)
+                        published[sl] = False
+            else:  # encoded in C: refusals for size are dead letters, message by message
+                for k, i in enumerate(members):
+                    if isinstance(results[i], codec.InvalidMessage):
+                        err = results.pop(i)
+                        dead.append(self.dead_letter(items[i][0], err))
+                        stats.dead[err.code] += 1
+                        if published is None:
+                            published = np.ones(len(r), dtype=bool)
+                        published[int(offsets[k]):int(offsets[k + 1])] = False
             _account(stats, r, published)
-            if self.shadow is not None and out is not None:
-                shadow_out.extend(self._shadow(stats, big, cols, r, ids, members, items,
+            if self.shadow is not None:
+                if raw:
+                    id_arr = pa.array(ids)
+                    if not self.shadow.same_features:
+                        big = pa.RecordBatch.from_arrays(
+                            [pa.array(X[:, j]) for j in range(X.shape[1])],
+                            names=self.model.feature_names)
+                else:
+                    idc = self.scoring.id_column
+                    id_arr = big.column(idc) if idc else pa.array(ids)
+                shadow_out.extend(self._shadow(stats, big, cols, r, id_arr, members, items,
                                                offsets, results))
         return [results[i] for i in sorted(results)] + shadow_out, dead, stats
 
-    def _encode(self, rec: Record, out: pa.RecordBatch, sl: slice, key) -> Record:
-        value = self.encoder.encode(out, sl, rec.topic, rec.partition, rec.offset, key)
-        # the worker's own headers, then the input's (trace context such as traceparent)
+    def _gather(self, members: list[int], items) -> tuple:
+        """(None, features (n, features) float32, ids or None, row offsets) of messages read
+        in C, gathered from their bytes in one pass."""
+        first = items[members[0]][1][0]
+        offsets = _offsets(items[i][1][0].num_rows for i in members)
+        n = int(offsets[-1])
+        X = np.empty((n, len(self.model.feature_names)), dtype=np.float32)
+        plan = first.plan
+        ids = np.empty(n, dtype=plan.id_dtype) if plan.id_dtype is not None else None
+        plan.gather([items[i][0].value for i in members], first.start, X, ids)
+        return None, X, ids, offsets
+
+    def _record(self, rec: Record, value: bytes) -> Record | codec.InvalidMessage:
+        """The output record of ``rec`` (or why the output topic would refuse it): the
+        worker's own headers, then the input's (trace context such as traceparent)."""
         headers = self._headers + [(k, v) for k, v in rec.headers
                                    if k not in ("content-type", "model_id")] \
             if rec.headers else list(self._headers)
         if self.max_out_bytes is not None and len(value) > self.max_out_bytes - 512 and \
                 _size(value, rec.key, headers) > self.max_out_bytes:
-            raise codec.InvalidMessage(
+            return codec.InvalidMessage(
                 "output_too_large", f"the scores message ({len(value)} bytes) is larger than "
                 f"the output topic takes ({self.max_out_bytes} bytes with key and headers)")
         return Record(self.out_topic, -1, -1, rec.key, value, rec.timestamp_ms, headers,
                       (rec.topic, rec.partition, rec.offset))
+
+    def _encode(self, rec: Record, out: pa.RecordBatch, sl: slice, key) -> Record:
+        out = self._record(rec, self.encoder.encode(out, sl, rec.topic, rec.partition,
+                                                    rec.offset, key))
+        if isinstance(out, codec.InvalidMessage):
+            raise out
+        return out
+
+
+def _offsets(counts) -> np.ndarray:
+    """Row offsets (n + 1) from the rows of each of n messages."""
+    c = np.fromiter(counts, dtype=np.int64)
+    offsets = np.zeros(len(c) + 1, dtype=np.int64)
+    np.cumsum(c, out=offsets[1:])
+    return offsets
 
 
 def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from . import _ipc
 from .model.compiled import feature_type_problem
 from .model.result import STOP_REASONS, ScoreResult
 
@@ -25,34 +26,65 @@ _CONTINUATION = b"\xff\xff\xff\xff"
 _MAX_CACHED_SCHEMA = 64 << 10  # schema bytes (metadata included) worth keeping per key
 
 
+class Raw:
+    """A message read in C (``_ipc.Plan``): valid, in the usual form, not yet gathered. The
+    features are read from ``value`` when its batch is scored."""
+
+    __slots__ = ("value", "num_rows", "plan", "start")
+
+    def __init__(self, value: bytes, num_rows: int, plan, start: int):
+        self.value, self.num_rows, self.plan, self.start = value, num_rows, plan, start
+
+
 class Decoder:
     """Decodes the messages of one model's input. What a schema allows (the feature and id
     columns present once each, of usable types) is worked out once per distinct schema and
-    cached by the stream's schema bytes; a message whose schema is cached has only its record
-    batches read, against the known schema. Every message's columns are fully validated."""
+    cached by the stream's schema bytes; a message whose schema is cached is read in C
+    (``_ipc.Plan``: one uncompressed record batch, every buffer checked) and becomes a
+    ``Raw``, or, in any other form, has its record batches read by pyarrow against the known
+    schema. Every message's columns are fully validated either way."""
 
     def __init__(self, feature_names: list[str], id_column: str | None,
-                 max_rows: int | None = None, cache_size: int = 256):
+                 max_rows: int | None = None, cache_size: int = 256, native: bool = True):
         self.feature_names, self.id_column, self.max_rows = feature_names, id_column, max_rows
-        self._plans: dict[bytes, tuple[pa.Schema, list[int]]] = {}
+        self._plans: dict[bytes, tuple[pa.Schema, list[int], object]] = {}
         self._cache_size = cache_size
+        self.native = native  # False: pyarrow reads every message (tests compare the two)
 
     def decode(self, value: bytes | None) -> pa.RecordBatch:
         """One self-contained Arrow IPC stream -> one RecordBatch of the columns read, fully
         validated: nothing native reads a buffer whose size pyarrow has not checked against
         the lengths, offsets and null counts the message claims."""
-        return self.decode_keyed(value)[0]
+        out = self.decode_keyed(value)[0]
+        if isinstance(out, Raw):  # read here in C: the same rows as a RecordBatch
+            schema, keep = self._plans[value[:out.start]][:2]
+            out = _read_batches(value, out.start, schema, keep)
+            if len(keep) != len(schema):
+                out = out.select(keep)
+            out.validate(full=True)
+        return out
 
-    def decode_keyed(self, value: bytes | None) -> tuple[pa.RecordBatch, object]:
-        """``decode``, with a key equal for messages whose batches can be concatenated (the
-        stream's schema bytes, or the schema itself when the framing is unusual)."""
+    def decode_keyed(self, value: bytes | None) -> tuple[pa.RecordBatch | Raw, object]:
+        """``decode`` (or a ``Raw`` message where it is read in C), with a key equal for
+        messages that can be scored together: the stream's schema bytes for ``Raw``
+        messages, a 1-tuple of them for messages pyarrow read, or the schema itself when the
+        framing is unusual."""
         if not value:
             raise InvalidMessage("empty", "the message has no value")
         key = _schema_bytes(value)
         plan = self._plans.get(key) if key is not None else None
+        group = (key,) if key is not None else None  # read by pyarrow: not with Raw messages
+        if plan is not None and plan[2] is not None:
+            n = plan[2].rows(value, len(key))
+            if n:
+                if self.max_rows is not None and n > self.max_rows:
+                    raise InvalidMessage("too_large", f"{n} rows, more than "
+                                         f"delivery.max_message_rows ({self.max_rows})")
+                return Raw(value, n, plan[2], len(key)), key
         try:
-            if plan is not None:
-                schema, keep = plan
+            full = plan is None or not plan[3]  # the stream reader, else batches alone
+            if not full:
+                schema, keep = plan[0], plan[1]
                 batch = _read_batches(value, len(key), schema, keep)
             else:
                 reader = pa.ipc.open_stream(pa.py_buffer(value))
@@ -64,14 +96,22 @@ class Decoder:
         except (pa.ArrowException, OSError, MemoryError, ValueError, EOFError) as exc:
             raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                                  f"{_short(exc)}") from None
-        if plan is None:
-            keep = self._plan(schema)  # raises InvalidMessage for a schema that cannot be used
-            # cached: schemas read without dictionary batches, of a sensible size
-            if key is not None and len(key) <= _MAX_CACHED_SCHEMA and not dictionaries \
-                    and not _has_dictionaries(schema):
-                if len(self._plans) >= self._cache_size:
-                    self._plans.clear()
-                self._plans[key] = (schema, keep)
+        if full:
+            if plan is None:
+                keep = self._plan(schema)  # InvalidMessage for a schema that cannot be used
+                # cached: schemas read without dictionary batches, of a sensible size
+                if key is not None and len(key) <= _MAX_CACHED_SCHEMA and not dictionaries \
+                        and not _has_dictionaries(schema):
+                    if len(self._plans) >= self._cache_size:
+                        self._plans.clear()
+                    native = _ipc.Plan.build(schema, self.feature_names, self.id_column) \
+                        if self.native else None
+                    # null-type columns: pyarrow's stream reader ignores the null count a
+                    # message claims for them, reading batches against the schema does not
+                    # (and full validation then refuses a lie): such schemas keep the reader
+                    self._plans[key] = (schema, keep, native, not _has_null_type(schema))
+            else:
+                keep = plan[1]
             n = table.num_rows
         else:
             n = batch.num_rows if batch is not None else 0
@@ -82,7 +122,7 @@ class Decoder:
                                  f"delivery.max_message_rows ({self.max_rows})")
         try:
             # only the columns read from here on (the others are neither validated nor read)
-            if batch is None:
+            if full:
                 if len(keep) != len(schema):
                     table = table.select(keep)
                 # validated before anything concatenates the stream's batches
@@ -96,7 +136,7 @@ class Decoder:
         except (pa.ArrowException, ValueError) as exc:
             raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
                 from None
-        return batch, (key if key is not None else schema)
+        return batch, (group if group is not None else schema)
 
     def _plan(self, schema: pa.Schema) -> list[int]:
         """The indices of the columns to keep, in the message's order; InvalidMessage when the
@@ -168,6 +208,22 @@ def _has_dictionaries(schema: pa.Schema) -> bool:
     return any(_nested_dictionary(f.type) for f in schema)
 
 
+def _has_null_type(schema: pa.Schema) -> bool:
+    return any(_nested(f.type, pa.types.is_null) for f in schema)
+
+
+def _nested(t, test) -> bool:
+    """``test`` holds for ``t`` or for a type nested in it."""
+    if test(t):
+        return True
+    if isinstance(t, pa.ExtensionType):
+        return _nested(t.storage_type, test)
+    if pa.types.is_dictionary(t):
+        return _nested(t.index_type, test) or _nested(t.value_type, test)
+    return any(_nested(t.field(i).type, test) for i in range(t.num_fields)) \
+        if hasattr(t, "num_fields") else False
+
+
 def _nested_dictionary(t) -> bool:
     if pa.types.is_dictionary(t):
         return True
@@ -235,10 +291,61 @@ class StreamEncoder:
     and dictionary messages are serialized once per output schema, topic and partition; each
     message only writes its offset into its copy and serializes its slice of the batch."""
 
-    def __init__(self, metadata: dict[bytes, bytes], cache_size: int = 4096):
+    def __init__(self, metadata: dict[bytes, bytes], cache_size: int = 4096,
+                 native: bool = True):
         self.metadata = metadata
         self._heads: dict[tuple, tuple[bytes, int, bytes] | None] = {}
         self._cache_size = cache_size
+        self.native = native  # encode_numpy's C writer may be used
+        self._native_heads: dict[tuple, _ipc.Head] = {}
+        self._shapes: dict[tuple, _ipc.Shape] = {}
+
+    def encode_numpy(self, ids: np.ndarray, r: ScoreResult, classifier: bool,
+                     rows: np.ndarray, recs: list) -> list[bytes]:
+        """Every message's stream at once, written in C (``_ipc.write_streams``) from the
+        whole batch's result: message ``k`` is rows ``rows[k]:rows[k + 1]`` with ``recs[k]``'s
+        topic, partition and offset. The same bytes as ``encode`` (tests compare them);
+        ValueError where the schema head cannot be cached (then ``encode`` serves)."""
+        cols = [np.ascontiguousarray(ids), np.ascontiguousarray(r.score, np.float64)]
+        if classifier:
+            cols.append(np.ascontiguousarray(r.label, np.int32))
+        cols += [np.ascontiguousarray(r.decision, np.int8),
+                 np.ascontiguousarray(r.work_units, np.int32),
+                 np.ascontiguousarray(r.stop_code, np.int8),
+                 np.ascontiguousarray(r.score_lo, np.float64),
+                 np.ascontiguousarray(r.score_hi, np.float64)]
+        widths = [c.dtype.itemsize for c in cols]
+        kind = (ids.dtype.str, classifier)
+        heads, shapes, last, head = [], [], None, None
+        for rec in recs:
+            if (rec.topic, rec.partition) != last:
+                last = (rec.topic, rec.partition)
+                head = self._native_head(kind, ids.dtype, classifier, *last)
+            heads.append(head)
+        for n in np.diff(rows).tolist():
+            shape = self._shapes.get((kind, n))
+            if shape is None:
+                if len(self._shapes) >= self._cache_size:
+                    self._shapes.clear()
+                template = _template(ids.dtype, classifier, n)
+                shape = self._shapes[(kind, n)] = _ipc.Shape.of(
+                    template.serialize().to_pybytes(), n, widths)
+            shapes.append(shape)
+        offsets = np.fromiter((rec.offset for rec in recs), dtype=np.int64, count=len(recs))
+        return _ipc.write_streams(heads, shapes, offsets, rows, cols)
+
+    def _native_head(self, kind, dtype, classifier: bool, topic: str, partition: int):
+        head = self._native_heads.get((kind, topic, partition))
+        if head is None:
+            parts = self._head(_template(dtype, classifier, 0), topic, partition)
+            if parts is None:
+                raise ValueError("this output schema's head cannot be cached")
+            template, pos, dictionaries = parts
+            if len(self._native_heads) >= self._cache_size:
+                self._native_heads.clear()
+            head = self._native_heads[(kind, topic, partition)] = _ipc.Head(
+                template + dictionaries, pos)
+        return head
 
     def encode(self, batch: pa.RecordBatch, rows: slice, topic: str, partition: int,
                offset: int, schema_key: object = None) -> bytes:
@@ -296,6 +403,15 @@ class StreamEncoder:
                 break
             end = reader.tell()
         return template, pos, stream.slice(start, end - start).to_pybytes()
+
+
+def _template(dtype: np.dtype, classifier: bool, n: int) -> pa.RecordBatch:
+    """An output batch of ``n`` rows (zeros) with ids of numpy type ``dtype``: the schema and
+    the record-batch layout every output of that many rows has."""
+    z = np.zeros(n)
+    r = ScoreResult(z, z.astype(np.int32), z.astype(np.int8), z.astype(np.int32),
+                    z.astype(np.int8), z, z)
+    return ResultColumns(r, classifier).batch(pa.array(z.astype(dtype)))
 
 
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,

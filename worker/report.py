@@ -14,6 +14,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+import numpy.random  # noqa: F401 (loaded with the worker, not inside its first batch)
 import pyarrow as pa
 
 from .io.records import read_outputs

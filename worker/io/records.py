@@ -43,15 +43,27 @@ class Record:
 
 
 def to_batch(records: list[Record]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({
-        "topic": [r.topic for r in records],
-        "partition": [r.partition for r in records],
-        "offset": [r.offset for r in records],
-        "timestamp_ms": [r.timestamp_ms for r in records],
-        "key": [r.key for r in records],
-        "value": [r.value for r in records],
-        "headers": [[{"key": k, "value": v} for k, v in r.headers] for r in records],
-    }, schema=RECORD_SCHEMA)
+    # headers as flat key and value columns plus list offsets: no dict per header
+    offsets, keys, values = [0], [], []
+    for r in records:
+        for k, v in r.headers:
+            keys.append(k)
+            values.append(v)
+        offsets.append(len(keys))
+    headers = pa.ListArray.from_arrays(
+        pa.array(offsets, type=pa.int32()),
+        pa.StructArray.from_arrays([pa.array(keys, type=pa.string()),
+                                    pa.array(values, type=pa.binary())],
+                                   fields=list(HEADER_TYPE.value_type)))
+    return pa.RecordBatch.from_arrays([
+        pa.array([r.topic for r in records], type=pa.string()),
+        pa.array([r.partition for r in records], type=pa.int32()),
+        pa.array([r.offset for r in records], type=pa.int64()),
+        pa.array([r.timestamp_ms for r in records], type=pa.int64()),
+        pa.array([r.key for r in records], type=pa.binary()),
+        pa.array([r.value for r in records], type=pa.binary()),
+        headers,
+    ], schema=RECORD_SCHEMA)
 
 
 class RecordWriter:
@@ -104,13 +116,21 @@ def read_records(path: str | Path) -> Iterator[Record]:
             if missing:
                 raise ValueError(f"{path} is not a recorded topic (missing {sorted(missing)})")
         for batch in reader:
-            d = batch.to_pydict()
-            for i in range(batch.num_rows):
-                yield Record(
-                    topic=d["topic"][i], partition=d["partition"][i], offset=d["offset"][i],
-                    key=d["key"][i], value=d["value"][i], timestamp_ms=d["timestamp_ms"][i],
-                    headers=[(h["key"], h["value"]) for h in (d["headers"][i] or [])],
-                )
+            cols = [batch.column(name).to_pylist() for name in
+                    ("topic", "partition", "offset", "key", "value", "timestamp_ms")]
+            yield from map(Record, *cols, _headers(batch.column("headers")))
+
+
+def _headers(col: pa.ListArray) -> list[list[tuple[str, bytes]]]:
+    """Each row's headers as (key, value) pairs, from the flat key and value columns."""
+    offsets = col.offsets.to_pylist()
+    pairs = col.values
+    keys, values = pairs.field("key").to_pylist(), pairs.field("value").to_pylist()
+    rows = [list(zip(keys[a:b], values[a:b], strict=True))
+            for a, b in zip(offsets, offsets[1:], strict=False)]
+    if col.null_count:  # a null list of headers: none
+        rows = [r if h is not None else [] for r, h in zip(rows, col.to_pylist(), strict=True)]
+    return rows
 
 
 def read_outputs(path: str | Path) -> Iterator[tuple[Record, pa.Table | None]]:
