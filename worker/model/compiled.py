@@ -38,6 +38,7 @@ class CompiledModel:
         self.forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
                                       int(self.n_outputs), float(self.divisor))
         self.policy_cache: dict = {}  # tables the lazy policies build once per model
+        self._explainer = None  # _explain.Explainer, built on the first attribution
         self.model_id = model_id or artifact.dumps(self.meta, self.arrays)[-32:].hex()
 
     # ---- persistence -------------------------------------------------------------------
@@ -133,6 +134,31 @@ class CompiledModel:
         idx = np.argmax(proba, axis=1)
         return proba[np.arange(n), idx], idx.astype(np.int32)
 
+    # ---- attributions ------------------------------------------------------------------
+    def contributions(self, X, method: str = "treeshap",
+                      n_threads: int | None = None) -> np.ndarray:
+        """Per-feature attributions in the margin space (log-odds for binary XGBoost, the
+        averaged vote for forests), the bias last: (n, n_features + 1), or (n, n_outputs,
+        n_features + 1) for several outputs. Each row's attributions plus its bias are its
+        raw score. ``method``: ``treeshap`` (exact path-dependent TreeSHAP) or ``path``
+        (Saabas: XGBoost's ``approx_contribs``)."""
+        from .. import _explain
+
+        codes = {"treeshap": int(_explain.Method.METHOD_TREESHAP),
+                 "path": int(_explain.Method.METHOD_PATH)}
+        if method not in codes:
+            raise ValueError(f"unknown attribution method {method!r} (treeshap or path)")
+        if self._explainer is None:
+            if "x_tree" not in self.arrays:
+                raise ValueError("this artifact has no node covers, which attributions need: "
+                                 "compile the model again with this version (a model whose "
+                                 "trees have a split with zero cover has none)")
+            self._explainer = _explain.Explainer(self.arrays, self.n_features, self.n_outputs,
+                                                 float(self.divisor))
+        rows = float_rows(X, self.feature_names)
+        out = self._explainer.contributions(rows, codes[method], n_threads or default_threads())
+        return out[:, 0, :] if self.n_outputs == 1 else out
+
     def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
                     **params) -> ScoreResult:
         if lazy != "off":
@@ -160,6 +186,36 @@ def feature_type_problem(name: str, t) -> str | None:
             or pa.types.is_null(t):
         return None
     return f"feature column {name!r} has type {t}, expected a numeric or boolean type"
+
+
+def float_rows(X, feature_names: list[str]) -> np.ndarray:
+    """Rows as C-contiguous float32, missing as NaN, from numpy or a pyarrow Table/RecordBatch
+    (the conversions the kernels' stager makes: a C cast of each value to float)."""
+    if hasattr(X, "schema") and hasattr(X, "column"):
+        import pyarrow as pa
+
+        cols = []
+        for name in feature_names:
+            col = X.column(name)
+            col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            problem = feature_type_problem(name, col.type)
+            if problem:
+                raise TypeError(problem)
+            if pa.types.is_null(col.type):
+                cols.append(np.full(len(col), np.nan, dtype=np.float32))
+                continue
+            missing = np.asarray(col.is_null())
+            if pa.types.is_boolean(col.type):
+                col = col.cast(pa.int8())
+            v = np.asarray(col.fill_null(0) if col.null_count else col).astype(np.float32)
+            v[missing] = np.nan
+            cols.append(v)
+        return np.ascontiguousarray(np.column_stack(cols) if cols else
+                                    np.empty((X.num_rows, 0), np.float32))
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (rows, features); got shape {X.shape}")
+    return np.ascontiguousarray(X, dtype=np.float32)
 
 
 def arrow_columns(data, feature_names: list[str]):

@@ -30,6 +30,9 @@ class Tree:
     right: np.ndarray  # int32 (n_nodes,), -1 at leaves
     default_left: np.ndarray  # bool (n_nodes,), where a missing value goes
     value: np.ndarray  # float64 (n_nodes, n_leaf_outputs), meaningful at leaves only
+    # float64 (n_nodes,): the training weight reaching each node (XGBoost's sum of hessians,
+    # scikit-learn's weighted sample count); what TreeSHAP needs. None: not known
+    cover: np.ndarray | None = None
 
     @property
     def n_nodes(self) -> int:

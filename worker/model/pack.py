@@ -94,6 +94,34 @@ def pack_compact(ens: Ensemble, acc: np.dtype) -> dict[str, np.ndarray]:
     }
 
 
+def pack_explain(ens: Ensemble) -> dict[str, np.ndarray]:
+    """The trees as they are (node order, children, covers) for the attributions
+    (``_explain``): ``x_tree`` the first node of each tree (and the total), per node the
+    feature (-1: leaf), threshold, children (tree-local, -1 at leaves), missing-goes-left,
+    cover and value (leaves). Empty when a tree has no covers, or a split node a cover that is
+    not a positive number (attributions then say so)."""
+    for t in ens.trees:
+        inner = t.feature >= 0
+        if t.cover is None or t.cover.shape != t.feature.shape or \
+                not np.all(np.isfinite(t.cover)) or np.any(t.cover < 0) or \
+                np.any(t.cover[inner] <= 0):
+            return {}
+    sizes = np.asarray([t.n_nodes for t in ens.trees], dtype=np.int64)
+    x_tree = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=x_tree[1:])
+    return {
+        "x_tree": x_tree,
+        "x_feature": np.concatenate([t.feature for t in ens.trees]).astype(np.int32),
+        "x_threshold": np.concatenate([t.threshold for t in ens.trees]).astype(np.float32),
+        "x_child": np.concatenate([np.stack([t.left, t.right], axis=1)
+                                   for t in ens.trees]).astype(np.int32),
+        "x_default_left": np.concatenate([t.default_left for t in ens.trees]).astype(np.uint8),
+        "x_cover": np.concatenate([t.cover for t in ens.trees]).astype(np.float64),
+        "x_value": np.concatenate([np.where((t.feature < 0)[:, None], t.value, 0.0)
+                                   for t in ens.trees]).astype(np.float64),
+    }
+
+
 def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarray]]:
     """Return (layout info, arrays) for the kernels."""
     acc = np.dtype(np.float32 if ens.accumulate == "float32" else np.float64)
@@ -116,6 +144,7 @@ def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarra
     mins, maxs = zip(*(t.leaf_range() for t in ens.trees), strict=True)
     arrays["leaf_min"] = np.asarray(mins, dtype=np.float64)  # per tree, per leaf output
     arrays["leaf_max"] = np.asarray(maxs, dtype=np.float64)
+    arrays.update(pack_explain(ens))
     info = {"layout": layout, "depth": depth if layout == "padded" else 0,
             "max_depth": depth, "accumulate": str(acc)}
     return info, arrays

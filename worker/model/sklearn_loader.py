@@ -25,6 +25,7 @@ def _sk_tree(tree_, value: np.ndarray) -> Tree:
         tree_.children_right.astype(np.int32),
         default_left,
         value,
+        np.asarray(tree_.weighted_n_node_samples, dtype=np.float64),
     )
 
 
@@ -43,6 +44,7 @@ def _hgb_tree(nodes) -> Tree:
         right,
         nodes["missing_go_to_left"].astype(bool),
         nodes["value"].astype(np.float64)[:, None],
+        nodes["count"].astype(np.float64),
     )
 
 

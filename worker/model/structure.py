@@ -120,11 +120,55 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     else:
         _check_compact(arrays, n_trees, nf, leaves.shape[0])
         lo, hi = _compact_leaf_range(arrays, n_trees, width)
+    x_names = [n for n in arrays if n.startswith("x_")]
+    if x_names:
+        _check_explain(arrays, n_trees, nf, width)
     # certified stopping bounds the remaining trees by these: they must hold every leaf a walk
     # can reach, as the kernels add it (in the accumulator's precision)
     smin, smax = arrays["leaf_min"].astype(acc), arrays["leaf_max"].astype(acc)
     if np.isnan(smin).any() or np.isnan(smax).any() or np.any(smin > lo) or np.any(smax < hi):
         _fail("arrays.leaf_min/leaf_max", "narrower than the leaves the trees reach")
+
+
+EXPLAIN_ARRAYS = ("x_tree", "x_feature", "x_threshold", "x_child", "x_default_left",
+                  "x_cover", "x_value")
+
+
+def _check_explain(arrays, n_trees: int, nf: int, width: int) -> None:
+    """The trees the attributions walk (``pack.pack_explain``): every child inside its tree
+    and after its parent (every walk ends), features below ``nf``, covers positive."""
+    extra = sorted(n for n in arrays if n.startswith("x_") and n not in EXPLAIN_ARRAYS)
+    if extra:
+        _fail(f"arrays.{extra[0]}", "unknown")
+    tree = _array(arrays, "x_tree", np.int64, 1, (n_trees + 1,))
+    if tree[0] != 0 or np.any(tree[1:] <= tree[:-1]):
+        _fail("arrays.x_tree", "not strictly increasing from 0")
+    n = int(tree[-1])
+    feature = _array(arrays, "x_feature", np.int32, 1, (n,))
+    _array(arrays, "x_threshold", np.float32, 1, (n,))
+    child = _array(arrays, "x_child", np.int32, 2, (n, 2)).astype(np.int64)
+    dleft = _array(arrays, "x_default_left", np.uint8, 1, (n,))
+    cover = _array(arrays, "x_cover", np.float64, 1, (n,))
+    value = _array(arrays, "x_value", np.float64, 2, (n, width))
+    if feature.min() < -1 or feature.max() >= nf:
+        _fail("arrays.x_feature", f"a feature outside [-1, {nf})")
+    if dleft.max() > 1:
+        _fail("arrays.x_default_left", "not 0 or 1")
+    leaf = feature < 0
+    if np.any(child[leaf] != -1):
+        _fail("arrays.x_child", "a leaf with a child")
+    start = np.repeat(tree[:-1], np.diff(tree))
+    size = np.repeat(np.diff(tree), np.diff(tree))
+    local = np.arange(n, dtype=np.int64) - start
+    inner = ~leaf
+    for side in (0, 1):
+        c = child[inner, side]
+        if np.any(c <= local[inner]) or np.any(c >= size[inner]):
+            _fail("arrays.x_child", "a child before its node or outside its tree")
+    if not np.all(np.isfinite(cover)) or np.any(cover < 0) or np.any(cover[inner] <= 0):
+        _fail("arrays.x_cover", "a cover that is not finite and >= 0 (> 0 at a split)")
+    if not np.all(np.isfinite(value)):
+        _fail("arrays.x_value", "a value that is not finite")
 
 
 def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> None:

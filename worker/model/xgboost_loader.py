@@ -71,7 +71,8 @@ def _tree(j: dict, index: int) -> Tree:
     threshold = np.where(is_leaf, np.float32(np.inf), float32_below(cond)).astype(np.float32)
     value = np.where(is_leaf, cond, np.float32(0)).astype(np.float64)[:, None]
     default_left = np.asarray(j["default_left"], dtype=bool)
-    return Tree(feature.astype(np.int32), threshold, left, right, default_left, value)
+    cover = np.asarray(j["sum_hessian"], dtype=np.float64) if "sum_hessian" in j else None
+    return Tree(feature.astype(np.int32), threshold, left, right, default_left, value, cover)
 
 
 def to_ir(source) -> Ensemble:

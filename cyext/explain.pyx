@@ -1,0 +1,273 @@
+# cython: language_level=3
+"""Per-row feature attributions of a tree ensemble, in the model's margin space.
+
+``treeshap``: exact path-dependent TreeSHAP (Lundberg, Erion and Lee, "Consistent
+individualized feature attribution for tree ensembles", Algorithm 2; the algorithm behind
+XGBoost's ``pred_contribs`` and shap's ``TreeExplainer(feature_perturbation=
+"tree_path_dependent")``), from each node's cover. ``path``: the Saabas path attribution
+(XGBoost's ``approx_contribs``): along the row's path, each split's feature gets the change of
+the cover-weighted mean value from the node to the child taken.
+
+The trees are read as the loaders produced them (``pack.pack_explain``, checked by
+``structure._check_explain``: children after their parent inside their tree), with the split
+rule of every kernel: right iff x > threshold, a missing x goes where ``default_left`` says.
+Sums are float64. The bias column holds the base margin plus each tree's expected value (its
+root's mean), so a row's attributions plus its bias equal its margin.
+"""
+
+cimport cython
+from cython.parallel cimport parallel, prange
+from libc.math cimport isnan
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, memset
+
+import numpy as np
+
+cpdef enum Method:
+    METHOD_TREESHAP = 0
+    METHOD_PATH = 1
+
+
+ctypedef struct PathElement:
+    int32_t feature
+    double zero_fraction
+    double one_fraction
+    double pweight
+
+
+ctypedef struct Trees:
+    const int64_t* start       # first node of each tree
+    const int32_t* feature     # -1 at leaves
+    const float* threshold
+    const int32_t* child       # (left, right), tree-local
+    const uint8_t* default_left
+    const double* cover
+    const double* value        # (node, width)
+    const double* mean         # (node, width): cover-weighted mean of the leaves below
+    const int32_t* group       # output of each tree (-1: every output, vector leaves)
+    int32_t width
+    int32_t n_outputs
+    int32_t n_features
+
+
+cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
+                              const float* x) noexcept nogil:
+    cdef float v = x[T.feature[base + node]]
+    cdef bint right
+    if isnan(v):
+        right = not T.default_left[base + node]
+    else:
+        right = v > T.threshold[base + node]
+    return T.child[2 * (base + node) + right]
+
+
+cdef void extend_path(PathElement* path, int32_t depth, double zero_fraction,
+                      double one_fraction, int32_t feature) noexcept nogil:
+    cdef int32_t i
+    path[depth].feature = feature
+    path[depth].zero_fraction = zero_fraction
+    path[depth].one_fraction = one_fraction
+    path[depth].pweight = 1.0 if depth == 0 else 0.0
+    i = depth - 1
+    while i >= 0:
+        path[i + 1].pweight += one_fraction * path[i].pweight * (i + 1) / <double>(depth + 1)
+        path[i].pweight = zero_fraction * path[i].pweight * (depth - i) / <double>(depth + 1)
+        i -= 1
+
+
+cdef void unwind_path(PathElement* path, int32_t depth, int32_t index) noexcept nogil:
+    cdef double one = path[index].one_fraction, zero = path[index].zero_fraction
+    cdef double next_one = path[depth].pweight, tmp
+    cdef int32_t i = depth - 1
+    while i >= 0:
+        if one != 0:
+            tmp = path[i].pweight
+            path[i].pweight = next_one * (depth + 1) / ((i + 1) * one)
+            next_one = tmp - path[i].pweight * zero * (depth - i) / <double>(depth + 1)
+        else:
+            path[i].pweight = path[i].pweight * (depth + 1) / (zero * (depth - i))
+        i -= 1
+    for i in range(index, depth):
+        path[i].feature = path[i + 1].feature
+        path[i].zero_fraction = path[i + 1].zero_fraction
+        path[i].one_fraction = path[i + 1].one_fraction
+
+
+cdef double unwound_path_sum(const PathElement* path, int32_t depth,
+                             int32_t index) noexcept nogil:
+    cdef double one = path[index].one_fraction, zero = path[index].zero_fraction
+    cdef double next_one = path[depth].pweight, total = 0.0, tmp
+    cdef int32_t i = depth - 1
+    while i >= 0:
+        if one != 0:
+            tmp = next_one * (depth + 1) / ((i + 1) * one)
+            total += tmp
+            next_one = path[i].pweight - tmp * zero * ((depth - i) / <double>(depth + 1))
+        else:
+            total += (path[i].pweight / zero) / ((depth - i) / <double>(depth + 1))
+        i -= 1
+    return total
+
+
+cdef void tree_shap(const Trees* T, int64_t base, int64_t node, const float* x, double* phi,
+                    int32_t out_stride, PathElement* parent_path, int32_t depth,
+                    double zero_fraction, double one_fraction,
+                    int32_t feature) noexcept nogil:
+    """Algorithm 2; ``phi`` is (outputs the leaf values go to) x (features + 1), stride
+    ``out_stride`` between outputs."""
+    cdef PathElement* path = parent_path + depth + 1
+    cdef int32_t i, o, split, index
+    cdef int64_t hot, cold, g = base + node
+    cdef double w, inc_zero = 1.0, inc_one = 1.0, leaf
+    memcpy(path, parent_path, (depth + 1) * sizeof(PathElement))
+    extend_path(path, depth, zero_fraction, one_fraction, feature)
+    split = T.feature[g]
+    if split < 0:
+        for i in range(1, depth + 1):
+            w = unwound_path_sum(path, depth, i) * (path[i].one_fraction - path[i].zero_fraction)
+            for o in range(T.width):
+                leaf = T.value[g * T.width + o]
+                phi[o * out_stride + path[i].feature] += w * leaf
+        return
+    hot = next_node(T, base, node, x)
+    cold = T.child[2 * g] + T.child[2 * g + 1] - hot
+    w = T.cover[g]
+    index = 0
+    while index <= depth:
+        if path[index].feature == split:
+            break
+        index += 1
+    if index != depth + 1:
+        inc_zero = path[index].zero_fraction
+        inc_one = path[index].one_fraction
+        unwind_path(path, depth, index)
+        depth -= 1
+    tree_shap(T, base, hot, x, phi, out_stride, path, depth + 1,
+              T.cover[base + hot] / w * inc_zero, inc_one, split)
+    tree_shap(T, base, cold, x, phi, out_stride, path, depth + 1,
+              T.cover[base + cold] / w * inc_zero, 0.0, split)
+
+
+cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
+                 int32_t out_stride) noexcept nogil:
+    cdef int64_t node = 0, nxt
+    cdef int32_t o, f
+    while T.feature[base + node] >= 0:
+        f = T.feature[base + node]
+        nxt = next_node(T, base, node, x)
+        for o in range(T.width):
+            phi[o * out_stride + f] += (T.mean[(base + nxt) * T.width + o]
+                                        - T.mean[(base + node) * T.width + o])
+        node = nxt
+
+
+cdef class Explainer:
+    """The attributions of one compiled model (``CompiledModel.contributions``)."""
+
+    cdef Trees T
+    cdef int64_t n_trees
+    cdef int32_t max_depth
+    cdef double divisor
+    cdef object _keep
+    cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
+
+    def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor):
+        """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays."""
+        start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
+        feature = np.ascontiguousarray(arrays["x_feature"], dtype=np.int32)
+        threshold = np.ascontiguousarray(arrays["x_threshold"], dtype=np.float32)
+        child = np.ascontiguousarray(arrays["x_child"], dtype=np.int32)
+        default_left = np.ascontiguousarray(arrays["x_default_left"], dtype=np.uint8)
+        cover = np.ascontiguousarray(arrays["x_cover"], dtype=np.float64)
+        value = np.ascontiguousarray(arrays["x_value"], dtype=np.float64)
+        group = np.ascontiguousarray(arrays["tree_group"], dtype=np.int32)
+        self.n_trees = group.shape[0]
+        width = value.shape[1]
+        mean = value.copy()
+        depth = np.zeros(feature.shape[0], dtype=np.int32)
+        self.max_depth = _means(start, feature, child, cover, mean, depth, width)
+        self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group)
+        self.T.start = <const int64_t*><Py_ssize_t>start.ctypes.data
+        self.T.feature = <const int32_t*><Py_ssize_t>feature.ctypes.data
+        self.T.threshold = <const float*><Py_ssize_t>threshold.ctypes.data
+        self.T.child = <const int32_t*><Py_ssize_t>child.ctypes.data
+        self.T.default_left = <const uint8_t*><Py_ssize_t>default_left.ctypes.data
+        self.T.cover = <const double*><Py_ssize_t>cover.ctypes.data
+        self.T.value = <const double*><Py_ssize_t>value.ctypes.data
+        self.T.mean = <const double*><Py_ssize_t>mean.ctypes.data
+        self.T.group = <const int32_t*><Py_ssize_t>group.ctypes.data
+        self.T.width = width
+        self.T.n_outputs = n_outputs
+        self.T.n_features = n_features
+        self.divisor = divisor
+        bias = np.asarray(arrays["base"], dtype=np.float64).copy()
+        roots = mean[start[:len(start) - 1]]  # (trees, width): each root's mean
+        for t in range(self.n_trees):
+            if width == n_outputs and group[t] < 0:
+                bias += roots[t]
+            else:
+                bias[group[t]] += roots[t, 0]
+        self.bias = bias / divisor
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def contributions(self, const float[:, ::1] X, int method, int n_threads=1):
+        """(rows, outputs, features + 1) float64: each feature's attribution, then the bias."""
+        cdef int64_t n = X.shape[0], r, t
+        cdef int32_t nf = self.T.n_features, G = self.T.n_outputs, stride = nf + 1, o
+        cdef int64_t scratch = (self.max_depth + 2) * (self.max_depth + 3) // 2 + 1
+        cdef PathElement* path
+        cdef double* phi
+        cdef double[:, :, ::1] out
+        if X.shape[1] != nf:
+            raise ValueError(f"X has {X.shape[1]} features, the model {nf}")
+        if method != METHOD_TREESHAP and method != METHOD_PATH:
+            raise ValueError(f"unknown method {method}")
+        result = np.zeros((n, G, nf + 1), dtype=np.float64)
+        out = result
+        if n == 0:
+            return result
+        with nogil, parallel(num_threads=max(n_threads, 1)):
+            path = <PathElement*>malloc(scratch * sizeof(PathElement))
+            if path != NULL:
+                for r in prange(n, schedule="static"):
+                    phi = &out[r, 0, 0]
+                    for t in range(self.n_trees):
+                        o = self.T.group[t]
+                        if o < 0:
+                            o = 0  # vector leaves: every output, from output 0 on
+                        if method == METHOD_TREESHAP:
+                            tree_shap(&self.T, self.T.start[t], 0, &X[r, 0], phi + o * stride,
+                                      stride, path, 0, 1.0, 1.0, -1)
+                        else:
+                            saabas(&self.T, self.T.start[t], &X[r, 0], phi + o * stride, stride)
+                free(path)
+        result[:, :, :nf] /= self.divisor
+        result[:, :, nf] = self.bias
+        return result
+
+
+def _means(const int64_t[::1] start, const int32_t[::1] feature, const int32_t[:, ::1] child,
+           const double[::1] cover, double[:, ::1] mean, int32_t[::1] depth, int32_t width):
+    """Each split node's mean: its children's means weighted by their covers over its own
+    cover (XGBoost's FillNodeMeanValues). Children come after their parent, so one pass
+    from the last node back. Returns the deepest leaf's depth."""
+    cdef int64_t t, i, a, b, g, lo, hi
+    cdef int32_t o, deepest = 0
+    for t in range(start.shape[0] - 1):
+        lo, hi = start[t], start[t + 1]
+        i = hi - 1
+        while i >= lo:
+            if feature[i] >= 0:
+                a, b = lo + child[i, 0], lo + child[i, 1]
+                for o in range(width):
+                    mean[i, o] = (mean[a, o] * cover[a] + mean[b, o] * cover[b]) / cover[i]
+            i -= 1
+        for i in range(lo, hi):  # parents first: a child's depth is its parent's + 1
+            if feature[i] >= 0:
+                for g in range(2):
+                    depth[lo + child[i, g]] = depth[i] + 1
+                    if depth[i] + 1 > deepest:
+                        deepest = depth[i] + 1
+    return deepest
