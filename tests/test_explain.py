@@ -141,3 +141,108 @@ def test_multiclass_gradient_boosting_adds_up_to_its_decision_function(method):
     ref = est.decision_function(X.astype(np.float64))
     assert ours.shape == (200, 3, model.n_features + 1)
     np.testing.assert_allclose(ours.sum(axis=-1), ref, atol=_tolerance(ref), rtol=0)
+
+
+def test_score_batch_explains_the_flagged_rows_only():
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = worker.compile_model(booster)
+    X = M.hostile_rows(500, M.xgboost_thresholds(booster), seed=8)
+    r = model.score_batch(X, thresholds=[0.3, 0.7], explain="treeshap", top_k=3, n_threads=1)
+    flagged = r.score >= 0.3
+    assert 0 < flagged.sum() < 500
+    assert np.all(r.reason_feature[~flagged] == -1) and np.all(np.isnan(r.reason_bias[~flagged]))
+    phi = model.contributions(X[flagged], n_threads=1)
+    top = np.argsort(-np.abs(phi[:, :-1]), axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(r.reason_feature[flagged], top)
+    np.testing.assert_array_equal(r.reason_value[flagged],
+                                  np.take_along_axis(phi[:, :-1], top, 1).astype(np.float32))
+    np.testing.assert_array_equal(r.reason_bias[flagged], phi[:, -1])
+    # explain_min_score wins over the thresholds; a lazily stopped row is explained in full
+    r2 = model.score_batch(X, thresholds=[0.3], lazy="certified", explain="path",
+                           explain_min_score=0.9, n_threads=1)
+    chosen = r2.score >= 0.9
+    np.testing.assert_array_equal(r2.reason_feature[:, 0] >= 0, chosen)
+    full = model.contributions(X[chosen], "path", n_threads=1)
+    np.testing.assert_allclose(r2.reason_bias[chosen], full[:, -1])
+
+
+def test_multiclass_rows_are_explained_for_their_label():
+    booster = M.xgboost_models()["xgb-multi-softprob"]
+    model = worker.compile_model(booster)
+    X = M.hostile_rows(100, M.xgboost_thresholds(booster), seed=9)
+    r = model.score_batch(X, thresholds=[0.0], explain="treeshap", top_k=2, n_threads=1)
+    phi = model.contributions(X, n_threads=1)[np.arange(100), r.label]
+    np.testing.assert_array_equal(r.reason_bias, phi[:, -1])
+    np.testing.assert_array_equal(
+        r.reason_value, np.take_along_axis(phi[:, :-1], r.reason_feature, 1).astype(np.float32))
+
+
+def test_the_worker_publishes_reason_columns(tmp_path):
+    import pyarrow as pa
+
+    from worker import demo
+    from worker.app import Pipeline
+    from worker.config import load_settings
+    from worker.io.records import Record
+
+    art = tmp_path / "demo.model"
+    worker.compile_model(demo.train_xgboost(demo.generate(3000, seed=1), rounds=20)).save(art)
+    model = worker.load_model(art)
+    settings = load_settings(None, model={"path": str(art)},
+                             source={"type": "file", "path": "x.arrows"},
+                             scoring={"threads": 1, "thresholds": [0.5],
+                                      "explain": {"method": "treeshap", "top_k": 2,
+                                                  "min_score": 0.0}})
+    pipe = Pipeline(model, settings, "scores")
+    table = demo.generate(40, seed=2).select([demo.ID_COLUMN, *demo.FEATURES])
+    recs = []
+    for i in range(4):
+        sink = pa.BufferOutputStream()
+        part = table.slice(10 * i, 10)
+        with pa.ipc.new_stream(sink, part.schema) as w:
+            w.write_table(part)
+        recs.append(Record("in", 0, i, b"k", sink.getvalue().to_pybytes(), 1, []))
+    for rec in recs[:1]:
+        pipe.process([(rec, pipe.decode(rec))])  # the schema cached: the rest read in C
+    out, dead, _ = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead and len(out) == 4
+    got = pa.concat_tables([pa.ipc.open_stream(o.value).read_all() for o in out])
+    got.validate(full=True)
+    X = np.column_stack([table.column(f).to_numpy(zero_copy_only=False).astype(np.float32)
+                         for f in model.feature_names])  # the demo's features have no nulls
+    phi = model.contributions(X, n_threads=1)
+    top = np.argsort(-np.abs(phi[:, :-1]), axis=1, kind="stable")[:, :2]
+    names = [[model.feature_names[j] for j in row] for row in top]
+    assert got.column("reason_feature").to_pylist() == names
+    np.testing.assert_array_equal(np.asarray(got.column("reason_value").to_pylist()),
+                                  np.take_along_axis(phi[:, :-1], top, 1).astype(np.float32))
+    np.testing.assert_allclose(got.column("reason_bias").to_numpy(), phi[:, -1])
+
+
+def test_score_command_writes_reason_codes(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from worker.io.tables import write_table
+
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = worker.compile_model(booster)
+    model.save(tmp_path / "m.model")
+    X = M.hostile_rows(60, M.xgboost_thresholds(booster), seed=11)
+    write_table(tmp_path / "in.arrow", pa.table({n: X[:, j] for j, n in
+                                                  enumerate(model.feature_names)}))
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "score", "--model",
+                           str(tmp_path / "m.model"), "--input", str(tmp_path / "in.arrow"),
+                           "--output", str(tmp_path / "out.arrow"), "--explain", "path",
+                           "--top-k", "2", "--explain-min-score", "0"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = pa.ipc.open_file(tmp_path / "out.arrow").read_all()
+    phi = model.contributions(X, "path", n_threads=1)
+    top = np.argsort(-np.abs(phi[:, :-1]), axis=1, kind="stable")[:, :2]
+    assert out.column("reason_feature").to_pylist() == \
+        [[model.feature_names[j] for j in row] for row in top]

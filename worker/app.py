@@ -188,8 +188,11 @@ class Pipeline:
         params = self.lazy_params
         if "audit_fraction" in params:  # audit by position in the stream, not in the batch
             params = {**params, "audit_seed": self.rows_seen}
+        ex = self.scoring.explain
+        explain = {} if ex is None else {"explain": ex.method, "top_k": ex.top_k,
+                                         "explain_min_score": ex.min_score}
         r = self.model.score_batch(table, lazy=lazy, thresholds=self.scoring.thresholds,
-                                   n_threads=self.threads, **params)
+                                   n_threads=self.threads, **params, **explain)
         self.rows_seen += len(r)
         return r
 
@@ -271,7 +274,8 @@ class Pipeline:
                     batches = [items[i][1][0] for i in members]
                     big = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
                     cols = self.model.columns(big)  # gathered once (the shadow reads it too)
-                    r = self._score(cols)
+                    # reason codes read the rows again: the batch, not the column descriptors
+                    r = self._score(cols if self.scoring.explain is None else big)
                     offsets = _offsets(b.num_rows for b in batches)
                     ids = None
                 stats.kernel_s += time.perf_counter() - t0
@@ -297,7 +301,7 @@ class Pipeline:
                     np.arange(len(r), dtype=np.int64) - np.repeat(offsets[:-1], counts)
             out = key = None
             published = None  # rows of messages that failed to encode are not counted
-            if raw and self.encoder.native:
+            if raw and self.encoder.native and r.reason_feature is None:
                 try:
                     values = self.encoder.encode_numpy(
                         ids, r, self.classifier, offsets, [items[i][0] for i in members])
@@ -305,11 +309,13 @@ class Pipeline:
                         results[i] = self._record(items[i][0], values[k])
                 except Exception:  # noqa: BLE001 (pyarrow's encoder below, message by message)
                     results.update({i: None for i in members})
-            if not raw or not self.encoder.native or results.get(members[0]) is None:
+            if not raw or not self.encoder.native or r.reason_feature is not None or \
+                    results.get(members[0]) is None:
                 try:
                     idc = self.scoring.id_column
                     id_arr = big.column(idc) if (idc and not raw) else pa.array(ids)
-                    out = codec.ResultColumns(r, self.classifier).batch(id_arr)  # once
+                    out = codec.ResultColumns(r, self.classifier,
+                                              self.model.feature_names).batch(id_arr)  # once
                     key = ("schema", out.schema.serialize().to_pybytes())
                 except Exception:  # noqa: BLE001 (ids Arrow cannot put in a batch: one by one)
                     out = key = None

@@ -97,8 +97,15 @@ def compile_cmd(source: str, output: str, layout: str, trust_pickle: bool) -> No
 @click.option("--id-column", default=None, help="Column passed through as `id`.")
 @click.option("--threads", type=int, default=None)
 @click.option("--param", "params", multiple=True, help="Lazy policy parameter KEY=VALUE.")
+@click.option("--explain", type=click.Choice(["treeshap", "path"]), default=None,
+              help="Reason codes (reason_feature, reason_value, reason_bias) for rows scored at "
+                   "or above --explain-min-score.")
+@click.option("--top-k", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Features named per explained row.")
+@click.option("--explain-min-score", type=float, default=None,
+              help="Explain rows scored at or above this (default: the lowest threshold).")
 def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, threads,
-              params) -> None:
+              params, explain, top_k, explain_min_score) -> None:
     """Score an Arrow IPC or Parquet file offline with the same kernels as the worker."""
     import pyarrow as pa
 
@@ -129,6 +136,7 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     t0 = time.perf_counter()
     try:
         r = model.score_batch(table, lazy=lazy, thresholds=list(thresholds), n_threads=threads,
+                              explain=explain, top_k=top_k, explain_min_score=explain_min_score,
                               **kw)
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise click.ClickException(f"{input_path}: {exc}") from None
@@ -136,7 +144,7 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     if id_column and id_column not in table.column_names:
         raise click.ClickException(f"{input_path}: no id column {id_column!r}")
     ids = table.column(id_column).combine_chunks() if id_column else None
-    batch = result_batch(ids, r, model.task != "regression")
+    batch = result_batch(ids, r, model.task != "regression", feature_names=model.feature_names)
     out = pa.Table.from_batches([batch]).replace_schema_metadata(
         output_metadata(model, source_file=Path(input_path).name))
     write_table(output_path, out)

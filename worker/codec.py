@@ -248,7 +248,7 @@ class ResultColumns:
     """The output columns of a whole score result, built once; ``batch`` takes one message's
     rows as zero-copy slices, with that message's ids."""
 
-    def __init__(self, r: ScoreResult, classifier: bool):
+    def __init__(self, r: ScoreResult, classifier: bool, feature_names: list[str] | None = None):
         cols = {"score": pa.array(r.score, type=pa.float64())}
         if classifier:
             cols["label"] = pa.array(r.label, type=pa.int32())
@@ -260,6 +260,8 @@ class ResultColumns:
             "score_lo": pa.array(r.score_lo, type=pa.float64()),
             "score_hi": pa.array(r.score_hi, type=pa.float64()),
         })
+        if r.reason_feature is not None:
+            cols.update(reason_columns(r, feature_names or []))
         self.names = ["id", *cols]
         self.columns = list(cols.values())
         self._schemas: dict[pa.DataType, pa.Schema] = {}
@@ -279,6 +281,27 @@ class ResultColumns:
         cols = self.columns if (rows.start, n) == (0, len(self.columns[0])) else \
             [c.slice(rows.start, n) for c in self.columns]
         return pa.RecordBatch.from_arrays([ids] + cols, schema=schema)
+
+
+def reason_columns(r: ScoreResult, feature_names: list[str]) -> dict[str, pa.Array]:
+    """reason_feature (list of dictionary-encoded feature names), reason_value (list of
+    float32 attributions, same order) and reason_bias (float64): null where a row was not
+    explained."""
+    feat, val = r.reason_feature, r.reason_value
+    n, k = feat.shape
+    explained = feat[:, 0] >= 0 if k else np.zeros(n, dtype=bool)
+    counts = np.where(explained, k, 0)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    mask = pa.array(~explained)
+    names = pa.DictionaryArray.from_arrays(pa.array(feat[explained].ravel(), type=pa.int32()),
+                                           pa.array(feature_names, type=pa.string()))
+    return {
+        "reason_feature": pa.ListArray.from_arrays(pa.array(offsets), names, mask=mask),
+        "reason_value": pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(val[explained].ravel(), type=pa.float32()), mask=mask),
+        "reason_bias": pa.array(r.reason_bias, type=pa.float64(), mask=~explained),
+    }
 
 
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -415,11 +438,12 @@ def _template(dtype: np.dtype, classifier: bool, n: int) -> pa.RecordBatch:
 
 
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
-                 slice_: slice | None = None) -> pa.RecordBatch:
+                 slice_: slice | None = None,
+                 feature_names: list[str] | None = None) -> pa.RecordBatch:
     """The output columns (README: Messages) for rows ``slice_`` of a score result; ``ids``
     are those rows' ids (one message's id column), or None for each row's index in its
     message."""
-    return ResultColumns(r, classifier).batch(ids, slice_)
+    return ResultColumns(r, classifier, feature_names).batch(ids, slice_)
 
 
 def output_metadata(model, **extra) -> dict[bytes, bytes]:

@@ -193,6 +193,17 @@ class LazyConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+class ExplainConfig(_Section):
+    """Reason codes: the top features behind the score of each flagged row."""
+
+    method: Literal["treeshap", "path"] = "treeshap"
+    """treeshap: exact path-dependent TreeSHAP; path: the cheaper Saabas path attribution."""
+    top_k: int = Field(3, ge=1, le=64)
+    """Features named per explained row, by absolute attribution."""
+    min_score: float | None = None
+    """Rows with a score at or above this are explained (default: the lowest threshold)."""
+
+
 class ScoringConfig(_Section):
     id_column: str | None = "txn_id"
     """Input column passed through as `id` (none: the row index in the message)."""
@@ -203,6 +214,9 @@ class ScoringConfig(_Section):
     lazy: LazyConfig = Field(default_factory=LazyConfig)
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of rows also fully evaluated; disagreements are exported as a metric."""
+    explain: ExplainConfig | None = None
+    """Reason codes for flagged rows (output columns reason_feature, reason_value,
+    reason_bias); unset: none."""
 
     @model_validator(mode="before")
     @classmethod

@@ -159,8 +159,46 @@ class CompiledModel:
         out = self._explainer.contributions(rows, codes[method], n_threads or default_threads())
         return out[:, 0, :] if self.n_outputs == 1 else out
 
+    def reasons(self, X, r: ScoreResult, method: str = "treeshap", top_k: int = 3,
+                min_score: float | None = None, n_threads: int | None = None) -> ScoreResult:
+        """``r`` with reason codes for its rows whose score is at or above ``min_score``
+        (all rows when None): the top-k features by absolute attribution to the output the
+        row's label comes from (its margin for binary and regression models), their
+        attributions and the bias. The attributions cover every tree, also for a row a lazy
+        policy stopped early."""
+        n = len(r)
+        k = min(top_k, self.n_features)
+        feat = np.full((n, k), -1, dtype=np.int32)
+        val = np.zeros((n, k), dtype=np.float32)
+        bias = np.full(n, np.nan, dtype=np.float64)
+        rows = np.arange(n) if min_score is None else np.flatnonzero(r.score >= min_score)
+        if rows.size:
+            phi = self.contributions(float_rows(X, self.feature_names)[rows] if rows.size < n
+                                     else X, method, n_threads)
+            if phi.ndim == 3:  # several outputs: the one of each row's label
+                phi = phi[np.arange(rows.size), np.maximum(r.label[rows], 0)]
+            contrib = phi[:, :-1]
+            order = np.argsort(-np.abs(contrib), axis=1, kind="stable")[:, :k]
+            feat[rows] = order
+            val[rows] = np.take_along_axis(contrib, order, axis=1)
+            bias[rows] = phi[:, -1]
+        r.reason_feature, r.reason_value, r.reason_bias = feat, val, bias
+        return r
+
     def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
-                    **params) -> ScoreResult:
+                    explain: str | None = None, top_k: int = 3,
+                    explain_min_score: float | None = None, **params) -> ScoreResult:
+        """Scores, labels, decisions, work units and stop reasons (README: Python API).
+        ``explain`` (``treeshap`` or ``path``): reason codes (``reasons``) for the rows
+        scored at or above ``explain_min_score`` (default: the lowest threshold)."""
+        r = self._score_batch(X, lazy, thresholds, n_threads, **params)
+        if explain is not None:
+            low = min(thresholds) if explain_min_score is None else explain_min_score
+            self.reasons(X, r, explain, top_k, low, n_threads)
+        return r
+
+    def _score_batch(self, X, lazy: str, thresholds, n_threads: int | None,
+                     **params) -> ScoreResult:
         if lazy != "off":
             return score_lazy(self, X, lazy, thresholds, n_threads, **params)
         raw = self.raw(X, n_threads)

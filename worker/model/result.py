@@ -34,6 +34,12 @@ class ScoreResult:
     score_hi: np.ndarray  # float64
     audit_rows: int = 0  # rows also evaluated in full (the audit), and among them
     audit_disagreements: int = 0  # those whose decision or label differs
+    # reason codes (score_batch(explain=...)): per row the top-k features by absolute
+    # attribution (int32 (n, k) feature indices, -1 where a row is not explained), their
+    # attributions (float32 (n, k)) and the bias (float64 (n,), NaN where not explained)
+    reason_feature: np.ndarray | None = None
+    reason_value: np.ndarray | None = None
+    reason_bias: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.score.shape[0])
@@ -44,9 +50,11 @@ class ScoreResult:
         return STOP_REASONS[self.stop_code]
 
     def take(self, idx: np.ndarray) -> ScoreResult:
+        reasons = [None if a is None else a[idx] for a in
+                   (self.reason_feature, self.reason_value, self.reason_bias)]
         return ScoreResult(self.score[idx], self.label[idx], self.decision[idx],
                            self.work_units[idx], self.stop_code[idx], self.score_lo[idx],
-                           self.score_hi[idx])
+                           self.score_hi[idx], 0, 0, *reasons)
 
 
 def decisions(score: np.ndarray, thresholds) -> np.ndarray:
