@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e golden clean broker-start \
+.PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e bench-explain golden clean \
+	broker-start \
 	broker-stop fuzz soak
 
 setup: $(VENV)/.installed
@@ -49,6 +50,11 @@ lint: setup
 bench: build
 	$(PY) -m pip install -q "treelite==4.6.1" "tl2cgen==1.0.0" "xgboost==3.2.0" "scikit-learn==1.9.1"
 	$(PY) bench/run.py
+	$(PY) bench/explain.py
+
+# attributions against XGBoost and shap, and the cost of reason codes (bench/EXPLAIN-RESULTS.md)
+bench-explain: build
+	$(PY) bench/explain.py
 
 bench-lazy: build
 	$(PY) bench/lazy.py

@@ -13,6 +13,15 @@ The trees are read as the loaders produced them (``pack.pack_explain``, checked 
 rule of every kernel: right iff x > threshold, a missing x goes where ``default_left`` says.
 Sums are float64. The bias column holds the base margin plus each tree's expected value (its
 root's mean), so a row's attributions plus its bias equal its margin.
+
+Shallow trees take a table instead of Algorithm 2 (the idea of FastTreeSHAP v2, Yang 2021):
+a leaf with d distinct features on its path contributes, for a row, a function of which of
+those features the row follows the path on (a d-bit pattern A) only. With z_j the product of
+the cover fractions of the path's splits on feature j, v the leaf value and w(s, d) =
+s!(d-s-1)!/d!, feature j gets v (o_j - z_j) sum_{S in A minus j} w(|S|, d) prod_{i not in S,
+i != j} z_i (o_j = 1 iff j is in A). Those coefficients are computed once per leaf and pattern
+(2^d x d of them, d <= TABLE_MAX_D); a row then costs one comparison per split node and, per
+leaf, its path's bit tests and d additions, instead of O(d^2) divisions per leaf.
 """
 
 cimport cython
@@ -23,6 +32,10 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
+
+cdef enum:
+    TABLE_MAX_D = 6                 # distinct features on a leaf's path for the table
+    TABLE_MAX_DOUBLES = 8 << 20     # the tables of one model (64 MB)
 
 cpdef enum Method:
     METHOD_TREESHAP = 0
@@ -49,6 +62,18 @@ ctypedef struct Trees:
     int32_t width
     int32_t n_outputs
     int32_t n_features
+    # the tables (trees with table_leaf[t] <= table_leaf[t + 1]; -1: Algorithm 2)
+    const int64_t* table_leaf   # (trees + 1): first table leaf of each tree, -1 without
+    const int64_t* leaf_node    # global node of each table leaf
+    const int32_t* leaf_d       # distinct features on its path
+    const int32_t* leaf_p       # splits on its path
+    const int64_t* leaf_path    # first entry of its path in path_node / path_bit
+    const int64_t* leaf_feat    # first of its d features in feat
+    const int64_t* leaf_table   # first of its 2^d x d coefficients in table
+    const int64_t* path_node    # global node of each split on the path
+    const int32_t* path_bit     # (bit of the split's feature among the leaf's d) * 2 + right
+    const int32_t* feat
+    const double* table
 
 
 cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
@@ -149,6 +174,31 @@ cdef void tree_shap(const Trees* T, int64_t base, int64_t node, const float* x, 
               T.cover[base + cold] / w * inc_zero, 0.0, split)
 
 
+cdef void table_shap(const Trees* T, int64_t t, const float* x, double* phi,
+                     int32_t out_stride, uint8_t* right) noexcept nogil:
+    """One shallow tree by its leaf tables; ``right`` scratch of the tree's node count."""
+    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i, l, q, g
+    cdef int32_t d, mask, k, o, b
+    cdef const double* tbl
+    cdef double v
+    for i in range(n):
+        if T.feature[base + i] >= 0:
+            right[i] = next_node(T, base, i, x) == T.child[2 * (base + i) + 1]
+    for l in range(T.table_leaf[t], T.table_leaf[t + 1]):
+        d = T.leaf_d[l]
+        mask = (1 << d) - 1
+        for q in range(T.leaf_path[l], T.leaf_path[l] + T.leaf_p[l]):
+            b = T.path_bit[q]
+            if right[T.path_node[q] - base] != (b & 1):
+                mask &= ~(1 << (b >> 1))
+        tbl = T.table + T.leaf_table[l] + <int64_t>mask * d
+        g = T.leaf_node[l]
+        for o in range(T.width):
+            v = T.value[g * T.width + o]
+            for k in range(d):
+                phi[o * out_stride + T.feat[T.leaf_feat[l] + k]] += tbl[k] * v
+
+
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
                  int32_t out_stride) noexcept nogil:
     cdef int64_t node = 0, nxt
@@ -166,7 +216,8 @@ cdef class Explainer:
     """The attributions of one compiled model (``CompiledModel.contributions``)."""
 
     cdef Trees T
-    cdef int64_t n_trees
+    cdef int64_t n_trees, max_nodes
+    cdef readonly int64_t tabled  # trees explained by their leaf tables
     cdef int32_t max_depth
     cdef double divisor
     cdef object _keep
@@ -187,7 +238,24 @@ cdef class Explainer:
         mean = value.copy()
         depth = np.zeros(feature.shape[0], dtype=np.int32)
         self.max_depth = _means(start, feature, child, cover, mean, depth, width)
-        self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group)
+        tables = _tables(start, feature, child, cover)
+        self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
+                      tables)
+        (table_leaf, leaf_node, leaf_d, leaf_p, leaf_path, leaf_feat, leaf_table, path_node,
+         path_bit, feat, table) = tables
+        self.T.table_leaf = <const int64_t*><Py_ssize_t>table_leaf.ctypes.data
+        self.T.leaf_node = <const int64_t*><Py_ssize_t>leaf_node.ctypes.data
+        self.T.leaf_d = <const int32_t*><Py_ssize_t>leaf_d.ctypes.data
+        self.T.leaf_p = <const int32_t*><Py_ssize_t>leaf_p.ctypes.data
+        self.T.leaf_path = <const int64_t*><Py_ssize_t>leaf_path.ctypes.data
+        self.T.leaf_feat = <const int64_t*><Py_ssize_t>leaf_feat.ctypes.data
+        self.T.leaf_table = <const int64_t*><Py_ssize_t>leaf_table.ctypes.data
+        self.T.path_node = <const int64_t*><Py_ssize_t>path_node.ctypes.data
+        self.T.path_bit = <const int32_t*><Py_ssize_t>path_bit.ctypes.data
+        self.T.feat = <const int32_t*><Py_ssize_t>feat.ctypes.data
+        self.T.table = <const double*><Py_ssize_t>table.ctypes.data
+        self.max_nodes = int(np.max(np.diff(start)))
+        self.tabled = int(np.sum(table_leaf[1:] > table_leaf[:len(table_leaf) - 1]))
         self.T.start = <const int64_t*><Py_ssize_t>start.ctypes.data
         self.T.feature = <const int32_t*><Py_ssize_t>feature.ctypes.data
         self.T.threshold = <const float*><Py_ssize_t>threshold.ctypes.data
@@ -218,6 +286,8 @@ cdef class Explainer:
         cdef int32_t nf = self.T.n_features, G = self.T.n_outputs, stride = nf + 1, o
         cdef int64_t scratch = (self.max_depth + 2) * (self.max_depth + 3) // 2 + 1
         cdef PathElement* path
+        cdef uint8_t* right
+        cdef int failed[1]
         cdef double* phi
         cdef double[:, :, ::1] out
         if X.shape[1] != nf:
@@ -228,24 +298,135 @@ cdef class Explainer:
         out = result
         if n == 0:
             return result
+        failed[0] = 0
         with nogil, parallel(num_threads=max(n_threads, 1)):
             path = <PathElement*>malloc(scratch * sizeof(PathElement))
-            if path != NULL:
+            right = <uint8_t*>malloc(self.max_nodes + 1)
+            if path == NULL or right == NULL:
+                failed[0] = 1
+            else:
                 for r in prange(n, schedule="static"):
                     phi = &out[r, 0, 0]
                     for t in range(self.n_trees):
                         o = self.T.group[t]
                         if o < 0:
                             o = 0  # vector leaves: every output, from output 0 on
-                        if method == METHOD_TREESHAP:
+                        if method == METHOD_TREESHAP and \
+                                self.T.table_leaf[t] < self.T.table_leaf[t + 1]:
+                            table_shap(&self.T, t, &X[r, 0], phi + o * stride, stride, right)
+                        elif method == METHOD_TREESHAP:
                             tree_shap(&self.T, self.T.start[t], 0, &X[r, 0], phi + o * stride,
                                       stride, path, 0, 1.0, 1.0, -1)
                         else:
                             saabas(&self.T, self.T.start[t], &X[r, 0], phi + o * stride, stride)
-                free(path)
+            free(path)
+            free(right)
+        if failed[0]:
+            raise MemoryError("no memory for the attribution scratch")
         result[:, :, :nf] /= self.divisor
         result[:, :, nf] = self.bias
         return result
+
+
+cdef void fill_leaf_table(int32_t d, const double* z, double* out) noexcept:
+    """The 2^d x d coefficients of one leaf (module docstring): out[A * d + k]."""
+    cdef int32_t A, k, j, m, size, B
+    cdef double w[TABLE_MAX_D + 1]
+    cdef double e[TABLE_MAX_D + 1]
+    cdef double outside, total, fact_d = 1.0
+    cdef double fact[TABLE_MAX_D + 1]
+    fact[0] = 1.0
+    for j in range(1, d + 1):
+        fact[j] = fact[j - 1] * j
+    for j in range(d):  # w(s, d) = s! (d - s - 1)! / d!
+        w[j] = fact[j] * fact[d - j - 1] / fact[d]
+    for A in range(1 << d):
+        for k in range(d):
+            B = A & ~(1 << k)
+            outside = 1.0
+            e[0] = 1.0
+            size = 0
+            for j in range(d):
+                if j == k:
+                    continue
+                if B & (1 << j):  # elementary symmetric sums of the z in B
+                    size += 1
+                    e[size] = 0.0
+                    m = size
+                    while m >= 1:
+                        e[m] += z[j] * e[m - 1]
+                        m -= 1
+                else:
+                    outside *= z[j]
+            total = 0.0
+            for m in range(size + 1):
+                total += w[size - m] * e[m]
+            total *= outside
+            out[A * d + k] = (1.0 - z[k]) * total if A & (1 << k) else -z[k] * total
+
+
+def _tables(const int64_t[::1] start, const int32_t[::1] feature,
+            const int32_t[:, ::1] child, const double[::1] cover):
+    """The leaf tables of every tree whose leaves have at most TABLE_MAX_D distinct features
+    on their path, while the model's tables stay under TABLE_MAX_DOUBLES."""
+    cdef int64_t t, lo, node, split, q, n_tab = 0
+    cdef int32_t d, k, f
+    cdef double z[TABLE_MAX_D]
+    cdef double[::1] tv
+    table_leaf = np.zeros(start.shape[0], dtype=np.int64)
+    leaf_node, leaf_d, leaf_p, leaf_path, leaf_feat, leaf_table = [], [], [], [], [], []
+    path_node, path_bit, feats, tables = [], [], [], []
+    for t in range(start.shape[0] - 1):
+        lo = start[t]
+        leaves = []  # (leaf node, [(node, right, feature)])
+        stack = [(lo, [])]
+        fits = True
+        while stack and fits:
+            node, path = stack.pop()
+            if feature[node] < 0:
+                if len({p[2] for p in path}) > TABLE_MAX_D:
+                    fits = False
+                leaves.append((node, path))
+                continue
+            stack.append((lo + child[node, 1], path + [(node, 1, feature[node])]))
+            stack.append((lo + child[node, 0], path + [(node, 0, feature[node])]))
+        size = sum((1 << len({p[2] for p in path})) * len({p[2] for p in path})
+                   for _, path in leaves) if fits else 0
+        if not fits or n_tab + size > TABLE_MAX_DOUBLES:
+            table_leaf[t + 1] = len(leaf_node)  # no table leaves: Algorithm 2
+            continue
+        for node, path in leaves:
+            order = list(dict.fromkeys(p[2] for p in path))  # features, first seen first
+            d = len(order)
+            index = {f: i for i, f in enumerate(order)}
+            for k in range(d):
+                z[k] = 1.0
+            for entry in path:
+                split, k = entry[0], index[entry[2]]
+                z[k] *= cover[lo + child[split, <int32_t>entry[1]]] / cover[split]
+            tv = np.empty(max((1 << d) * d, 1), dtype=np.float64)
+            if d:
+                fill_leaf_table(d, z, &tv[0])
+            leaf_node.append(node)
+            leaf_d.append(d)
+            leaf_p.append(len(path))
+            leaf_path.append(len(path_node))
+            leaf_feat.append(len(feats))
+            leaf_table.append(n_tab)
+            for (pn, rt, f) in path:
+                path_node.append(pn)
+                path_bit.append(index[f] * 2 + rt)
+            feats.extend(order)
+            tables.append(np.asarray(tv)[:(1 << d) * d])
+            n_tab += (1 << d) * d
+        table_leaf[t + 1] = len(leaf_node)
+    return (table_leaf, np.asarray(leaf_node, dtype=np.int64),
+            np.asarray(leaf_d, dtype=np.int32), np.asarray(leaf_p, dtype=np.int32),
+            np.asarray(leaf_path, dtype=np.int64), np.asarray(leaf_feat, dtype=np.int64),
+            np.asarray(leaf_table, dtype=np.int64),
+            np.asarray(path_node or [0], dtype=np.int64),
+            np.asarray(path_bit or [0], dtype=np.int32), np.asarray(feats or [0], dtype=np.int32),
+            np.concatenate(tables) if tables else np.zeros(1, dtype=np.float64))
 
 
 def _means(const int64_t[::1] start, const int32_t[::1] feature, const int32_t[:, ::1] child,

@@ -45,6 +45,12 @@ class BatchStats:
     shadow_pairs: np.ndarray | None = None
     shadow_diffs: list = field(default_factory=list)
     shadow_errors: int = 0
+    # reason codes (scoring.explain): the highest-scored explained rows, (score, feature
+    # indices, attributions, bias), at most TOP_REASONS
+    top_reasons: list = field(default_factory=list)
+
+
+TOP_REASONS = 5  # explained rows the run summary shows
 
 
 @dataclass
@@ -423,8 +429,23 @@ def _account(stats: BatchStats, r, rows: np.ndarray | None = None) -> None:
         if n:
             stats.decisions[band] += n
     stats.scores.append((score, work))
+    if r.reason_feature is not None:
+        explained = r.reason_feature[:, 0] >= 0
+        if rows is not None:
+            explained &= rows
+        idx = np.flatnonzero(explained)
+        idx = idx[np.argsort(-r.score[idx], kind="stable")[:TOP_REASONS]]
+        _keep_top(stats.top_reasons, [(float(r.score[i]), r.reason_feature[i].tolist(),
+                                       r.reason_value[i].tolist(), float(r.reason_bias[i]))
+                                      for i in idx])
     stats.audit_rows += r.audit_rows
     stats.audit_disagreements += r.audit_disagreements
+
+
+def _keep_top(into: list, more: list) -> None:
+    """The TOP_REASONS highest-scored of both lists, into ``into``."""
+    if more:
+        into[:] = sorted(into + more, key=lambda t: -t[0])[:TOP_REASONS]
 
 
 def _add_scored(into: BatchStats, other: BatchStats) -> None:
@@ -444,6 +465,7 @@ def _add_scored(into: BatchStats, other: BatchStats) -> None:
             into.shadow_pairs + other.shadow_pairs
     into.shadow_diffs.extend(other.shadow_diffs)
     into.shadow_errors += other.shadow_errors
+    _keep_top(into.top_reasons, other.top_reasons)
 
 
 class Worker:
@@ -1099,6 +1121,20 @@ def _print_summary(settings: Settings, model: CompiledModel, worker: Worker, ela
     s, note = summary_of_run(t.rows, t.messages, elapsed, model.work_total, t.work_units,
                              settings.scoring.thresholds, t.stop_reasons, t.decisions,
                              sum(t.dead.values()), worker.sample, png)
-    Console(stderr=False).print(s.table())
+    console = Console(stderr=False)
+    console.print(s.table())
+    if t.top_reasons:
+        from rich.table import Table
+
+        table = Table(title="highest scores and their reasons "
+                            f"({settings.scoring.explain.method}, margin space)")
+        for col in ("score", "top reasons (feature: attribution)", "bias"):
+            table.add_column(col)
+        for score, feats, values, bias in t.top_reasons:
+            table.add_row(f"{score:.4f}", ", ".join(
+                f"{model.feature_names[f]}: {v:+.3f}" for f, v in zip(feats, values,
+                                                                       strict=True)),
+                f"{bias:+.3f}")
+        console.print(table)
     if note:
         print(note)

@@ -157,6 +157,9 @@ def check(data: bytes, path) -> str:
     model.raw(X[:1], n_threads=1)
     model.raw(X, n_threads=2)
     model.raw(pa.table({n: X[:, j] for j, n in enumerate(model.feature_names)}), n_threads=1)
+    if "x_tree" in model.arrays:  # the trees the attributions walk (node covers)
+        for method in ("treeshap", "path"):
+            model.contributions(X, method, n_threads=2)
     policies = ["certified", "lazyrf" if model.link == "vote" else "lazygbm"]
     for lazy in policies:
         try:
