@@ -27,13 +27,14 @@ leaf, its path's bit tests and d additions, instead of O(d^2) divisions per leaf
 cimport cython
 from cython.parallel cimport parallel, prange
 from libc.math cimport isnan
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
 
 cdef enum:
+    BLOCK = 32                      # rows that walk one tree before the next
     TABLE_MAX_D = 6                 # distinct features on a leaf's path for the table
     TABLE_MAX_DOUBLES = 8 << 20     # the tables of one model (64 MB)
 
@@ -74,6 +75,11 @@ ctypedef struct Trees:
     const int32_t* path_bit     # (bit of the split's feature among the leaf's d) * 2 + right
     const int32_t* feat
     const double* table
+    # trees of at most 64 nodes: per leaf and path feature, the nodes splitting on it (bits of
+    # their tree-local index) and the directions the path takes there (set: right)
+    const uint8_t* small        # per tree: 1 when its patterns use these masks
+    const uint64_t* feat_nodes
+    const uint64_t* feat_right
 
 
 cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
@@ -177,21 +183,39 @@ cdef void tree_shap(const Trees* T, int64_t base, int64_t node, const float* x, 
 cdef void table_shap(const Trees* T, int64_t t, const float* x, double* phi,
                      int32_t out_stride, uint8_t* right) noexcept nogil:
     """One shallow tree by its leaf tables; ``right`` scratch of the tree's node count."""
-    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i, l, q, g
+    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i, l, q, g, f0
     cdef int32_t d, mask, k, o, b
+    cdef uint64_t R = 0
     cdef const double* tbl
     cdef double v
-    for i in range(n):
-        if T.feature[base + i] >= 0:
-            right[i] = next_node(T, base, i, x) == T.child[2 * (base + i) + 1]
+    if T.small[t]:
+        for i in range(n):
+            if T.feature[base + i] >= 0 and \
+                    next_node(T, base, i, x) == T.child[2 * (base + i) + 1]:
+                R |= (<uint64_t>1) << i
+    else:
+        for i in range(n):
+            if T.feature[base + i] >= 0:
+                right[i] = next_node(T, base, i, x) == T.child[2 * (base + i) + 1]
     for l in range(T.table_leaf[t], T.table_leaf[t + 1]):
         d = T.leaf_d[l]
-        mask = (1 << d) - 1
-        for q in range(T.leaf_path[l], T.leaf_path[l] + T.leaf_p[l]):
-            b = T.path_bit[q]
-            if right[T.path_node[q] - base] != (b & 1):
-                mask &= ~(1 << (b >> 1))
+        if T.small[t]:  # feature k followed: every split on it goes the path's way
+            mask = 0
+            f0 = T.leaf_feat[l]
+            for k in range(d):
+                if ((R ^ T.feat_right[f0 + k]) & T.feat_nodes[f0 + k]) == 0:
+                    mask |= 1 << k
+        else:
+            mask = (1 << d) - 1
+            for q in range(T.leaf_path[l], T.leaf_path[l] + T.leaf_p[l]):
+                b = T.path_bit[q]
+                if right[T.path_node[q] - base] != (b & 1):
+                    mask &= ~(1 << (b >> 1))
         tbl = T.table + T.leaf_table[l] + <int64_t>mask * d
+        if T.width == 1:  # the table holds the coefficients times the leaf value
+            for k in range(d):
+                phi[T.feat[T.leaf_feat[l] + k]] += tbl[k]
+            continue
         g = T.leaf_node[l]
         for o in range(T.width):
             v = T.value[g * T.width + o]
@@ -238,11 +262,11 @@ cdef class Explainer:
         mean = value.copy()
         depth = np.zeros(feature.shape[0], dtype=np.int32)
         self.max_depth = _means(start, feature, child, cover, mean, depth, width)
-        tables = _tables(start, feature, child, cover)
+        tables = _tables(start, feature, child, cover, value)
         self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
                       tables)
         (table_leaf, leaf_node, leaf_d, leaf_p, leaf_path, leaf_feat, leaf_table, path_node,
-         path_bit, feat, table) = tables
+         path_bit, feat, table, small, feat_nodes, feat_right) = tables
         self.T.table_leaf = <const int64_t*><Py_ssize_t>table_leaf.ctypes.data
         self.T.leaf_node = <const int64_t*><Py_ssize_t>leaf_node.ctypes.data
         self.T.leaf_d = <const int32_t*><Py_ssize_t>leaf_d.ctypes.data
@@ -254,6 +278,9 @@ cdef class Explainer:
         self.T.path_bit = <const int32_t*><Py_ssize_t>path_bit.ctypes.data
         self.T.feat = <const int32_t*><Py_ssize_t>feat.ctypes.data
         self.T.table = <const double*><Py_ssize_t>table.ctypes.data
+        self.T.small = <const uint8_t*><Py_ssize_t>small.ctypes.data
+        self.T.feat_nodes = <const uint64_t*><Py_ssize_t>feat_nodes.ctypes.data
+        self.T.feat_right = <const uint64_t*><Py_ssize_t>feat_right.ctypes.data
         self.max_nodes = int(np.max(np.diff(start)))
         self.tabled = int(np.sum(table_leaf[1:] > table_leaf[:len(table_leaf) - 1]))
         self.T.start = <const int64_t*><Py_ssize_t>start.ctypes.data
@@ -282,7 +309,8 @@ cdef class Explainer:
     @cython.wraparound(False)
     def contributions(self, const float[:, ::1] X, int method, int n_threads=1):
         """(rows, outputs, features + 1) float64: each feature's attribution, then the bias."""
-        cdef int64_t n = X.shape[0], r, t
+        cdef int64_t n = X.shape[0], r, t, blk, r0, r1
+        cdef int64_t n_blocks = (X.shape[0] + BLOCK - 1) // BLOCK
         cdef int32_t nf = self.T.n_features, G = self.T.n_outputs, stride = nf + 1, o
         cdef int64_t scratch = (self.max_depth + 2) * (self.max_depth + 3) // 2 + 1
         cdef PathElement* path
@@ -305,20 +333,26 @@ cdef class Explainer:
             if path == NULL or right == NULL:
                 failed[0] = 1
             else:
-                for r in prange(n, schedule="static"):
-                    phi = &out[r, 0, 0]
+                # trees outer, rows inner within a block: one tree's nodes and leaf tables
+                # stay in cache while the block's rows walk it (the tables of a model are
+                # megabytes; row by row, every leaf's lookup missed L2)
+                for blk in prange(n_blocks, schedule="dynamic"):
+                    r0 = blk * BLOCK
+                    r1 = min(r0 + BLOCK, n)
                     for t in range(self.n_trees):
                         o = self.T.group[t]
                         if o < 0:
                             o = 0  # vector leaves: every output, from output 0 on
-                        if method == METHOD_TREESHAP and \
-                                self.T.table_leaf[t] < self.T.table_leaf[t + 1]:
-                            table_shap(&self.T, t, &X[r, 0], phi + o * stride, stride, right)
-                        elif method == METHOD_TREESHAP:
-                            tree_shap(&self.T, self.T.start[t], 0, &X[r, 0], phi + o * stride,
-                                      stride, path, 0, 1.0, 1.0, -1)
-                        else:
-                            saabas(&self.T, self.T.start[t], &X[r, 0], phi + o * stride, stride)
+                        for r in range(r0, r1):
+                            phi = &out[r, o, 0]
+                            if method == METHOD_TREESHAP and \
+                                    self.T.table_leaf[t] < self.T.table_leaf[t + 1]:
+                                table_shap(&self.T, t, &X[r, 0], phi, stride, right)
+                            elif method == METHOD_TREESHAP:
+                                tree_shap(&self.T, self.T.start[t], 0, &X[r, 0], phi,
+                                          stride, path, 0, 1.0, 1.0, -1)
+                            else:
+                                saabas(&self.T, self.T.start[t], &X[r, 0], phi, stride)
             free(path)
             free(right)
         if failed[0]:
@@ -366,7 +400,7 @@ cdef void fill_leaf_table(int32_t d, const double* z, double* out) noexcept:
 
 
 def _tables(const int64_t[::1] start, const int32_t[::1] feature,
-            const int32_t[:, ::1] child, const double[::1] cover):
+            const int32_t[:, ::1] child, const double[::1] cover, const double[:, ::1] value):
     """The leaf tables of every tree whose leaves have at most TABLE_MAX_D distinct features
     on their path, while the model's tables stay under TABLE_MAX_DOUBLES."""
     cdef int64_t t, lo, node, split, q, n_tab = 0
@@ -376,6 +410,8 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
     table_leaf = np.zeros(start.shape[0], dtype=np.int64)
     leaf_node, leaf_d, leaf_p, leaf_path, leaf_feat, leaf_table = [], [], [], [], [], []
     path_node, path_bit, feats, tables = [], [], [], []
+    small = np.zeros(max(start.shape[0] - 1, 1), dtype=np.uint8)
+    feat_nodes, feat_right = [], []
     for t in range(start.shape[0] - 1):
         lo = start[t]
         leaves = []  # (leaf node, [(node, right, feature)])
@@ -407,6 +443,9 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
             tv = np.empty(max((1 << d) * d, 1), dtype=np.float64)
             if d:
                 fill_leaf_table(d, z, &tv[0])
+                if value.shape[1] == 1:  # one value per leaf: folded into its coefficients
+                    for k in range((1 << d) * d):
+                        tv[k] *= value[node, 0]
             leaf_node.append(node)
             leaf_d.append(d)
             leaf_p.append(len(path))
@@ -417,16 +456,26 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
                 path_node.append(pn)
                 path_bit.append(index[f] * 2 + rt)
             feats.extend(order)
+            nodes_of, right_of = [0] * d, [0] * d
+            if start[t + 1] - lo <= 64:
+                for (pn, rt, f) in path:
+                    nodes_of[index[f]] |= 1 << (pn - lo)
+                    right_of[index[f]] |= rt << (pn - lo)
+            feat_nodes.extend(nodes_of)
+            feat_right.extend(right_of)
             tables.append(np.asarray(tv)[:(1 << d) * d])
             n_tab += (1 << d) * d
         table_leaf[t + 1] = len(leaf_node)
+        small[t] = start[t + 1] - lo <= 64
     return (table_leaf, np.asarray(leaf_node, dtype=np.int64),
             np.asarray(leaf_d, dtype=np.int32), np.asarray(leaf_p, dtype=np.int32),
             np.asarray(leaf_path, dtype=np.int64), np.asarray(leaf_feat, dtype=np.int64),
             np.asarray(leaf_table, dtype=np.int64),
             np.asarray(path_node or [0], dtype=np.int64),
             np.asarray(path_bit or [0], dtype=np.int32), np.asarray(feats or [0], dtype=np.int32),
-            np.concatenate(tables) if tables else np.zeros(1, dtype=np.float64))
+            np.concatenate(tables) if tables else np.zeros(1, dtype=np.float64), small,
+            np.asarray(feat_nodes or [0], dtype=np.uint64),
+            np.asarray(feat_right or [0], dtype=np.uint64))
 
 
 def _means(const int64_t[::1] start, const int32_t[::1] feature, const int32_t[:, ::1] child,

@@ -246,3 +246,20 @@ def test_score_command_writes_reason_codes(tmp_path):
     top = np.argsort(-np.abs(phi[:, :-1]), axis=1, kind="stable")[:, :2]
     assert out.column("reason_feature").to_pylist() == \
         [[model.feature_names[j] for j in row] for row in top]
+
+
+def test_shallow_forest_with_vector_leaves_is_shaps():
+    # depth 4: every tree takes the leaf tables, each leaf holding one value per class
+    import shap
+    from sklearn.ensemble import RandomForestClassifier
+
+    X, _, y3, _ = M.training_data(seed=4, n=600)
+    est = RandomForestClassifier(n_estimators=10, max_depth=4, random_state=0).fit(X, y3)
+    model = worker.compile_model(est)
+    rows = M.hostile_rows(150, M.sklearn_thresholds(est), seed=12, inf=False)
+    ours = model.contributions(rows, n_threads=2)
+    assert model._explainer.tabled == 10
+    ref = np.asarray(shap.TreeExplainer(est, feature_perturbation="tree_path_dependent")
+                     .shap_values(rows.astype(np.float64), check_additivity=False))
+    np.testing.assert_allclose(ours[:, :, :-1], np.transpose(ref, (0, 2, 1)), atol=1e-9, rtol=0)
+    np.testing.assert_allclose(ours.sum(axis=-1), model.raw(rows), atol=1e-9, rtol=0)
