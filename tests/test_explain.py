@@ -204,8 +204,10 @@ def test_the_worker_publishes_reason_columns(tmp_path):
         recs.append(Record("in", 0, i, b"k", sink.getvalue().to_pybytes(), 1, []))
     for rec in recs[:1]:
         pipe.process([(rec, pipe.decode(rec))])  # the schema cached: the rest read in C
-    out, dead, _ = pipe.process([(r, pipe.decode(r)) for r in recs])
-    assert not dead and len(out) == 4
+    out, dead, stats = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead and len(out) == 4 and stats.explained == 40
+    assert len(stats.top_reasons) == 5
+    assert stats.top_reasons[0][0] == max(t[0] for t in stats.top_reasons)
     got = pa.concat_tables([pa.ipc.open_stream(o.value).read_all() for o in out])
     got.validate(full=True)
     X = np.column_stack([table.column(f).to_numpy(zero_copy_only=False).astype(np.float32)
@@ -263,3 +265,37 @@ def test_shallow_forest_with_vector_leaves_is_shaps():
                      .shap_values(rows.astype(np.float64), check_additivity=False))
     np.testing.assert_allclose(ours[:, :, :-1], np.transpose(ref, (0, 2, 1)), atol=1e-9, rtol=0)
     np.testing.assert_allclose(ours.sum(axis=-1), model.raw(rows), atol=1e-9, rtol=0)
+
+
+def test_the_run_counts_explained_rows(tmp_path):
+    import pyarrow as pa
+
+    from worker import demo
+    from worker.app import Worker
+    from worker.config import load_settings
+    from worker.io.files import FileSink, FileSource
+    from worker.io.records import Record, read_records, write_records
+
+    art = tmp_path / "demo.model"
+    worker.compile_model(demo.train_xgboost(demo.generate(3000, seed=1), rounds=20)).save(art)
+    table = demo.generate(300, seed=5).select([demo.ID_COLUMN, *demo.FEATURES])
+    write_records(tmp_path / "in.arrows", [
+        Record("in", 0, i, None, demo.arrow_stream(table.slice(30 * i, 30)), 1, [])
+        for i in range(10)])
+    settings = load_settings(None, model={"path": str(art)},
+                             source={"type": "file", "path": str(tmp_path / "in.arrows")},
+                             scoring={"threads": 1, "thresholds": [0.5],
+                                      "explain": {"method": "path", "min_score": 0.5}})
+    model = worker.load_model(art)
+    w = Worker(settings, model, FileSource(tmp_path / "in.arrows"),
+               FileSink(tmp_path / "o.arrows", tmp_path / "d.arrows"))
+    assert w.run() == 0
+    w.sink.close()
+    X = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in
+                         model.feature_names]).astype(np.float32)
+    flagged = int((model.predict_proba(X)[:, 1] >= 0.5).sum())
+    assert flagged > 0
+    got = w.metrics.registry.get_sample_value("scoring_explained_rows_total")
+    assert got == flagged == w.totals.explained
+    first = next(read_records(tmp_path / "o.arrows"))
+    assert pa.types.is_list(pa.ipc.open_stream(first.value).schema.field("reason_feature").type)

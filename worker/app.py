@@ -36,6 +36,7 @@ class BatchStats:
     dead: Tally = field(default_factory=Tally)
     audit_rows: int = 0
     audit_disagreements: int = 0
+    explained: int = 0  # rows published with reason codes
     kernel_s: float = 0.0
     # this batch's published (score, work units) arrays, for the run's bounded sample
     scores: list = field(default_factory=list)
@@ -434,6 +435,7 @@ def _account(stats: BatchStats, r, rows: np.ndarray | None = None) -> None:
         if rows is not None:
             explained &= rows
         idx = np.flatnonzero(explained)
+        stats.explained += idx.size
         idx = idx[np.argsort(-r.score[idx], kind="stable")[:TOP_REASONS]]
         _keep_top(stats.top_reasons, [(float(r.score[i]), r.reason_feature[i].tolist(),
                                        r.reason_value[i].tolist(), float(r.reason_bias[i]))
@@ -457,6 +459,7 @@ def _add_scored(into: BatchStats, other: BatchStats) -> None:
     into.decisions.update(other.decisions)
     into.audit_rows += other.audit_rows
     into.audit_disagreements += other.audit_disagreements
+    into.explained += other.explained
     into.kernel_s += other.kernel_s
     into.scores.extend(other.scores)
     into.shadow_kernel_s += other.shadow_kernel_s
@@ -801,6 +804,8 @@ class Worker:
             m.stop_reasons.labels(reason).inc(n)
         m.audit_rows.inc(stats.audit_rows)
         m.audit_disagreements.inc(stats.audit_disagreements)
+        if stats.explained:
+            m.explained_rows.inc(stats.explained)
         stamps = np.fromiter((rec.timestamp_ms for rec in batch), dtype=np.float64,
                              count=len(batch))
         stamps = stamps[stamps > 0]

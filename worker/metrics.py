@@ -66,6 +66,8 @@ class Metrics:
                                   "fidelity audit", registry=r)
         self.audit_disagreements = Counter("scoring_audit_disagreements", "Audited rows whose "
                                            "decision differs from full evaluation", registry=r)
+        self.explained_rows = Counter("scoring_explained_rows", "Rows published with reason "
+                                      "codes (scoring.explain)", registry=r)
         self.transactions_aborted = Counter("scoring_transactions_aborted", "Aborted "
                                             "transactions (batch reprocessed)", registry=r)
         self.consumer_lag = Gauge("scoring_consumer_lag", "High watermark minus position",
