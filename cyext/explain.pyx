@@ -37,6 +37,13 @@ cdef enum:
     BLOCK = 32                      # rows that walk one tree before the next
     TABLE_MAX_D = 6                 # distinct features on a leaf's path for the table
     TABLE_MAX_DOUBLES = 8 << 20     # the tables of one model (64 MB)
+    QUAD_MAX_D = 64                 # distinct features on a leaf's path for the quadrature
+    QUAD_MAX_Q = 32                 # its quadrature points (QUAD_MAX_D / 2)
+    QUAD_CELLS = 2048               # QUAD_MAX_D x QUAD_MAX_Q
+    QUAD_MAX_ENTRIES = 16 << 20     # path entries of the leaves of one model
+    MODE_RECURSIVE = 0              # Algorithm 2
+    MODE_TABLE = 1
+    MODE_QUADRATURE = 2
 
 cpdef enum Method:
     METHOD_TREESHAP = 0
@@ -77,6 +84,10 @@ ctypedef struct Trees:
     const double* table
     # trees of at most 64 nodes: per leaf and path feature, the nodes splitting on it (bits of
     # their tree-local index) and the directions the path takes there (set: right)
+    const uint8_t* mode         # per tree: MODE_*
+    const double* leaf_z        # per leaf and path feature (as feat): its cover fraction
+    const double* gl_t          # Gauss-Legendre nodes on [0, 1], for Q = 1, 2, ... points:
+    const double* gl_w          # Q (Q - 1) / 2 onwards, and their weights
     const uint8_t* small        # per tree: 1 when its patterns use these masks
     const uint64_t* feat_nodes
     const uint64_t* feat_right
@@ -180,11 +191,12 @@ cdef void tree_shap(const Trees* T, int64_t base, int64_t node, const float* x, 
               T.cover[base + cold] / w * inc_zero, 0.0, split)
 
 
-cdef void table_shap(const Trees* T, int64_t t, const float* x, double* phi,
-                     int32_t out_stride, uint8_t* right) noexcept nogil:
-    """One shallow tree by its leaf tables; ``right`` scratch of the tree's node count."""
-    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i, l, q, g, f0
-    cdef int32_t d, mask, k, o, b
+cdef void leaf_shap(const Trees* T, int64_t t, const float* x, double* phi,
+                    int32_t out_stride, uint8_t* right) noexcept nogil:
+    """One tree leaf by leaf (its mode: tables or quadrature); ``right`` scratch of the
+    tree's node count."""
+    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i, l, q, g, f0, mask
+    cdef int32_t d, k, o, b
     cdef uint64_t R = 0
     cdef const double* tbl
     cdef double v
@@ -204,13 +216,18 @@ cdef void table_shap(const Trees* T, int64_t t, const float* x, double* phi,
             f0 = T.leaf_feat[l]
             for k in range(d):
                 if ((R ^ T.feat_right[f0 + k]) & T.feat_nodes[f0 + k]) == 0:
-                    mask |= 1 << k
+                    mask |= (<int64_t>1) << k
         else:
-            mask = (1 << d) - 1
+            mask = -1  # every bit: d may be 64
             for q in range(T.leaf_path[l], T.leaf_path[l] + T.leaf_p[l]):
                 b = T.path_bit[q]
                 if right[T.path_node[q] - base] != (b & 1):
-                    mask &= ~(1 << (b >> 1))
+                    mask &= ~((<int64_t>1) << (b >> 1))
+        if d < 64:
+            mask &= ((<int64_t>1) << d) - 1
+        if T.mode[t] == MODE_QUADRATURE:
+            quadrature_leaf(T, l, d, mask, phi, out_stride)
+            continue
         tbl = T.table + T.leaf_table[l] + <int64_t>mask * d
         if T.width == 1:  # the table holds the coefficients times the leaf value
             for k in range(d):
@@ -221,6 +238,53 @@ cdef void table_shap(const Trees* T, int64_t t, const float* x, double* phi,
             v = T.value[g * T.width + o]
             for k in range(d):
                 phi[o * out_stride + T.feat[T.leaf_feat[l] + k]] += tbl[k] * v
+
+
+cdef void quadrature_leaf(const Trees* T, int64_t l, int32_t d, int64_t mask, double* phi,
+                          int32_t out_stride) noexcept nogil:
+    """One leaf: feature k gets v (o_k - z_k) times the integral over [0, 1] of
+    prod_{j != k} (z_j (1 - t) + o_j t), a polynomial of degree d - 1, so Gauss-Legendre with
+    ceil(d / 2) points is exact (the weights w(s, d) are Beta integrals of t^s (1-t)^(d-1-s)).
+    Quadrature points innermost: short loops the compiler vectorises."""
+    cdef double h[QUAD_CELLS]    # h[k * Q + q]
+    cdef double pre[QUAD_CELLS]  # prod_{j < k} h_j at point q
+    cdef double run[QUAD_MAX_Q]
+    cdef double acc[QUAD_MAX_D]
+    cdef int32_t Q, k, q, o
+    cdef int64_t g0 = T.leaf_feat[l], g = T.leaf_node[l], base
+    cdef const double* tq
+    cdef const double* wq
+    cdef double zk, ok, a, v
+    if d == 0:
+        return
+    Q = (d + 1) // 2
+    base = <int64_t>Q * (Q - 1) // 2
+    tq = T.gl_t + base
+    wq = T.gl_w + base
+    for q in range(Q):
+        run[q] = 1.0
+    for k in range(d):
+        zk = T.leaf_z[g0 + k]
+        ok = 1.0 if (mask >> k) & 1 else 0.0
+        for q in range(Q):
+            h[k * Q + q] = zk + (ok - zk) * tq[q]
+            pre[k * Q + q] = run[q]
+            run[q] *= h[k * Q + q]
+    for q in range(Q):
+        run[q] = wq[q]  # from here: the weight times prod_{j > k} h_j
+    k = d - 1
+    while k >= 0:
+        a = 0.0
+        for q in range(Q):
+            a += pre[k * Q + q] * run[q]
+            run[q] *= h[k * Q + q]
+        acc[k] = a
+        k -= 1
+    for o in range(T.width):
+        v = T.value[g * T.width + o]
+        for k in range(d):
+            ok = 1.0 if (mask >> k) & 1 else 0.0
+            phi[o * out_stride + T.feat[g0 + k]] += v * (ok - T.leaf_z[g0 + k]) * acc[k]
 
 
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
@@ -242,6 +306,7 @@ cdef class Explainer:
     cdef Trees T
     cdef int64_t n_trees, max_nodes
     cdef readonly int64_t tabled  # trees explained by their leaf tables
+    cdef readonly int64_t quadrature  # trees explained leaf by leaf by quadrature
     cdef int32_t max_depth
     cdef double divisor
     cdef object _keep
@@ -265,24 +330,28 @@ cdef class Explainer:
         tables = _tables(start, feature, child, cover, value)
         self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
                       tables)
-        (table_leaf, leaf_node, leaf_d, leaf_p, leaf_path, leaf_feat, leaf_table, path_node,
-         path_bit, feat, table, small, feat_nodes, feat_right) = tables
-        self.T.table_leaf = <const int64_t*><Py_ssize_t>table_leaf.ctypes.data
-        self.T.leaf_node = <const int64_t*><Py_ssize_t>leaf_node.ctypes.data
-        self.T.leaf_d = <const int32_t*><Py_ssize_t>leaf_d.ctypes.data
-        self.T.leaf_p = <const int32_t*><Py_ssize_t>leaf_p.ctypes.data
-        self.T.leaf_path = <const int64_t*><Py_ssize_t>leaf_path.ctypes.data
-        self.T.leaf_feat = <const int64_t*><Py_ssize_t>leaf_feat.ctypes.data
-        self.T.leaf_table = <const int64_t*><Py_ssize_t>leaf_table.ctypes.data
-        self.T.path_node = <const int64_t*><Py_ssize_t>path_node.ctypes.data
-        self.T.path_bit = <const int32_t*><Py_ssize_t>path_bit.ctypes.data
-        self.T.feat = <const int32_t*><Py_ssize_t>feat.ctypes.data
-        self.T.table = <const double*><Py_ssize_t>table.ctypes.data
-        self.T.small = <const uint8_t*><Py_ssize_t>small.ctypes.data
-        self.T.feat_nodes = <const uint64_t*><Py_ssize_t>feat_nodes.ctypes.data
-        self.T.feat_right = <const uint64_t*><Py_ssize_t>feat_right.ctypes.data
+        tb = tables
+        self.T.table_leaf = <const int64_t*><Py_ssize_t>tb["table_leaf"].ctypes.data
+        self.T.mode = <const uint8_t*><Py_ssize_t>tb["mode"].ctypes.data
+        self.T.small = <const uint8_t*><Py_ssize_t>tb["small"].ctypes.data
+        self.T.leaf_node = <const int64_t*><Py_ssize_t>tb["leaf_node"].ctypes.data
+        self.T.leaf_d = <const int32_t*><Py_ssize_t>tb["leaf_d"].ctypes.data
+        self.T.leaf_p = <const int32_t*><Py_ssize_t>tb["leaf_p"].ctypes.data
+        self.T.leaf_path = <const int64_t*><Py_ssize_t>tb["leaf_path"].ctypes.data
+        self.T.leaf_feat = <const int64_t*><Py_ssize_t>tb["leaf_feat"].ctypes.data
+        self.T.leaf_table = <const int64_t*><Py_ssize_t>tb["leaf_table"].ctypes.data
+        self.T.path_node = <const int64_t*><Py_ssize_t>tb["path_node"].ctypes.data
+        self.T.path_bit = <const int32_t*><Py_ssize_t>tb["path_bit"].ctypes.data
+        self.T.feat = <const int32_t*><Py_ssize_t>tb["feat"].ctypes.data
+        self.T.leaf_z = <const double*><Py_ssize_t>tb["leaf_z"].ctypes.data
+        self.T.table = <const double*><Py_ssize_t>tb["table"].ctypes.data
+        self.T.feat_nodes = <const uint64_t*><Py_ssize_t>tb["feat_nodes"].ctypes.data
+        self.T.feat_right = <const uint64_t*><Py_ssize_t>tb["feat_right"].ctypes.data
+        self.T.gl_t = <const double*><Py_ssize_t>tb["gl_t"].ctypes.data
+        self.T.gl_w = <const double*><Py_ssize_t>tb["gl_w"].ctypes.data
         self.max_nodes = int(np.max(np.diff(start)))
-        self.tabled = int(np.sum(table_leaf[1:] > table_leaf[:len(table_leaf) - 1]))
+        self.tabled = int(np.sum(tb["mode"][:self.n_trees] == MODE_TABLE))
+        self.quadrature = int(np.sum(tb["mode"][:self.n_trees] == MODE_QUADRATURE))
         self.T.start = <const int64_t*><Py_ssize_t>start.ctypes.data
         self.T.feature = <const int32_t*><Py_ssize_t>feature.ctypes.data
         self.T.threshold = <const float*><Py_ssize_t>threshold.ctypes.data
@@ -346,8 +415,8 @@ cdef class Explainer:
                         for r in range(r0, r1):
                             phi = &out[r, o, 0]
                             if method == METHOD_TREESHAP and \
-                                    self.T.table_leaf[t] < self.T.table_leaf[t + 1]:
-                                table_shap(&self.T, t, &X[r, 0], phi, stride, right)
+                                    self.T.mode[t] != MODE_RECURSIVE:
+                                leaf_shap(&self.T, t, &X[r, 0], phi, stride, right)
                             elif method == METHOD_TREESHAP:
                                 tree_shap(&self.T, self.T.start[t], 0, &X[r, 0], phi,
                                           stride, path, 0, 1.0, 1.0, -1)
@@ -399,83 +468,169 @@ cdef void fill_leaf_table(int32_t d, const double* z, double* out) noexcept:
             out[A * d + k] = (1.0 - z[k]) * total if A & (1 << k) else -z[k] * total
 
 
+cdef int64_t _walk_leaves(int64_t lo, int64_t n, const int32_t[::1] feature,
+                          const int32_t[:, ::1] child, int64_t[::1] st_node,
+                          int64_t[::1] st_depth, int64_t[::1] path_n, int32_t[::1] path_r,
+                          int64_t[::1] stamp, int32_t[::1] slot, int64_t leaf0,
+                          int64_t* out) noexcept:
+    """Depth-first over one tree (nodes lo..lo+n). Pass 1 (``out`` not NULL): out[0] the
+    largest number of distinct features on a leaf's path, out[1] the leaves, out[2] the
+    path entries, out[3] the table doubles (sum of 2^d d, saturating). Returns 0."""
+    cdef int64_t top = 0, node, depth, i, f, leaf = leaf0, d
+    st_node[0], st_depth[0] = lo, 0
+    top = 1
+    out[0] = out[1] = out[2] = out[3] = 0
+    while top > 0:
+        top -= 1
+        node, depth = st_node[top], st_depth[top]
+        if feature[node] < 0:
+            d = 0
+            for i in range(depth):
+                f = feature[path_n[i]]
+                if stamp[f] != leaf:
+                    stamp[f] = leaf
+                    d += 1
+            leaf += 1
+            out[0] = max(out[0], d)
+            out[1] += 1
+            out[2] += depth
+            if d <= TABLE_MAX_D:
+                out[3] += (<int64_t>1 << d) * d
+            else:
+                out[3] = TABLE_MAX_DOUBLES + 1
+            continue
+        path_n[depth] = node  # children below: their path is this one plus this node
+        st_node[top], st_depth[top] = lo + child[node, 1], depth + 1
+        st_node[top + 1], st_depth[top + 1] = lo + child[node, 0], depth + 1
+        top += 2
+    return leaf
+
+
 def _tables(const int64_t[::1] start, const int32_t[::1] feature,
             const int32_t[:, ::1] child, const double[::1] cover, const double[:, ::1] value):
-    """The leaf tables of every tree whose leaves have at most TABLE_MAX_D distinct features
-    on their path, while the model's tables stay under TABLE_MAX_DOUBLES."""
-    cdef int64_t t, lo, node, split, q, n_tab = 0
-    cdef int32_t d, k, f
-    cdef double z[TABLE_MAX_D]
-    cdef double[::1] tv
+    """Each tree's leaves with their paths, and its mode: leaf tables (every leaf at most
+    TABLE_MAX_D distinct path features, while the model's tables stay under
+    TABLE_MAX_DOUBLES), else quadrature (at most QUAD_MAX_D, while the path entries stay under
+    QUAD_MAX_ENTRIES), else Algorithm 2. Typed loops: a forest of deep trees has millions of
+    path entries."""
+    cdef int64_t t, lo, n, node, depth, top, i, k, f, e, lf, ff, tb_at, leaf_id = 0
+    cdef int64_t n_tab = 0, n_entries = 0, d, node_next
+    cdef int64_t stats[4]
+    cdef int64_t n_trees = start.shape[0] - 1
+    cdef int64_t max_nodes = int(np.max(np.diff(start))) if n_trees else 1
+    cdef int64_t nfs = int(np.max(feature)) + 2 if feature.shape[0] else 2
+    cdef int64_t[::1] st_node = np.zeros(max_nodes + 2, dtype=np.int64)
+    cdef int64_t[::1] st_depth = np.zeros(max_nodes + 2, dtype=np.int64)
+    cdef int64_t[::1] path_n = np.zeros(max_nodes + 1, dtype=np.int64)
+    cdef int32_t[::1] path_r = np.zeros(max_nodes + 1, dtype=np.int32)
+    cdef int64_t[::1] stamp = np.full(nfs, -1, dtype=np.int64)
+    cdef int32_t[::1] slot = np.zeros(nfs, dtype=np.int32)
+    cdef double z[QUAD_MAX_D]
+    cdef int64_t[::1] o_node, o_path, o_feat, o_table, o_pnode
+    cdef int32_t[::1] o_d, o_p, o_pbit, o_f
+    cdef double[::1] o_z, o_tab
+    cdef uint64_t[::1] o_fn, o_fr
+    cdef uint8_t[::1] mode_v, small_v
     table_leaf = np.zeros(start.shape[0], dtype=np.int64)
-    leaf_node, leaf_d, leaf_p, leaf_path, leaf_feat, leaf_table = [], [], [], [], [], []
-    path_node, path_bit, feats, tables = [], [], [], []
-    small = np.zeros(max(start.shape[0] - 1, 1), dtype=np.uint8)
-    feat_nodes, feat_right = [], []
-    for t in range(start.shape[0] - 1):
-        lo = start[t]
-        leaves = []  # (leaf node, [(node, right, feature)])
-        stack = [(lo, [])]
-        fits = True
-        while stack and fits:
-            node, path = stack.pop()
-            if feature[node] < 0:
-                if len({p[2] for p in path}) > TABLE_MAX_D:
-                    fits = False
-                leaves.append((node, path))
-                continue
-            stack.append((lo + child[node, 1], path + [(node, 1, feature[node])]))
-            stack.append((lo + child[node, 0], path + [(node, 0, feature[node])]))
-        size = sum((1 << len({p[2] for p in path})) * len({p[2] for p in path})
-                   for _, path in leaves) if fits else 0
-        if not fits or n_tab + size > TABLE_MAX_DOUBLES:
-            table_leaf[t + 1] = len(leaf_node)  # no table leaves: Algorithm 2
+    mode = np.zeros(max(n_trees, 1), dtype=np.uint8)
+    small = np.zeros(max(n_trees, 1), dtype=np.uint8)
+    mode_v, small_v = mode, small
+    parts = []  # per tree with leaves: its arrays
+    n_leaves_total = n_feat_total = 0
+    for t in range(n_trees):
+        lo, n = start[t], start[t + 1] - start[t]
+        leaf_id = _walk_leaves(lo, n, feature, child, st_node, st_depth, path_n, path_r,
+                               stamp, slot, leaf_id, stats)
+        if stats[0] <= TABLE_MAX_D and n_tab + stats[3] <= TABLE_MAX_DOUBLES:
+            mode_v[t] = MODE_TABLE
+        elif stats[0] <= QUAD_MAX_D and n_entries + stats[2] <= QUAD_MAX_ENTRIES:
+            mode_v[t] = MODE_QUADRATURE
+        else:
+            table_leaf[t + 1] = n_leaves_total  # no leaves: Algorithm 2
             continue
-        for node, path in leaves:
-            order = list(dict.fromkeys(p[2] for p in path))  # features, first seen first
-            d = len(order)
-            index = {f: i for i, f in enumerate(order)}
+        small_v[t] = n <= 64
+        n_entries += stats[2]
+        L = stats[1]
+        o_node, o_d, o_p = np.zeros(L, np.int64), np.zeros(L, np.int32), np.zeros(L, np.int32)
+        o_path, o_feat = np.zeros(L, np.int64), np.zeros(L, np.int64)
+        o_table = np.full(L, -1, np.int64)
+        o_pnode, o_pbit = np.zeros(stats[2] + 1, np.int64), np.zeros(stats[2] + 1, np.int32)
+        o_f, o_z = np.zeros(stats[2] + 1, np.int32), np.zeros(stats[2] + 1, np.float64)
+        o_fn, o_fr = np.zeros(stats[2] + 1, np.uint64), np.zeros(stats[2] + 1, np.uint64)
+        o_tab = np.zeros(stats[3] + 1 if mode_v[t] == MODE_TABLE else 1, np.float64)
+        # pass 2: the same walk, filling
+        lf = e = ff = tb_at = 0
+        st_node[0], st_depth[0] = lo, 0
+        top = 1
+        while top > 0:
+            top -= 1
+            node, depth = st_node[top], st_depth[top]
+            if feature[node] >= 0:
+                path_n[depth] = node
+                st_node[top], st_depth[top] = lo + child[node, 1], depth + 1
+                st_node[top + 1], st_depth[top + 1] = lo + child[node, 0], depth + 1
+                top += 2
+                continue
+            d = 0
+            for i in range(depth):  # the path's features, first seen first; cover fractions
+                f = feature[path_n[i]]
+                if stamp[f] != leaf_id:
+                    stamp[f] = leaf_id
+                    slot[f] = <int32_t>d
+                    z[d] = 1.0
+                    o_f[ff + d] = <int32_t>f
+                    d += 1
+                k = slot[f]
+                # the child on the path: the next path node, or this leaf
+                node_next = path_n[i + 1] if i + 1 < depth else node
+                path_r[i] = 1 if node_next == lo + child[path_n[i], 1] else 0
+                z[k] *= cover[node_next] / cover[path_n[i]]
+                o_pnode[e + i] = path_n[i]
+                o_pbit[e + i] = <int32_t>(k * 2 + path_r[i])
+                if n <= 64:
+                    o_fn[ff + k] |= (<uint64_t>1) << (path_n[i] - lo)
+                    o_fr[ff + k] |= (<uint64_t>path_r[i]) << (path_n[i] - lo)
+            leaf_id += 1
             for k in range(d):
-                z[k] = 1.0
-            for entry in path:
-                split, k = entry[0], index[entry[2]]
-                z[k] *= cover[lo + child[split, <int32_t>entry[1]]] / cover[split]
-            tv = np.empty(max((1 << d) * d, 1), dtype=np.float64)
-            if d:
-                fill_leaf_table(d, z, &tv[0])
-                if value.shape[1] == 1:  # one value per leaf: folded into its coefficients
-                    for k in range((1 << d) * d):
-                        tv[k] *= value[node, 0]
-            leaf_node.append(node)
-            leaf_d.append(d)
-            leaf_p.append(len(path))
-            leaf_path.append(len(path_node))
-            leaf_feat.append(len(feats))
-            leaf_table.append(n_tab)
-            for (pn, rt, f) in path:
-                path_node.append(pn)
-                path_bit.append(index[f] * 2 + rt)
-            feats.extend(order)
-            nodes_of, right_of = [0] * d, [0] * d
-            if start[t + 1] - lo <= 64:
-                for (pn, rt, f) in path:
-                    nodes_of[index[f]] |= 1 << (pn - lo)
-                    right_of[index[f]] |= rt << (pn - lo)
-            feat_nodes.extend(nodes_of)
-            feat_right.extend(right_of)
-            tables.append(np.asarray(tv)[:(1 << d) * d])
-            n_tab += (1 << d) * d
-        table_leaf[t + 1] = len(leaf_node)
-        small[t] = start[t + 1] - lo <= 64
-    return (table_leaf, np.asarray(leaf_node, dtype=np.int64),
-            np.asarray(leaf_d, dtype=np.int32), np.asarray(leaf_p, dtype=np.int32),
-            np.asarray(leaf_path, dtype=np.int64), np.asarray(leaf_feat, dtype=np.int64),
-            np.asarray(leaf_table, dtype=np.int64),
-            np.asarray(path_node or [0], dtype=np.int64),
-            np.asarray(path_bit or [0], dtype=np.int32), np.asarray(feats or [0], dtype=np.int32),
-            np.concatenate(tables) if tables else np.zeros(1, dtype=np.float64), small,
-            np.asarray(feat_nodes or [0], dtype=np.uint64),
-            np.asarray(feat_right or [0], dtype=np.uint64))
+                o_z[ff + k] = z[k]
+            o_node[lf], o_d[lf], o_p[lf] = node, <int32_t>d, <int32_t>depth
+            o_path[lf], o_feat[lf] = n_entries - stats[2] + e, n_feat_total + ff
+            if mode_v[t] == MODE_TABLE:
+                o_table[lf] = n_tab + tb_at
+                if d:
+                    fill_leaf_table(<int32_t>d, z, &o_tab[tb_at])
+                    if value.shape[1] == 1:  # one value per leaf: folded in
+                        for i in range((1 << d) * d):
+                            o_tab[tb_at + i] *= value[node, 0]
+                tb_at += (1 << d) * d
+            lf += 1
+            e += depth
+            ff += d
+        parts.append((np.asarray(o_node), np.asarray(o_d), np.asarray(o_p),
+                      np.asarray(o_path), np.asarray(o_feat), np.asarray(o_table),
+                      np.asarray(o_pnode)[:e], np.asarray(o_pbit)[:e], np.asarray(o_f)[:ff],
+                      np.asarray(o_z)[:ff], np.asarray(o_fn)[:ff], np.asarray(o_fr)[:ff],
+                      np.asarray(o_tab)[:tb_at]))
+        n_tab += tb_at
+        n_leaves_total += lf
+        n_feat_total += ff
+        table_leaf[t + 1] = n_leaves_total
+    gl_t, gl_w = [], []
+    for k in range(1, QUAD_MAX_Q + 1):  # Gauss-Legendre on [0, 1], k points
+        xs, ws = np.polynomial.legendre.leggauss(k)
+        gl_t.extend((xs + 1.0) / 2.0)
+        gl_w.extend(ws / 2.0)
+    names = ("leaf_node", "leaf_d", "leaf_p", "leaf_path", "leaf_feat", "leaf_table",
+             "path_node", "path_bit", "feat", "leaf_z", "feat_nodes", "feat_right", "table")
+    dtypes = (np.int64, np.int32, np.int32, np.int64, np.int64, np.int64, np.int64, np.int32,
+              np.int32, np.float64, np.uint64, np.uint64, np.float64)
+    out = {"table_leaf": table_leaf, "mode": mode, "small": small,
+           "gl_t": np.asarray(gl_t, dtype=np.float64),
+           "gl_w": np.asarray(gl_w, dtype=np.float64)}
+    for j, (name, dt) in enumerate(zip(names, dtypes)):
+        arrays = [p[j] for p in parts if p[j].shape[0]]
+        out[name] = np.concatenate(arrays).astype(dt) if arrays else np.zeros(1, dtype=dt)
+    return out
 
 
 def _means(const int64_t[::1] start, const int32_t[::1] feature, const int32_t[:, ::1] child,
