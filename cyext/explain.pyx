@@ -312,8 +312,10 @@ cdef class Explainer:
     cdef object _keep
     cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
 
-    def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor):
-        """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays."""
+    def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor,
+                 bint leaf_modes=True):
+        """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays.
+        ``leaf_modes`` False: every tree by Algorithm 2 (tests hold it to the libraries too)."""
         start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
         feature = np.ascontiguousarray(arrays["x_feature"], dtype=np.int32)
         threshold = np.ascontiguousarray(arrays["x_threshold"], dtype=np.float32)
@@ -328,6 +330,8 @@ cdef class Explainer:
         depth = np.zeros(feature.shape[0], dtype=np.int32)
         self.max_depth = _means(start, feature, child, cover, mean, depth, width)
         tables = _tables(start, feature, child, cover, value)
+        if not leaf_modes:
+            tables["mode"][:] = MODE_RECURSIVE
         self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
                       tables)
         tb = tables

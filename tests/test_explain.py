@@ -299,3 +299,26 @@ def test_the_run_counts_explained_rows(tmp_path):
     assert got == flagged == w.totals.explained
     first = next(read_records(tmp_path / "o.arrows"))
     assert pa.types.is_list(pa.ipc.open_stream(first.value).schema.field("reason_feature").type)
+
+
+@pytest.mark.parametrize("name", ["xgb-binary-logistic", "xgb-deep", "xgb-multi-softprob"])
+def test_recursive_treeshap_is_xgboosts_too(name):
+    # Algorithm 2 serves trees with more than 64 distinct features on a path: held to the
+    # library on the test models by turning the leaf modes off
+    import xgboost as xgb
+
+    from worker import _explain
+
+    booster = M.xgboost_models()[name]
+    model = worker.compile_model(booster)
+    ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                            float(model.divisor), leaf_modes=False)
+    assert ex.tabled == 0 and ex.quadrature == 0
+    X = M.hostile_rows(200, M.xgboost_thresholds(booster), seed=13)
+    ours = ex.contributions(X, int(_explain.Method.METHOD_TREESHAP), 2)
+    ours = ours[:, 0, :] if model.n_outputs == 1 else ours
+    ref = booster.predict(xgb.DMatrix(M.finite_for_library(X),
+                                      feature_names=booster.feature_names), pred_contribs=True)
+    np.testing.assert_allclose(ours, ref, atol=_tolerance(model.raw(X)), rtol=0)
+    assert model.contributions(X[:1]) is not None and model._explainer.tabled + \
+        model._explainer.quadrature == model.n_trees  # the default takes the leaf modes
