@@ -22,6 +22,11 @@ s!(d-s-1)!/d!, feature j gets v (o_j - z_j) sum_{S in A minus j} w(|S|, d) prod_
 i != j} z_i (o_j = 1 iff j is in A). Those coefficients are computed once per leaf and pattern
 (2^d x d of them, d <= TABLE_MAX_D); a row then costs one comparison per split node and, per
 leaf, its path's bit tests and d additions, instead of O(d^2) divisions per leaf.
+
+Deeper trees (d <= QUAD_MAX_D) take quadrature: w(s, d) is the Beta integral of
+t^s (1-t)^(d-1-s) over [0, 1], so the sum above is the integral of prod_{i != j}
+(z_i (1 - t) + o_i t), a polynomial of degree d - 1 that ceil(d/2) Gauss-Legendre points give
+exactly: O(d^2 / 2) multiplications a leaf, no division. Algorithm 2 serves the rest.
 """
 
 cimport cython
@@ -71,14 +76,14 @@ ctypedef struct Trees:
     int32_t width
     int32_t n_outputs
     int32_t n_features
-    # the tables (trees with table_leaf[t] <= table_leaf[t + 1]; -1: Algorithm 2)
-    const int64_t* table_leaf   # (trees + 1): first table leaf of each tree, -1 without
+    # leaf by leaf (trees whose mode is not MODE_RECURSIVE)
+    const int64_t* table_leaf   # (trees + 1): the first leaf of each tree in the leaf arrays
     const int64_t* leaf_node    # global node of each table leaf
     const int32_t* leaf_d       # distinct features on its path
     const int32_t* leaf_p       # splits on its path
     const int64_t* leaf_path    # first entry of its path in path_node / path_bit
     const int64_t* leaf_feat    # first of its d features in feat
-    const int64_t* leaf_table   # first of its 2^d x d coefficients in table
+    const int64_t* leaf_table   # first of its 2^d x d coefficients in table (-1: none)
     const int64_t* path_node    # global node of each split on the path
     const int32_t* path_bit     # (bit of the split's feature among the leaf's d) * 2 + right
     const int32_t* feat
