@@ -30,17 +30,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "bench"))
 
 import numpy as np  # noqa: E402
+from lazy import best_time  # noqa: E402 (a warm-up call, then the best of ``repeat``)
 
 OUT = REPO / "bench" / "out" / "explain"
-
-
-def best(fn, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def library_contribs(bm, X: np.ndarray, method: str):
@@ -92,9 +84,9 @@ def one_model(key: str, bm, n: int) -> dict:
     Xc = np.ascontiguousarray(X[:n])
     row = {"title": bm.title, "rows": int(Xc.shape[0])}
     for method in ("treeshap", "path"):
-        ours_t = best(lambda m=method: model.contributions(Xc, m, n_threads=1))
+        ours_t = best_time(lambda m=method: model.contributions(Xc, m, n_threads=1), 3)
         lib = library_contribs(bm, Xc, method)
-        lib_t = best(lib, 1 if key in ("B", "C") else 3)
+        lib_t = best_time(lib, 1 if key in ("B", "C") else 3)
         ours = model.contributions(Xc, method, n_threads=1)
         ref = _as_margin_rows(lib(), model.n_features)
         ours_f = ours[:, :model.n_features] if ours.ndim == 2 else ours[:, -1, :-1]
@@ -106,13 +98,13 @@ def one_model(key: str, bm, n: int) -> dict:
               f"{row[method]['max_abs_diff']:.2g}", flush=True)
     # scoring with reason codes for the flagged rows
     Xb = np.ascontiguousarray(X[:batch])
-    plain_t = best(lambda: model.score_batch(Xb, thresholds=[0.5], n_threads=1), 5)
+    plain_t = best_time(lambda: model.score_batch(Xb, thresholds=[0.5], n_threads=1), 5)
     score = model.score_batch(Xb, thresholds=[0.5], n_threads=1).score
     row["flagged"] = {}
     for frac in (0.01, 0.10):
         cut = float(np.quantile(score, 1 - frac))
         for method in ("treeshap", "path"):
-            t = best(lambda c=cut, m=method: model.score_batch(
+            t = best_time(lambda c=cut, m=method: model.score_batch(
                 Xb, thresholds=[c], explain=m, top_k=3, n_threads=1),
                 1 if key in ("B", "C") and method == "treeshap" else 3)
             row["flagged"][f"{frac:.0%} {method}"] = {"rows_s": Xb.shape[0] / t,

@@ -446,7 +446,7 @@ cdef void fill_leaf_table(int32_t d, const double* z, double* out) noexcept:
     cdef int32_t A, k, j, m, size, B
     cdef double w[TABLE_MAX_D + 1]
     cdef double e[TABLE_MAX_D + 1]
-    cdef double outside, total, fact_d = 1.0
+    cdef double outside, total
     cdef double fact[TABLE_MAX_D + 1]
     fact[0] = 1.0
     for j in range(1, d + 1):
@@ -478,14 +478,14 @@ cdef void fill_leaf_table(int32_t d, const double* z, double* out) noexcept:
             out[A * d + k] = (1.0 - z[k]) * total if A & (1 << k) else -z[k] * total
 
 
-cdef int64_t _walk_leaves(int64_t lo, int64_t n, const int32_t[::1] feature,
+cdef int64_t _walk_leaves(int64_t lo, const int32_t[::1] feature,
                           const int32_t[:, ::1] child, int64_t[::1] st_node,
-                          int64_t[::1] st_depth, int64_t[::1] path_n, int32_t[::1] path_r,
-                          int64_t[::1] stamp, int32_t[::1] slot, int64_t leaf0,
-                          int64_t* out) noexcept:
-    """Depth-first over one tree (nodes lo..lo+n). Pass 1 (``out`` not NULL): out[0] the
-    largest number of distinct features on a leaf's path, out[1] the leaves, out[2] the
-    path entries, out[3] the table doubles (sum of 2^d d, saturating). Returns 0."""
+                          int64_t[::1] st_depth, int64_t[::1] path_n, int64_t[::1] stamp,
+                          int64_t leaf0, int64_t* out) noexcept:
+    """The sizes of one tree (root ``lo``), depth first: out[0] the largest number of
+    distinct features on a leaf's path, out[1] the leaves, out[2] the path entries, out[3]
+    the table doubles (sum of 2^d d, saturating). Returns the next leaf id (``stamp`` marks
+    the features seen per leaf id)."""
     cdef int64_t top = 0, node, depth, i, f, leaf = leaf0, d
     st_node[0], st_depth[0] = lo, 0
     top = 1
@@ -549,8 +549,8 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
     n_leaves_total = n_feat_total = 0
     for t in range(n_trees):
         lo, n = start[t], start[t + 1] - start[t]
-        leaf_id = _walk_leaves(lo, n, feature, child, st_node, st_depth, path_n, path_r,
-                               stamp, slot, leaf_id, stats)
+        leaf_id = _walk_leaves(lo, feature, child, st_node, st_depth, path_n, stamp, leaf_id,
+                               stats)
         if stats[0] <= TABLE_MAX_D and n_tab + stats[3] <= TABLE_MAX_DOUBLES:
             mode_v[t] = MODE_TABLE
         elif stats[0] <= QUAD_MAX_D and n_entries + stats[2] <= QUAD_MAX_ENTRIES:

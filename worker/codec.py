@@ -225,12 +225,7 @@ def _nested(t, test) -> bool:
 
 
 def _nested_dictionary(t) -> bool:
-    if pa.types.is_dictionary(t):
-        return True
-    if isinstance(t, pa.ExtensionType):
-        return _nested_dictionary(t.storage_type)
-    return any(_nested_dictionary(t.field(i).type) for i in range(t.num_fields)) \
-        if hasattr(t, "num_fields") else False
+    return _nested(t, pa.types.is_dictionary)
 
 
 def decode(value: bytes | None, feature_names: list[str], id_column: str | None,
