@@ -32,11 +32,13 @@ exactly: O(d^2 / 2) multiplications a leaf, no division. Algorithm 2 serves the 
 cimport cython
 from cython.parallel cimport parallel, prange
 from libc.math cimport isnan
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
+
+from walk cimport sw_special_right
 
 cdef enum:
     BLOCK = 16                      # rows that walk one tree before the next (8 and 32
@@ -69,6 +71,8 @@ ctypedef struct Trees:
     const float* threshold
     const int32_t* child       # (left, right), tree-local
     const uint8_t* default_left
+    const uint32_t* special    # per node: offset of its entry in cats (0: x > threshold); NULL
+    const uint32_t* cats       # special node entries (walk.h sw_special_right)
     const double* cover
     const double* value        # (node, width)
     const double* mean         # (node, width): cover-weighted mean of the leaves below
@@ -103,7 +107,10 @@ cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
                               const float* x) noexcept nogil:
     cdef float v = x[T.feature[base + node]]
     cdef bint right
-    if isnan(v):
+    if T.special != NULL and T.special[base + node] != 0:
+        right = sw_special_right(v, 1 - T.default_left[base + node],
+                                 T.cats + T.special[base + node])
+    elif isnan(v):
         right = not T.default_left[base + node]
     else:
         right = v > T.threshold[base + node]
@@ -367,6 +374,14 @@ cdef class Explainer:
         self.T.threshold = <const float*><Py_ssize_t>threshold.ctypes.data
         self.T.child = <const int32_t*><Py_ssize_t>child.ctypes.data
         self.T.default_left = <const uint8_t*><Py_ssize_t>default_left.ctypes.data
+        self.T.special = NULL
+        self.T.cats = NULL
+        if "x_special" in arrays:
+            special = np.ascontiguousarray(arrays["x_special"], dtype=np.uint32)
+            cats = np.ascontiguousarray(arrays["cats"], dtype=np.uint32)
+            self._keep = self._keep + (special, cats)
+            self.T.special = <const uint32_t*><Py_ssize_t>special.ctypes.data
+            self.T.cats = <const uint32_t*><Py_ssize_t>cats.ctypes.data
         self.T.cover = <const double*><Py_ssize_t>cover.ctypes.data
         self.T.value = <const double*><Py_ssize_t>value.ctypes.data
         self.T.mean = <const double*><Py_ssize_t>mean.ctypes.data

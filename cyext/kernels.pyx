@@ -24,7 +24,8 @@ from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, COMPACT_RO
                     SPLIT_FLOATS)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
-                  SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for)
+                  SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
+                  sw_swalk16)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -215,7 +216,13 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
     if not padded and n <= COMPACT_ROWS:
         # compact: rule per row as above; doubled NaN rows in a per-call buffer when the stack
         # one is too small (rows without room keep the NaN-testing rule)
-        if t + WIDE <= t1:
+        if m.cats != NULL:  # special nodes: one walk for every row
+            while t + WIDE <= t1:
+                for r in range(n):
+                    sw_swalk16(m.cnodes, m.root + t, 1, X + r * ldx, 0, m.cats, slot)
+                    add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
+                t += WIDE
+        elif t + WIDE <= t1:
             for r in range(n):
                 rules[r] = SW_RULE_FINITE if sw_row_finite(X + r * ldx, nf) else SW_RULE_NAN
             while t + WIDE <= t1:
@@ -344,6 +351,7 @@ cdef class Forest:
         self.view.pnodes = NULL
         self.view.cnodes = NULL
         self.view.root = NULL
+        self.view.cats = NULL
         group = a["tree_group"]
         self.view.n_trees = group.shape[0]
         if self.view.n_trees == 0:
@@ -365,6 +373,11 @@ cdef class Forest:
             self.view.cnodes = <const CNode*>&nodes[0, 0]
             self.view.root = &root[0]
             self.view.depth = 0
+            if "cats" in a:
+                cats = a["cats"]
+                if cats.dtype != np.uint32 or cats.ndim != 1 or cats.shape[0] < 2:
+                    raise ValueError("cats must be 1-D uint32 with the unused entry first")
+                self.view.cats = <const uint32_t*><Py_ssize_t>cats.ctypes.data
         else:
             raise ValueError(f"unknown layout {layout!r}")
         # HistGradientBoosting's "split on NaN" nodes (threshold +inf, missing right) cannot be
@@ -410,8 +423,23 @@ cdef class Forest:
             cn = a["cnodes"]
             n = cn.shape[0]
             leaf = (cn[:, 0] & 0x80000000) != 0
-            if (((cn[:, 0] & 0x7FFFFFFF) >> 1) >= max(nf, 1)).any():
+            if (((cn[:, 0] & 0x3FFFFFFF) >> 1) >= max(nf, 1)).any():
                 raise ValueError("a node reads a feature beyond n_features")
+            special = (cn[:, 0] & 0xC0000000) == 0x40000000
+            if special.any():
+                if self.view.cats == NULL:
+                    raise ValueError("a special node in a model without cats")
+                cats = a["cats"]
+                off = cn[special, 1].astype(np.int64)
+                if (off >= cats.shape[0]).any():
+                    raise ValueError("a special node's entry lies outside cats")
+                head = cats[off].astype(np.int64)
+                n_bits = head & 0x1FFFFF
+                end = np.where(head == 0x40000000, off + 3, off + 1 + (n_bits + 33) // 32)
+                if ((head & 0x40000000 != 0) & (head != 0x40000000)).any() \
+                        or ((head & 0x1FE00000) != 0).any() \
+                        or (end > cats.shape[0]).any():
+                    raise ValueError("a special node's entry is malformed or outside cats")
             if (cn[~leaf, 2].astype(np.int64) + 1 >= n).any() or (cn[leaf, 3] >= n_leaves).any():
                 raise ValueError("a node points outside the model")
             if (a["root"] >= n).any() or (a["root"] < 0).any():

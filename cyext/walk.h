@@ -13,10 +13,12 @@
 #ifndef SW_WALK_H
 #define SW_WALK_H
 #include <stdint.h>
+#include <string.h>
 
 #include "prefetch.h"
 
 #define SW_KEY_LEAF 0x80000000u
+#define SW_KEY_SPECIAL 0x40000000u  /* compact: threshold bits = offset of a special entry */
 
 /* the split rule: 1 when the row goes right */
 #define SW_STEP(v, key, thr) \
@@ -35,7 +37,7 @@ enum { SW_RULE_NAN = 0, SW_RULE_FINITE = 1, SW_RULE_SPLIT = 2 };
 typedef struct { uint32_t key; float thr; } sw_pnode;
 typedef struct { uint32_t key; float thr; int32_t child; int32_t leaf; } sw_cnode;
 
-static inline uint32_t sw_feat(uint32_t key) { return (key & 0x7FFFFFFFu) >> 1; }
+static inline uint32_t sw_feat(uint32_t key) { return (key & 0x3FFFFFFFu) >> 1; }
 
 /* One step of the NAN rule for callers that walk one tree at a time. */
 static inline uint32_t sw_go_right(float v, uint32_t key, float thr) {
@@ -109,6 +111,75 @@ SW_DEF_CWALK(SW_CIDX_F, SW_GT, sw_cwalk_f)
 SW_DEF_CWALK(SW_CIDX_SPLIT, SW_GT, sw_cwalk_s)
 static const sw_cwalk_fn sw_cwalk_tab[3] = {sw_cwalk_n, sw_cwalk_f, sw_cwalk_s};
 static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
+
+/* Special nodes (models with categorical or zero-as-missing splits; compact layout only): the
+   key carries SW_KEY_SPECIAL and the threshold's bits are the offset of the node's entry in
+   the model's `cats` words (entry layout: worker/model/ir.py). Offset 0 holds an entry no node
+   uses, so every node can read one: the step computes both rules and selects, no branch on
+   the node's kind. */
+#define SW_SP_INT 0x80000000u
+#define SW_SP_ZERO 0x40000000u
+#define SW_SP_TRUNC 0x20000000u
+#define SW_SP_N 0x001FFFFFu
+
+static inline float sw_float(uint32_t b) { float f; memcpy(&f, &b, sizeof f); return f; }
+static inline uint32_t sw_bits_of(float f) { uint32_t b; memcpy(&b, &f, sizeof b); return b; }
+
+/* 1 when v goes right at the special node with entry e (key: its node key, bit 0 = a missing
+   value goes right) */
+static inline uint32_t sw_special_right(float v, uint32_t key, const uint32_t *e) {
+    const uint32_t h = e[0];
+    const uint32_t nan = (uint32_t)(v != v);
+    if (h == SW_SP_ZERO) {   /* LightGBM missing_type=Zero: |v| <= band goes where NaN goes */
+        const float z = sw_float(e[2]);
+        const uint32_t band = nan | ((uint32_t)(v >= -z) & (uint32_t)(v <= z));
+        return band ? (key & 1u) : (uint32_t)(v > sw_float(e[1]));
+    }
+    const uint32_t n = h & SW_SP_N;
+    /* a category: -1 < v (SW_SP_TRUNC: int(v) truncates (-1, 0) to 0) or 0 <= v, below n */
+    const uint32_t low = (uint32_t)(v > -1.0f) & (((h >> 29) & 1u) | (uint32_t)(v >= 0.0f));
+    uint32_t in = low & (uint32_t)(v < (float)n);
+    const int32_t c = (int32_t)(in ? v : 0.0f);
+    in &= (h >> 31) ? (uint32_t)((float)c == v) : 1u;       /* SW_SP_INT: whole numbers only */
+    const uint32_t idx = in ? (uint32_t)c : (low ? n : n + 1u);
+    const uint32_t bit = (e[1 + (idx >> 5)] >> (idx & 31u)) & 1u;
+    return nan ? (key & 1u) : bit;
+}
+
+/* one step at any compact node of a model with special nodes */
+static inline uint32_t sw_step_any(float v, uint32_t key, float thr, const uint32_t *cats) {
+    const uint32_t tb = sw_bits_of(thr);
+    const uint32_t sp = (key >> 30) & 1u;
+    const uint32_t rn = SW_STEP(v, key, thr);
+    const uint32_t rs = sw_special_right(v, key, cats + (sp ? tb : 0u));
+    return sp ? rs : rn;
+}
+
+#define SW_SIDX(key) (((key) & 0x3FFFFFFFu) >> 1)
+
+/* W chains over compact nodes with special nodes: chain j walks the tree rooted at
+   root[j * dt] on the row x + j * dx */
+#define SW_DEF_SWALK(W, NAME)                                                               \
+static inline void NAME(const void *vnodes, const int64_t *root, int64_t dt, const float *x, \
+                        int64_t dx, const uint32_t *cats, int64_t *slot) {                  \
+    const sw_cnode *c = (const sw_cnode *)vnodes;                                           \
+    const sw_cnode *nd[W];                                                                  \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) nd[j] = c + root[j * dt];          \
+    for (;;) {                                                                              \
+        uint32_t all = SW_KEY_LEAF;                                                         \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) all &= nd[j]->key;             \
+        if (all) break;                                                                     \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) {                              \
+            const uint32_t key = nd[j]->key;                                                \
+            nd[j] = c + nd[j]->child                                                        \
+                + sw_step_any(x[j * dx + SW_SIDX(key)], key, nd[j]->thr, cats);             \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) slot[j] = nd[j]->leaf;             \
+}
+SW_DEF_SWALK(1, sw_swalk1)
+SW_DEF_SWALK(8, sw_swalk8)
+SW_DEF_SWALK(16, sw_swalk16)
 
 /* Integer tests on the float bits, which gcc vectorises (the float form v != v stays scalar
    with a branch per feature). */

@@ -15,6 +15,15 @@ cdef extern from "walk.h":
     sw_cwalk_fn sw_cwalk_fn_for(int rule) noexcept nogil
     int sw_row_finite(const float* x, int n) noexcept nogil   # 1: no NaN among x[0..n)
     void sw_split_row(const float* x, int n, float* xx) noexcept nogil   # xx: 2n floats
+    # models with special (categorical, zero-as-missing) nodes: W chains, chain j the tree at
+    # root[j * dt] on the row x + j * dx
+    void sw_swalk1(const void* nodes, const int64_t* root, int64_t dt, const float* x,
+                   int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
+    void sw_swalk8(const void* nodes, const int64_t* root, int64_t dt, const float* x,
+                   int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
+    void sw_swalk16(const void* nodes, const int64_t* root, int64_t dt, const float* x,
+                    int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
+    uint32_t sw_special_right(float v, uint32_t key, const uint32_t* e) noexcept nogil
     enum: SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT
 
 
@@ -53,7 +62,11 @@ cdef inline void walk_padded_x8(const ModelView* m, const float* x, int64_t t, i
 
 
 cdef inline int64_t walk_compact1(const ModelView* m, const float* x, int64_t t) noexcept nogil:
+    cdef int64_t slot
     cdef const CNode* nd = m.cnodes + m.root[t]
+    if m.cats != NULL:
+        sw_swalk1(m.cnodes, m.root + t, 0, x, 0, m.cats, &slot)
+        return slot
     while not (nd.key & KEY_LEAF):
         nd = m.cnodes + nd.child + sw_go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
     return nd.leaf
@@ -66,6 +79,9 @@ cdef inline void walk_compact_x8(const ModelView* m, const float* x, int64_t t, 
     cdef const CNode* nd[INTERLEAVE]
     cdef int32_t j
     cdef uint32_t all_leaf
+    if m.cats != NULL:
+        sw_swalk8(m.cnodes, m.root + t, dt, x, dx, m.cats, slot)
+        return
     for j in range(INTERLEAVE):
         nd[j] = m.cnodes + m.root[t + j * dt]
     while True:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import artifact, pack, sklearn_loader, xgboost_loader
+from . import artifact, lightgbm_loader, pack, sklearn_loader, xgboost_loader
 from .compiled import CompiledModel
 from .ir import Ensemble, UnsupportedModelError
 
@@ -49,9 +49,16 @@ def _read_estimator(path: Path, trust_pickle: bool = False):
     return joblib.load(path)
 
 
+def _library_source(source) -> bool:
+    """XGBoost or LightGBM: a model object, or a file of data (never code)."""
+    return xgboost_loader.is_xgboost_source(source) or lightgbm_loader.is_lightgbm_source(source)
+
+
 def to_ir(source, trust_pickle: bool = False) -> Ensemble:
     if xgboost_loader.is_xgboost_source(source):
         ens = xgboost_loader.to_ir(source)
+    elif lightgbm_loader.is_lightgbm_source(source):
+        ens = lightgbm_loader.to_ir(source)
     elif isinstance(source, (str, Path)):
         path = Path(source)
         if not path.exists():
@@ -72,6 +79,7 @@ def meta_of(ens: Ensemble, info: dict) -> dict:
         "classes": [c.item() if isinstance(c, np.generic) else c for c in ens.classes],
         "divisor": ens.divisor, "objective": ens.objective, "source": ens.source,
         "kind": ens.kind, "notes": ens.notes, "format": artifact.FORMAT_VERSION, **info,
+        **({"categories": ens.categories} if ens.categories else {}),
     }
 
 
@@ -82,6 +90,10 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
     X[rng.random(X.shape) < 0.1] = np.nan
     if model.source.startswith("xgboost"):
         ref = xgboost_loader.reference_margin(source, X)
+        ours = model.raw(X, n_threads=1)
+    elif model.source.startswith("lightgbm"):
+        # a random forest's raw_score is LightGBM's sum; its average is the margin it links
+        ref = lightgbm_loader.reference(source, X) / model.divisor
         ours = model.raw(X, n_threads=1)
     else:
         est = source  # an XGBoost source or a fitted estimator (compile_model reads files)
@@ -101,9 +113,10 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
 
 def compile_model(source, layout: str = "auto", check: bool = True,
                   trust_pickle: bool = False) -> CompiledModel:
-    """XGBoost Booster/XGBModel/.json/.ubj, a fitted scikit-learn estimator, or a file of one
-    (.skops; joblib/pickle only with ``trust_pickle``: loading those runs code)."""
-    if isinstance(source, (str, Path)) and not xgboost_loader.is_xgboost_source(source):
+    """XGBoost Booster/XGBModel/.json/.ubj, LightGBM Booster/LGBMModel/model text file (.txt,
+    .lgb), a fitted scikit-learn estimator, or a file of one (.skops; joblib/pickle only with
+    ``trust_pickle``: loading those runs code)."""
+    if isinstance(source, (str, Path)) and not _library_source(source):
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"model source {path} does not exist")

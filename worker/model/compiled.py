@@ -33,6 +33,8 @@ class CompiledModel:
         self.classes = list(self.classes)
         self._classes_arr = np.asarray(self.classes) if self.classes else None
         self.feature_names = list(self.feature_names)
+        # feature name -> categories in code order (string inputs are mapped through it)
+        self.categories = dict(self.meta.get("categories") or {})
         self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
         self.n_trees = int(arrays["tree_group"].shape[0])
         self.forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
@@ -115,8 +117,10 @@ class CompiledModel:
         return self._classes_arr[np.argmax(self.proba_from_raw(raw), axis=1)]
 
     def value_from_raw(self, raw: np.ndarray) -> np.ndarray:
-        if self.link == "sigmoid":  # reg:logistic
+        if self.link == "sigmoid":  # reg:logistic, LightGBM cross_entropy
             return 1.0 / (1.0 + np.exp(-raw[:, 0]))
+        if self.link == "exp":  # LightGBM poisson, gamma, tweedie: a log link
+            return np.exp(raw[:, 0])
         return raw[:, 0]
 
     def score_from_raw(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

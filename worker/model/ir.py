@@ -5,8 +5,14 @@ with ``x`` and ``threshold`` both float32, and a missing ``x`` (NaN) goes right 
 ``default_left`` is false. Loaders translate their library's rule into this one exactly:
 
 * XGBoost ``x < s`` (float32): right iff ``x >= s`` iff ``x > nextafter(s, -inf)``.
-* scikit-learn ``x <= t`` (float32 x, float64 t): right iff ``x > t32`` with ``t32`` the largest
-  float32 not above ``t``.
+* scikit-learn and LightGBM ``x <= t`` (float32 x, float64 t): right iff ``x > t32`` with ``t32``
+  the largest float32 not above ``t``.
+
+Nodes that this rule cannot express carry a *special* entry (``Tree.special``): categorical
+splits (a category goes to the side its bit says) and LightGBM's zero-as-missing numerical
+splits (zeros go where missing values go). The entry is the words the kernels read
+(``walk.h``, ``sw_special_right``); build it with ``categorical_entry`` or ``zero_band_entry``.
+A missing value at a special node still goes right iff ``default_left`` is false.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class Tree:
     # float64 (n_nodes,): the training weight reaching each node (XGBoost's sum of hessians,
     # scikit-learn's weighted sample count); what TreeSHAP needs. None: not known
     cover: np.ndarray | None = None
+    # node -> its special entry (uint32 words, see categorical_entry / zero_band_entry)
+    special: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_nodes(self) -> int:
@@ -54,6 +62,10 @@ class Tree:
                           or np.unique(kids).size != kids.size):
             raise UnsupportedModelError(f"{where}: malformed tree (a child outside the tree or "
                                         "a node with two parents)")
+        for node, entry in self.special.items():
+            if not 0 <= node < n or self.feature[node] < 0:
+                raise UnsupportedModelError(f"{where}: a categorical split on a leaf")
+            check_entry(np.asarray(entry, dtype=np.uint32), where)
 
     def depth(self) -> int:
         """Maximum number of splits on a root-to-leaf path."""
@@ -93,6 +105,9 @@ class Ensemble:
     n_features: int
     feature_names: list[str]
     classes: list = field(default_factory=list)  # class labels (classifiers)
+    # feature name -> its categories in code order, for string (dictionary) inputs: a string
+    # becomes its position in the list; one not in the list is missing
+    categories: dict[str, list[str]] = field(default_factory=dict)
     accumulate: str = "float64"  # float32 reproduces XGBoost's own float32 sum
     objective: str = ""
     source: str = ""  # e.g. "xgboost 3.2.0"
@@ -125,3 +140,60 @@ def float32_below(s: np.ndarray) -> np.ndarray:
     """For ``x < s`` in float32: the threshold ``t`` with ``x < s`` iff ``not x > t``."""
     s = np.asarray(s, dtype=np.float32)
     return np.nextafter(s, np.float32(-np.inf))
+
+
+# Special node entries, as the kernels read them (walk.h, sw_special_right). Word 0 is a
+# header: SP_ZERO for a zero-as-missing split; else the number n of category bits, with SP_INT
+# when only whole numbers are categories and SP_TRUNC when values in (-1, 0) are category 0
+# (LightGBM casts to int first). A categorical entry continues with n + 2 bits: bit c says
+# whether category c goes right, bit n where a value at or above n goes, bit n + 1 where a
+# negative value goes. A zero-band entry continues with the float32 threshold and the band's
+# half-width: |v| <= band goes where missing values go, other values right iff v > threshold.
+SP_INT = 0x80000000
+SP_ZERO = 0x40000000
+SP_TRUNC = 0x20000000
+MAX_CATEGORY_BITS = 1 << 20
+
+
+def categorical_entry(right: np.ndarray, beyond_right: bool, negative_right: bool,
+                      truncate: bool, whole_only: bool = False) -> np.ndarray:
+    """``right[c]``: category c goes right. ``truncate``: a value in (-1, 0) is category 0;
+    otherwise any value below 0 is negative. ``whole_only``: a fractional value is not a
+    category (it goes where ``beyond_right`` says)."""
+    right = np.asarray(right, dtype=bool)
+    n = int(right.shape[0])
+    if n > MAX_CATEGORY_BITS:
+        raise UnsupportedModelError(f"a categorical split over {n} categories (at most "
+                                    f"{MAX_CATEGORY_BITS})")
+    bits = np.zeros(n + 2, dtype=bool)
+    bits[:n] = right
+    bits[n], bits[n + 1] = beyond_right, negative_right
+    words = np.packbits(np.concatenate([bits, np.zeros((-bits.size) % 32, bool)]),
+                        bitorder="little").view("<u4")
+    head = n | (SP_INT if whole_only else 0) | (SP_TRUNC if truncate else 0)
+    return np.concatenate([np.asarray([head], dtype=np.uint32), words.astype(np.uint32)])
+
+
+def zero_band_entry(threshold, band) -> np.ndarray:
+    """LightGBM's ``missing_type=Zero``: |v| <= band goes where missing values go; other
+    values go right iff v > threshold (float32)."""
+    return np.asarray([SP_ZERO, np.float32(threshold).view(np.uint32),
+                       np.float32(band).view(np.uint32)], dtype=np.uint32)
+
+
+def entry_size(words: np.ndarray, at: int = 0) -> int:
+    """Words the entry at ``at`` spans (0: not a valid header)."""
+    head = int(words[at])
+    if head == SP_ZERO:
+        return 3
+    if head & SP_ZERO:
+        return 0
+    n = head & ~(SP_INT | SP_TRUNC)
+    if n > MAX_CATEGORY_BITS:
+        return 0
+    return 1 + (n + 2 + 31) // 32
+
+
+def check_entry(words: np.ndarray, where: str) -> None:
+    if words.ndim != 1 or words.size == 0 or entry_size(words) != words.size:
+        raise UnsupportedModelError(f"{where}: a malformed categorical split")

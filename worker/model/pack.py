@@ -8,7 +8,9 @@ Two layouts, chosen per model:
   path carries its value. No child pointers: the walk is ``pos = 2*pos + 1 + go_right``.
 * ``compact``: real nodes only, breadth-first so the top levels share cache lines and siblings
   are adjacent (right = left + 1); 16-byte nodes with a child index. For deep trees, whose
-  padded form would be exponentially larger.
+  padded form would be exponentially larger, and for models with special nodes (categorical
+  or zero-as-missing splits): their key carries KEY_SPECIAL and their threshold word the
+  offset of their entry in ``cats`` (entries: ``ir.categorical_entry``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import numpy as np
 from .ir import Ensemble, Tree
 
 KEY_LEAF = np.uint32(0x80000000)  # node key: 2 * feature + missing-goes-right; bit 31 = leaf
+KEY_SPECIAL = np.uint32(0x40000000)  # compact: the node's rule is its entry in ``cats``
 # Padded trees above this depth would be mostly padding (and outgrow L2): use compact.
 MAX_PADDED_DEPTH = 10
 
 
 def _keys(tree: Tree, nodes: np.ndarray) -> np.ndarray:
-    if tree.feature.max(initial=0) >= 2**30:
-        raise ValueError("more than 2^30 features")
+    if tree.feature.max(initial=0) >= 2**29:
+        raise ValueError("more than 2^29 features")
     right = (~tree.default_left[nodes]).astype(np.uint32)
     return tree.feature[nodes].astype(np.uint32) * np.uint32(2) + right
 
@@ -53,11 +56,27 @@ def pack_padded(ens: Ensemble, depth: int, acc: np.dtype) -> dict[str, np.ndarra
     return {"pnodes": pnodes, "leaves": leaves.reshape(-1, width)}
 
 
+def special_entries(ens: Ensemble) -> tuple[np.ndarray | None, list[dict[int, int]]]:
+    """The ``cats`` words (None: no special node) and, per tree, each special node's offset."""
+    cats, n_words, offsets = [np.zeros(2, dtype=np.uint32)], 2, []  # 0: the entry no node uses
+    for tree in ens.trees:
+        at = {}
+        for node, entry in sorted(tree.special.items()):
+            at[node] = n_words
+            cats.append(np.asarray(entry, dtype=np.uint32))
+            n_words += len(entry)
+        offsets.append(at)
+    if n_words >= 2**32:
+        raise ValueError("too many categorical splits (2^32 words)")
+    return (np.concatenate(cats) if len(cats) > 1 else None), offsets
+
+
 def pack_compact(ens: Ensemble, acc: np.dtype) -> dict[str, np.ndarray]:
     width = ens.trees[0].value.shape[1]
     cn, leaves, roots = [], [], []
     n_nodes = n_leaves = 0
-    for tree in ens.trees:
+    cats, offsets = special_entries(ens)
+    for t, tree in enumerate(ens.trees):
         # breadth-first order with each sibling pair adjacent
         order, level = [np.zeros(1, dtype=np.int64)], np.zeros(1, dtype=np.int64)
         while True:
@@ -80,6 +99,10 @@ def pack_compact(ens: Ensemble, acc: np.dtype) -> dict[str, np.ndarray]:
         left = np.where(is_leaf, new_id[order], new_id[np.maximum(tree.left[order], 0)])
         node[:, 2] = left.astype(np.uint32)
         node[:, 3] = np.where(is_leaf, leaf_slot, 0).astype(np.uint32)
+        for ir_node, offset in offsets[t].items():
+            at = new_id[ir_node] - n_nodes
+            node[at, 0] |= KEY_SPECIAL
+            node[at, 1] = offset
         cn.append(node)
         leaves.append(tree.value[order[is_leaf]])
         roots.append(n_nodes)
@@ -87,19 +110,23 @@ def pack_compact(ens: Ensemble, acc: np.dtype) -> dict[str, np.ndarray]:
         n_leaves += int(is_leaf.sum())
     if n_nodes >= 2**31:
         raise ValueError("model too large for the compact layout (2^31 nodes)")
-    return {
+    out = {
         "cnodes": np.concatenate(cn),
         "root": np.asarray(roots, dtype=np.int64),
         "leaves": np.concatenate(leaves).astype(acc).reshape(-1, width),
     }
+    if cats is not None:
+        out["cats"] = cats
+    return out
 
 
 def pack_explain(ens: Ensemble) -> dict[str, np.ndarray]:
     """The trees as they are (node order, children, covers) for the attributions
     (``_explain``): ``x_tree`` the first node of each tree (and the total), per node the
     feature (-1: leaf), threshold, children (tree-local, -1 at leaves), missing-goes-left,
-    cover and value (leaves). Empty when a tree has no covers, or a split node a cover that is
-    not a positive number (attributions then say so)."""
+    cover and value (leaves); with special nodes also ``x_special``, the offset of a node's
+    entry in ``cats`` (0: an ordinary split). Empty when a tree has no covers, or a split node a cover
+    that is not a positive number (attributions then say so)."""
     for t in ens.trees:
         inner = t.feature >= 0
         if t.cover is None or t.cover.shape != t.feature.shape or \
@@ -109,7 +136,8 @@ def pack_explain(ens: Ensemble) -> dict[str, np.ndarray]:
     sizes = np.asarray([t.n_nodes for t in ens.trees], dtype=np.int64)
     x_tree = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=x_tree[1:])
-    return {
+    cats, offsets = special_entries(ens)
+    out = {
         "x_tree": x_tree,
         "x_feature": np.concatenate([t.feature for t in ens.trees]).astype(np.int32),
         "x_threshold": np.concatenate([t.threshold for t in ens.trees]).astype(np.float32),
@@ -120,6 +148,14 @@ def pack_explain(ens: Ensemble) -> dict[str, np.ndarray]:
         "x_value": np.concatenate([np.where((t.feature < 0)[:, None], t.value, 0.0)
                                    for t in ens.trees]).astype(np.float64),
     }
+    if cats is not None:
+        special = []
+        for t, at in zip(ens.trees, offsets, strict=True):
+            words = np.zeros(t.n_nodes, dtype=np.uint32)
+            words[list(at)] = list(at.values())
+            special.append(words)
+        out["x_special"] = np.concatenate(special)
+    return out
 
 
 def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarray]]:
@@ -127,8 +163,12 @@ def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarra
     acc = np.dtype(np.float32 if ens.accumulate == "float32" else np.float64)
     depths = np.asarray([t.depth() for t in ens.trees], dtype=np.int32)
     depth = int(depths.max(initial=0))
+    special = any(t.special for t in ens.trees)
     if layout == "auto":
-        layout = "padded" if depth <= MAX_PADDED_DEPTH else "compact"
+        layout = "padded" if depth <= MAX_PADDED_DEPTH and not special else "compact"
+    if layout == "padded" and special:
+        raise ValueError("the padded layout has no categorical or zero-as-missing splits: "
+                         "use compact")
     if layout == "padded":
         if depth > 20:
             raise ValueError(f"depth {depth} is too deep for the padded layout")

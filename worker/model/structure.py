@@ -12,14 +12,16 @@ import math
 import numpy as np
 
 from .artifact import ArtifactError
+from .ir import entry_size
 
 TASKS = {"binary", "multiclass", "regression"}
-LINKS = {"identity", "sigmoid", "sigmoid2", "softmax", "vote"}
+LINKS = {"identity", "sigmoid", "sigmoid2", "softmax", "vote", "exp"}
 LAYOUTS = {"padded", "compact"}
 MAX_PADDED_DEPTH = 20  # the packer's limit: 2^20 leaves per tree, shifts done in 64 bits
 KEY_LEAF = 0x80000000
+KEY_SPECIAL = 0x40000000  # compact: the threshold word is the offset of an entry in `cats`
 INF_BITS = 0x7F800000  # float32 +inf: a compact leaf's threshold (a leaf steps onto itself)
-MAX_FEATURES = 1 << 30  # node keys hold 2 * feature + 1 in 31 bits
+MAX_FEATURES = 1 << 29  # node keys hold 2 * feature + 1 in 30 bits
 
 
 def _fail(field: str, what: str):
@@ -75,11 +77,16 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
         _fail("meta.feature_names", f"{len(names)} names for {nf} features (or not strings)")
     if len(set(names)) != nf:
         _fail("meta.feature_names", "a feature is named twice")
+    cats = meta.get("categories", {})
+    if not isinstance(cats, dict) or not all(
+            k in names and isinstance(v, list) and all(isinstance(c, str) for c in v)
+            for k, v in cats.items()):
+        _fail("meta.categories", "not a mapping of feature names to lists of strings")
     # the combinations the loaders write (the link code and the output shape follow them)
     task, link, n_classes = meta["task"], meta["link"], len(meta["classes"])
     want = {"binary": (G == 1 and n_classes == 2, {"sigmoid", "sigmoid2", "identity", "vote"}),
             "multiclass": (G == n_classes >= 2, {"softmax", "vote"}),
-            "regression": (G == 1 and n_classes == 0, {"identity", "sigmoid"})}[task]
+            "regression": (G == 1 and n_classes == 0, {"identity", "sigmoid", "exp"})}[task]
     if not want[0]:
         _fail("meta.classes", f"{n_classes} classes and {G} outputs do not fit a {task} model")
     if link not in want[1]:
@@ -120,6 +127,9 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     else:
         _check_compact(arrays, n_trees, nf, leaves.shape[0])
         lo, hi = _compact_leaf_range(arrays, n_trees, width)
+    if "cats" in arrays and (layout != "compact" or not np.any(
+            (arrays["cnodes"][:, 0] & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL)):
+        _fail("arrays.cats", "present, but no node of a compact layout uses it")
     x_names = [n for n in arrays if n.startswith("x_")]
     if x_names:
         _check_explain(arrays, n_trees, nf, width)
@@ -131,7 +141,7 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
 
 
 EXPLAIN_ARRAYS = ("x_tree", "x_feature", "x_threshold", "x_child", "x_default_left",
-                  "x_cover", "x_value")
+                  "x_cover", "x_value", "x_special")
 
 
 def _check_explain(arrays, n_trees: int, nf: int, width: int) -> None:
@@ -169,6 +179,26 @@ def _check_explain(arrays, n_trees: int, nf: int, width: int) -> None:
         _fail("arrays.x_cover", "a cover that is not finite and >= 0 (> 0 at a split)")
     if not np.all(np.isfinite(value)):
         _fail("arrays.x_value", "a value that is not finite")
+    if "x_special" in arrays:
+        special = _array(arrays, "x_special", np.uint32, 1, (n,))
+        if np.any(special[leaf] != 0):
+            _fail("arrays.x_special", "a leaf with a categorical entry")
+        _check_entries(arrays, special[special != 0], "arrays.x_special")
+
+
+def _check_entries(arrays, offsets: np.ndarray, field: str) -> None:
+    """Each special node's entry (``ir.categorical_entry``) lies whole inside ``cats``."""
+    if offsets.size == 0:
+        return
+    if "cats" not in arrays:
+        _fail(field, "categorical splits without arrays.cats")
+    cats = _array(arrays, "cats", np.uint32, 1)
+    if cats.shape[0] < 2 or cats[0] != 0 or cats[1] != 0:
+        _fail("arrays.cats", "does not start with the unused entry [0, 0]")
+    for off in np.unique(offsets).tolist():
+        size = entry_size(cats, off) if off < cats.shape[0] else 0
+        if size == 0 or off + size > cats.shape[0]:
+            _fail(field, f"an entry at {off} that is malformed or outside arrays.cats")
 
 
 def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> None:
@@ -201,8 +231,10 @@ def _check_compact(arrays, n_trees: int, nf: int, n_leaves: int) -> None:
     if np.any(slot[leaf] >= n_leaves):
         _fail("arrays.cnodes", "a leaf slot outside the leaf array")
     inner = ~leaf
-    if np.any(key[inner] >= 2 * nf):
+    if np.any((key[inner] & ~KEY_SPECIAL) >= 2 * nf):
         _fail("arrays.cnodes", f"a node key reads a feature beyond n_features ({nf})")
+    special = inner & ((key & KEY_SPECIAL) != 0)
+    _check_entries(arrays, thr[special], "arrays.cnodes")
     # children come after their parent (no cycles) and both lie inside the array
     if np.any(child[inner] <= here[inner]) or np.any(child[inner] + 1 >= n):
         _fail("arrays.cnodes", "a child index before its node or outside the array")
