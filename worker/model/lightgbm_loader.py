@@ -26,8 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .ir import (Ensemble, Tree, UnsupportedModelError, categorical_entry,
-                 float32_at_or_below, zero_band_entry)
+from .ir import (
+    Ensemble,
+    Tree,
+    UnsupportedModelError,
+    categorical_entry,
+    float32_at_or_below,
+    zero_band_entry,
+)
 
 K_ZERO = np.float32(1e-35)  # LightGBM's kZeroThreshold (a float literal)
 _CATEGORICAL, _DEFAULT_LEFT = 1, 2  # decision_type bits; missing type in bits 2-3
@@ -139,7 +145,7 @@ def _tree(fields: dict, index: int, n_features: int) -> Tree:
     threshold[:ni][num] = float32_at_or_below(threshold_d[num])
     # missing_type None: NaN is replaced by 0.0 and compared
     none = num & (missing == 0)
-    default_left[:ni][none] = 0.0 <= threshold_d[none]
+    default_left[:ni][none] = threshold_d[none] >= 0.0
     special = {}
     for node in np.flatnonzero(num & (missing == 1)):
         special[int(node)] = zero_band_entry(threshold[node], K_ZERO)

@@ -125,8 +125,8 @@ def pack_explain(ens: Ensemble) -> dict[str, np.ndarray]:
     (``_explain``): ``x_tree`` the first node of each tree (and the total), per node the
     feature (-1: leaf), threshold, children (tree-local, -1 at leaves), missing-goes-left,
     cover and value (leaves); with special nodes also ``x_special``, the offset of a node's
-    entry in ``cats`` (0: an ordinary split). Empty when a tree has no covers, or a split node a cover
-    that is not a positive number (attributions then say so)."""
+    entry in ``cats`` (0: an ordinary split). Empty when a tree has no covers, or a split
+    node a cover that is not a positive number (attributions then say so)."""
     for t in ens.trees:
         inner = t.feature >= 0
         if t.cover is None or t.cover.shape != t.feature.shape or \
