@@ -8,7 +8,10 @@ and ``t`` doubles, and the trees' outputs are summed in double, round by round. 
 representable in float32 (the worker stages float32), ``x <= t`` iff ``not x > t32`` with
 ``t32`` the largest float32 not above ``t`` (``ir.float32_at_or_below``); leaf values stay
 doubles and are summed in float64 in tree order, so ``raw`` equals
-``Booster.predict(raw_score=True)`` bit for bit. Missing values:
+``Booster.predict(raw_score=True)`` bit for bit. LightGBM reads a dense row as sparse: every
+value with |x| <= kZeroThreshold (1e-35f) becomes 0.0 before any tree sees it. A threshold
+inside that band is therefore moved to its edge on the side 0 goes, so that the band's values
+go where 0 goes. Missing values:
 
 * ``missing_type=NaN``: NaN goes to the default side; zeros are compared.
 * ``missing_type=None``: LightGBM replaces NaN by 0.0 and compares: NaN goes where 0 goes.
@@ -143,6 +146,11 @@ def _tree(fields: dict, index: int, n_features: int) -> Tree:
     if np.any(np.isnan(threshold_d[num])):  # +inf: a split of NaN from the rest
         raise UnsupportedModelError(f"{where}: a threshold that is not a number")
     threshold[:ni][num] = float32_at_or_below(threshold_d[num])
+    # values in the zero band are read as 0.0: they go where 0 goes
+    t = threshold[:ni]
+    inside = num & (t >= -K_ZERO) & (t < K_ZERO)
+    t[inside] = np.where(threshold_d[inside] >= 0.0, K_ZERO,
+                         np.nextafter(-K_ZERO, np.float32(-np.inf)))
     # missing_type None: NaN is replaced by 0.0 and compared
     none = num & (missing == 0)
     default_left[:ni][none] = threshold_d[none] >= 0.0

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Ensemble, Tree, UnsupportedModelError, float32_at_or_below
+from .ir import (
+    MAX_CATEGORY_BITS,
+    Ensemble,
+    Tree,
+    UnsupportedModelError,
+    categorical_entry,
+    float32_at_or_below,
+)
 
 
 def _sk_tree(tree_, value: np.ndarray) -> Tree:
@@ -29,23 +36,82 @@ def _sk_tree(tree_, value: np.ndarray) -> Tree:
     )
 
 
-def _hgb_tree(nodes) -> Tree:
-    if nodes["is_categorical"].any():
-        raise UnsupportedModelError("HistGradientBoosting categorical splits are not supported")
+def _hgb_tree(pred, cats: _HgbCategories | None) -> Tree:
+    nodes = pred.nodes
     is_leaf = nodes["is_leaf"].astype(bool)
-    feature = np.where(is_leaf, -1, nodes["feature_idx"]).astype(np.int32)
+    feature = np.where(is_leaf, -1, nodes["feature_idx"]).astype(np.int64)
+    if cats is not None:  # predictor features are the preprocessor's (categorical first)
+        feature = np.where(is_leaf, -1, cats.original[np.maximum(feature, 0)])
     threshold = np.where(is_leaf, np.float32(np.inf), float32_at_or_below(nodes["num_threshold"]))
     left = np.where(is_leaf, -1, nodes["left"].astype(np.int64)).astype(np.int32)
     right = np.where(is_leaf, -1, nodes["right"].astype(np.int64)).astype(np.int32)
+    missing_left = nodes["missing_go_to_left"].astype(bool)
+    special = {}
+    for node in np.flatnonzero(nodes["is_categorical"].astype(bool) & ~is_leaf):
+        left_codes = np.unpackbits(pred.raw_left_cat_bitsets[nodes["bitset_idx"][node]]
+                                   .astype("<u4").view(np.uint8), bitorder="little")
+        special[int(node)] = cats.entry(int(nodes["feature_idx"][node]),
+                                        left_codes.astype(bool), bool(missing_left[node]))
     return Tree(
-        feature,
+        feature.astype(np.int32),
         threshold.astype(np.float32),
         left,
         right,
-        nodes["missing_go_to_left"].astype(bool),
+        missing_left,
         nodes["value"].astype(np.float64)[:, None],
         nodes["count"].astype(np.float64),
+        special,
     )
+
+
+class _HgbCategories:
+    """HistGradientBoosting's categorical features (scikit-learn >= 1.4: an OrdinalEncoder
+    in front of the trees). A value is a category when the encoder knows it; a known
+    category goes left when its code is in the node's set and right otherwise; NaN, a value
+    the encoder does not know and a category the training data did not hold go where missing
+    values go. Numeric categories: the entry is over the values themselves (whole numbers in
+    [0, 2^20)); string categories: over their codes, and the model keeps the list."""
+
+    def __init__(self, est):
+        pre = est._preprocessor
+        cat = np.flatnonzero(est.is_categorical_)
+        self.original = np.concatenate([cat, np.flatnonzero(~est.is_categorical_)])
+        self.raw = pre.named_transformers_["encoder"].categories_  # per categorical feature
+        self.known, self.f_idx = est._bin_mapper.make_known_categories_bitsets()
+        self.names = _names(est, int(est.n_features_in_))
+        self.strings: dict[str, list[str]] = {}
+        for k, j in enumerate(cat):
+            values = self.raw[k]
+            if values.dtype.kind in "OUS":
+                kept = [v for v in values if isinstance(v, str)]
+                if len(kept) != len([v for v in values if v is not None and v == v]):
+                    raise UnsupportedModelError(f"categorical feature {self.names[j]!r} mixes "
+                                                "strings and other categories")
+                self.strings[self.names[j]] = kept
+
+    def entry(self, feature: int, left_codes: np.ndarray, missing_left: bool) -> np.ndarray:
+        j = int(self.original[feature])
+        values = self.raw[feature]  # categorical features come first: feature == their index
+        known = np.unpackbits(self.known[self.f_idx[feature]].astype("<u4").view(np.uint8),
+                              bitorder="little").astype(bool)
+        if values.dtype.kind in "OUS":  # strings: decided by code
+            codes = np.arange(len(self.strings[self.names[j]]))
+        else:
+            real = values[~np.isnan(values.astype(np.float64))].astype(np.float64)
+            if real.size and (np.any(real < 0) or np.any(real != np.floor(real))
+                              or real.max() >= MAX_CATEGORY_BITS):
+                raise UnsupportedModelError(
+                    f"categorical feature {self.names[j]!r} has categories that are not whole "
+                    f"numbers in [0, {MAX_CATEGORY_BITS})")
+            codes = real.astype(np.int64)
+        n = int(codes.max()) + 1 if codes.size else 0
+        right = np.full(n, not missing_left)  # not a category: where missing values go
+        c = np.arange(codes.size)
+        c_known = known[c] if c.size <= known.size else np.zeros(c.size, bool)
+        right[codes] = np.where(c_known, ~left_codes[c], not missing_left)
+        return categorical_entry(right, beyond_right=not missing_left,
+                                 negative_right=not missing_left, truncate=False,
+                                 whole_only=True)
 
 
 def _names(est, n_features: int) -> list[str]:
@@ -126,12 +192,13 @@ def _gradient_boosting(est, classifier: bool) -> Ensemble:
 
 
 def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
-    if getattr(est, "is_categorical_", None) is not None and np.any(est.is_categorical_):
-        idx = int(np.flatnonzero(est.is_categorical_)[0])
-        raise UnsupportedModelError(
-            f"HistGradientBoosting categorical feature {_names(est, est.n_features_in_)[idx]!r} "
-            "is not supported"
-        )
+    categorical = getattr(est, "is_categorical_", None)
+    cats = None
+    if categorical is not None and np.any(categorical):
+        if getattr(est, "_preprocessor", None) is None:
+            raise UnsupportedModelError("HistGradientBoosting with categorical features needs "
+                                        "scikit-learn >= 1.4 (its categories preprocessor)")
+        cats = _HgbCategories(est)
     k = int(est.n_trees_per_iteration_)
     base = np.asarray(est._baseline_prediction, dtype=np.float64).reshape(-1)
     if base.shape[0] == 1 and k > 1:
@@ -139,7 +206,7 @@ def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
     trees, group = [], []
     for it in est._predictors:
         for c, pred in enumerate(it):
-            trees.append(_hgb_tree(pred.nodes))
+            trees.append(_hgb_tree(pred, cats))
             group.append(c)
     if classifier:
         n_classes = len(est.classes_)
@@ -156,7 +223,7 @@ def _hist_gradient_boosting(est, classifier: bool) -> Ensemble:
         task, link, classes = "regression", "identity", []
     return _boosted(est, trees, group, k, base, link, task, classes, notes=[
         "HistGradientBoosting compares float64 features: staging in float32 is exact "
-        "for inputs representable in float32"])
+        "for inputs representable in float32"], categories=cats.strings if cats else {})
 
 
 def _boosted(est, trees, group, k, base, link, task, classes, **extra) -> Ensemble:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .ir import Ensemble, Tree, UnsupportedModelError, float32_below
+from .ir import (
+    MAX_CATEGORY_BITS,
+    Ensemble,
+    Tree,
+    UnsupportedModelError,
+    categorical_entry,
+    float32_below,
+)
 
 # objective -> (task, link, how base_score becomes a margin)
 _OBJECTIVES = {
@@ -61,8 +68,6 @@ def _tree(j: dict, index: int) -> Tree:
         raise UnsupportedModelError(
             f"tree {index} has vector leaves (multi_strategy=multi_output_tree)"
         )
-    if any(int(t) != 0 for t in j.get("split_type", [])):
-        raise UnsupportedModelError(f"tree {index} has categorical splits")
     left = np.asarray(j["left_children"], dtype=np.int32)
     right = np.asarray(j["right_children"], dtype=np.int32)
     cond = np.asarray(j["split_conditions"], dtype=np.float32)
@@ -72,7 +77,55 @@ def _tree(j: dict, index: int) -> Tree:
     value = np.where(is_leaf, cond, np.float32(0)).astype(np.float64)[:, None]
     default_left = np.asarray(j["default_left"], dtype=bool)
     cover = np.asarray(j["sum_hessian"], dtype=np.float64) if "sum_hessian" in j else None
-    return Tree(feature.astype(np.int32), threshold, left, right, default_left, value, cover)
+    special = _categorical(j, index, is_leaf)
+    return Tree(feature.astype(np.int32), threshold, left, right, default_left, value, cover,
+                special)
+
+
+def _categorical(j: dict, index: int, is_leaf: np.ndarray) -> dict[int, np.ndarray]:
+    """XGBoost's partition splits (``enable_categorical``): the listed categories go right;
+    a missing value where ``default_left`` says; anything else left (a negative value, a
+    category past the node's list, one at or above 2^24). ``int(x)`` truncates: 2.7 is 2."""
+    types = np.asarray(j.get("split_type", []), dtype=np.int64)
+    if types.size == 0 or not np.any(types != 0):
+        return {}
+    if types.shape != is_leaf.shape or np.any((types != 0) & (types != 1)):
+        raise UnsupportedModelError(f"tree {index}: unknown split types")
+    nodes = np.asarray(j.get("categories_nodes", []), dtype=np.int64)
+    seg = np.asarray(j.get("categories_segments", []), dtype=np.int64)
+    size = np.asarray(j.get("categories_sizes", []), dtype=np.int64)
+    cats = np.asarray(j.get("categories", []), dtype=np.int64)
+    if not (nodes.shape == seg.shape == size.shape) or np.any(seg < 0) or np.any(size < 0) \
+            or np.any(seg + size > cats.size) or np.any(nodes < 0) or \
+            np.any(nodes >= is_leaf.size) or set(nodes.tolist()) != set(
+                np.flatnonzero(types == 1).tolist()) or np.any(is_leaf[nodes]):
+        raise UnsupportedModelError(f"tree {index}: malformed categorical splits")
+    out = {}
+    for node, s0, k in zip(nodes.tolist(), seg.tolist(), size.tolist(), strict=True):
+        chosen = cats[s0:s0 + k]
+        if chosen.size and (chosen.min() < 0 or chosen.max() >= MAX_CATEGORY_BITS):
+            raise UnsupportedModelError(f"tree {index}: a category outside [0, 2^20)")
+        right = np.zeros(int(chosen.max()) + 1 if chosen.size else 0, dtype=bool)
+        right[chosen] = True
+        out[node] = categorical_entry(right, beyond_right=False, negative_right=False,
+                                      truncate=False)
+    return out
+
+
+def _categories(gbm: dict, names: list[str]) -> dict[str, list[str]]:
+    """String categories XGBoost stored with the model (3.1+), in code order, by feature."""
+    out = {}
+    for name, enc in zip(names, (gbm.get("cats") or {}).get("enc", []), strict=False):
+        offsets, values = enc.get("offsets") or [], enc.get("values") or []
+        if len(offsets) < 2:
+            continue  # numeric features, or numeric categories (their codes are the input)
+        try:
+            raw = bytes(values)
+            out[name] = [raw[a:b].decode("utf-8")
+                         for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        except (ValueError, TypeError):
+            raise UnsupportedModelError(f"feature {name!r}: unreadable categories") from None
+    return out
 
 
 def to_ir(source) -> Ensemble:
@@ -130,6 +183,7 @@ def to_ir(source) -> Ensemble:
         n_features=n_features,
         feature_names=names,
         classes=classes,
+        categories=_categories(gbm, names),
         accumulate="float32",
         objective=objective,
         source=f"xgboost {xgb.__version__}",

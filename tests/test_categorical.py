@@ -1,0 +1,367 @@
+"""LightGBM models and categorical splits (LightGBM, XGBoost, HistGradientBoosting), held to
+each library's own predictions on hostile rows: NaN, +-inf, zeros and values inside LightGBM's
+zero band, values on the thresholds and next to them, negative, fractional, unseen and huge
+categories. LightGBM's raw score is compared bit for bit (module docstring of
+``worker/model/lightgbm_loader.py``: the recipe), XGBoost's margin bit for bit in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker.model import artifact, structure
+from worker.model.compile import compile_model
+from worker.model.compiled import CompiledModel, load_model
+from worker.model.ir import UnsupportedModelError
+
+lgb = pytest.importorskip("lightgbm")
+xgb = pytest.importorskip("xgboost")
+
+N_FEATURES = 6
+CAT = (3, 4)  # categorical features (integer codes)
+
+
+def _data(seed=0, n=3000, nan=True):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, N_FEATURES))
+    X[:, 3] = rng.integers(0, 20, n)
+    X[:, 4] = rng.integers(0, 60, n)
+    X[rng.random(n) < 0.25, 1] = 0.0  # zeros for zero_as_missing
+    if nan:
+        X[rng.random(X.shape) < 0.08] = np.nan
+    logit = X[:, 0] + np.where(np.nan_to_num(X[:, 3]) % 3 == 0, 1.5, -0.5) \
+        + 0.05 * np.nan_to_num(X[:, 4]) - 1.0 + np.nan_to_num(X[:, 1])
+    y = (logit + rng.normal(size=n) * 0.5 > 0).astype(int)
+    return X, y, rng
+
+
+def _lgb_thresholds(booster) -> np.ndarray:
+    """Numerical split thresholds of a LightGBM model (doubles)."""
+    out = []
+    for t in booster.dump_model()["tree_info"]:
+        stack = [t["tree_structure"]]
+        while stack:
+            node = stack.pop()
+            if "split_feature" in node:
+                if node["decision_type"] == "<=":
+                    out.append(float(node["threshold"]))
+                stack += [node["left_child"], node["right_child"]]
+    return np.asarray(out)
+
+
+def hostile(n: int, thresholds: np.ndarray, seed: int) -> np.ndarray:
+    """float32-representable rows: thresholds and their float32 neighbours, zeros of both
+    signs, values inside LightGBM's zero band (|x| <= 1e-35f), NaN, +-inf, and categorical
+    columns with negative, fractional, unseen, huge and infinite values."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(scale=2.0, size=(n, N_FEATURES))
+    finite = thresholds[np.abs(thresholds) < 3e38]
+    t32 = finite.astype(np.float32)
+    near = np.concatenate([t32, np.nextafter(t32, np.float32(np.inf)),
+                           np.nextafter(t32, np.float32(-np.inf))]) if finite.size else [0.0]
+    pick = rng.random(X.shape) < 0.4
+    X[pick] = rng.choice(near, size=int(pick.sum()))
+    special = np.asarray([0.0, -0.0, 1e-36, -1e-36, 1e-35, -1e-35, 2e-35, np.nan, np.inf,
+                          -np.inf, 3.4e38], dtype=np.float32)
+    pick = rng.random(X.shape) < 0.15
+    X[pick] = rng.choice(special, size=int(pick.sum()))
+    cats = np.asarray([-1, -0.5, -0.0, 0.5, 2.7, 19.999, 20, 63, 64, 1000, 2.0**31, 2.0**32,
+                       np.nan, np.inf, -np.inf, -3], dtype=np.float64)
+    for j in CAT:
+        X[:, j] = rng.integers(0, 70, n)
+        pick = rng.random(n) < 0.3
+        X[pick, j] = rng.choice(cats, size=int(pick.sum()))
+    return X.astype(np.float32)
+
+
+LGB_OBJECTIVES = [
+    dict(objective="binary"),
+    dict(objective="binary", sigmoid=2.0),
+    dict(objective="multiclass", num_class=3),
+    dict(objective="regression"),
+    dict(objective="regression_l1"),
+    dict(objective="huber"),
+    dict(objective="quantile", alpha=0.8),
+    dict(objective="poisson"),
+    dict(objective="tweedie"),
+    dict(objective="gamma"),
+    dict(objective="cross_entropy"),
+    dict(objective="binary", boosting="rf", bagging_freq=1, bagging_fraction=0.6),
+]
+MISSING = {"nan": {}, "none": {"use_missing": False}, "zero": {"zero_as_missing": True}}
+
+
+def _label(params, X, y, rng):
+    obj = params["objective"]
+    if obj == "multiclass":
+        return rng.integers(0, 3, X.shape[0])
+    if obj in ("regression", "regression_l1", "huber", "quantile"):
+        return y * 2.0 + rng.normal(size=y.size)
+    if obj in ("poisson", "tweedie"):
+        return rng.poisson(1.0 + y).astype(float)
+    if obj == "gamma":
+        return rng.gamma(2.0, 1.0 + y)
+    return y
+
+
+def _lgb(params, missing="nan", seed=0, rounds=25, leaves=15):
+    X, y, rng = _data(seed)
+    p = {**params, **MISSING[missing], "num_leaves": leaves, "verbose": -1,
+         "min_data_per_group": 5, "cat_smooth": 1.0, "max_cat_to_onehot": 4, "seed": seed}
+    ds = lgb.Dataset(X, _label(params, X, y, rng), categorical_feature=list(CAT))
+    return lgb.train(p, ds, num_boost_round=rounds)
+
+
+def _lgb_raw(booster, X, divisor):
+    return booster.predict(X.astype(np.float64), raw_score=True).reshape(X.shape[0], -1) \
+        / divisor
+
+
+@pytest.mark.parametrize("params", LGB_OBJECTIVES,
+                         ids=lambda p: "-".join(str(v) for v in p.values()))
+@pytest.mark.parametrize("missing", sorted(MISSING))
+def test_lightgbm_raw_is_bit_identical(params, missing):
+    booster = _lgb(params, missing)
+    model = compile_model(booster)
+    X = hostile(3000, _lgb_thresholds(booster), seed=1)
+    assert np.array_equal(model.raw(X, n_threads=2), _lgb_raw(booster, X, model.divisor))
+    # one row at a time (the small-batch path) gives the same
+    assert np.array_equal(model.raw(X[:40], n_threads=1), _lgb_raw(booster, X[:40],
+                                                                     model.divisor))
+    if model.task == "regression":
+        np.testing.assert_allclose(model.predict(X), booster.predict(X.astype(np.float64)),
+                                   rtol=1e-12, atol=0)
+    else:
+        ref = booster.predict(X.astype(np.float64))
+        ref = np.column_stack([1 - ref, ref]) if ref.ndim == 1 else ref
+        np.testing.assert_allclose(model.predict_proba(X), ref, rtol=1e-12, atol=1e-15)
+
+
+def test_lightgbm_special_nodes_are_there():
+    """The hostile tests above exercise both special kinds (not a vacuous pass)."""
+    for missing, kind in (("zero", "zero"), ("nan", "categorical")):
+        ens_cats = compile_model(_lgb(LGB_OBJECTIVES[0], missing)).arrays["cats"]
+        heads = ens_cats[2:]
+        assert (heads == 0x40000000).any() if kind == "zero" else ens_cats.size > 10
+
+
+def test_lightgbm_sources_agree(tmp_path):
+    """A Booster, an LGBMClassifier, a saved model file (compiled without running anything
+    from it) give the same compiled model."""
+    X, y, _ = _data(3)
+    clf = lgb.LGBMClassifier(n_estimators=20, num_leaves=15, verbose=-1,
+                             min_data_per_group=5).fit(X, y, categorical_feature=list(CAT))
+    path = tmp_path / "model.txt"
+    clf.booster_.save_model(str(path))
+    a, b, c = (compile_model(s) for s in (clf, clf.booster_, path))
+    assert a.to_bytes() != b"" and a.arrays.keys() == c.arrays.keys()
+    for k in a.arrays:
+        assert np.array_equal(a.arrays[k], b.arrays[k]) and np.array_equal(a.arrays[k],
+                                                                           c.arrays[k])
+    Xh = hostile(500, _lgb_thresholds(clf.booster_), seed=4)
+    np.testing.assert_array_equal(c.predict_proba(Xh), a.predict_proba(Xh))
+    np.testing.assert_allclose(a.predict_proba(Xh), clf.predict_proba(Xh.astype(np.float64)),
+                               rtol=1e-12)
+
+
+def test_lightgbm_artifact_round_trip(tmp_path):
+    booster = _lgb(LGB_OBJECTIVES[0], "zero")
+    model = compile_model(booster)
+    model.save(tmp_path / "m.model")
+    back = load_model(tmp_path / "m.model")
+    X = hostile(800, _lgb_thresholds(booster), seed=5)
+    assert np.array_equal(back.raw(X), _lgb_raw(booster, X, 1.0))
+
+
+@pytest.mark.parametrize("missing", ["nan", "zero"])
+def test_lightgbm_contributions_are_pred_contrib(missing):
+    booster = _lgb(LGB_OBJECTIVES[0], missing)
+    model = compile_model(booster)
+    X = hostile(300, _lgb_thresholds(booster), seed=6)
+    X = np.where(np.isinf(X), np.float32(0.0), X)  # LightGBM's TreeSHAP refuses nothing, but
+    ref = booster.predict(X.astype(np.float64), pred_contrib=True)  # keep the margins finite
+    ours = model.contributions(X)
+    assert np.abs(ours - ref).max() <= 1e-9 * max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(ours.sum(axis=1), model.raw(X)[:, 0], rtol=0, atol=1e-9)
+
+
+def test_lightgbm_lazy_policy_on_categorical_model():
+    booster = _lgb(LGB_OBJECTIVES[0], "nan", rounds=60)
+    model = compile_model(booster)
+    X = hostile(2000, _lgb_thresholds(booster), seed=7)
+    full = model.score_batch(X, thresholds=[0.5])
+    lazy = model.score_batch(X, lazy="certified", thresholds=[0.5])
+    assert np.array_equal(lazy.decision, full.decision)
+    assert lazy.work_units.mean() < full.work_units.mean()
+
+
+@pytest.mark.parametrize("what, match", [
+    (dict(objective="binary", linear_tree=True), "linear tree"),
+    (dict(objective="multiclassova", num_class=3), "multiclassova"),
+    (dict(objective="binary", sigmoid=0.5), "sigmoid"),
+    (dict(objective="regression", reg_sqrt=True), "reg_sqrt"),
+    (dict(objective="cross_entropy_lambda"), "cross_entropy_lambda"),
+])
+def test_lightgbm_refusals_name_what_is_unsupported(what, match):
+    X, y, rng = _data(2, nan=False)
+    label = rng.integers(0, 3, X.shape[0]) if "num_class" in what else y
+    booster = lgb.train({**what, "verbose": -1, "num_leaves": 7},
+                        lgb.Dataset(X, label), num_boost_round=3)
+    with pytest.raises(UnsupportedModelError, match=match):
+        compile_model(booster)
+
+
+def test_lightgbm_custom_objective_is_refused():
+    X, y, _ = _data(2, nan=False)
+
+    def logloss(preds, data):
+        p = 1 / (1 + np.exp(-preds))
+        return p - data.get_label(), p * (1 - p)
+
+    booster = lgb.train({"objective": logloss, "verbose": -1, "num_leaves": 7},
+                        lgb.Dataset(X, y), num_boost_round=3)
+    with pytest.raises(UnsupportedModelError, match="custom"):
+        compile_model(booster)
+
+
+def test_lightgbm_pandas_categories_are_kept():
+    pd = pytest.importorskip("pandas")
+    X, y, _ = _data(8)
+    names = [f"mcc{i:02d}" for i in range(20)]
+    df = pd.DataFrame(X, columns=[f"x{j}" for j in range(N_FEATURES)])
+    df["x3"] = pd.Categorical.from_codes(np.nan_to_num(X[:, 3], nan=-1).astype(int), names)
+    df = df.drop(columns=["x4"])
+    clf = lgb.LGBMClassifier(n_estimators=15, num_leaves=15, verbose=-1,
+                             min_data_per_group=5).fit(df, y)
+    model = compile_model(clf)
+    assert model.categories == {"x3": names}
+
+
+# ---- XGBoost -------------------------------------------------------------------------------
+
+def _xgb_categorical(strings: bool, objective="binary:logistic", seed=0):
+    pd = pytest.importorskip("pandas")
+    X, y, rng = _data(seed)
+    df = pd.DataFrame(X, columns=[f"x{j}" for j in range(N_FEATURES)])
+    for j in CAT:
+        codes = np.nan_to_num(X[:, j], nan=-1).astype(int)
+        labels = [f"c{j}_{i}" for i in range(int(codes.max()) + 1)] if strings else \
+            list(range(int(codes.max()) + 1))
+        df[f"x{j}"] = pd.Categorical.from_codes(codes, labels)
+    label = rng.integers(0, 3, X.shape[0]) if objective.startswith("multi") else y
+    model = xgb.XGBClassifier if objective != "reg:squarederror" else xgb.XGBRegressor
+    est = model(n_estimators=40, max_depth=5, enable_categorical=True, tree_method="hist",
+                max_cat_to_onehot=1, objective=objective, random_state=seed).fit(df, label)
+    return est
+
+
+@pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob",
+                                       "reg:squarederror"])
+@pytest.mark.parametrize("strings", [False, True])
+def test_xgboost_categorical_margin_is_bit_identical(objective, strings):
+    est = _xgb_categorical(strings, objective)
+    model = compile_model(est)
+    X = hostile(3000, np.asarray([0.0, 1.0]), seed=9)
+    ref = est.get_booster().inplace_predict(X, predict_type="margin")
+    ours = model.raw(X).astype(np.float32)
+    assert np.array_equal(ours.reshape(ref.shape), ref)
+    if strings:
+        assert model.categories["x3"][:2] == ["c3_0", "c3_1"]
+    else:
+        assert model.categories == {}
+
+
+def test_xgboost_categorical_contributions():
+    est = _xgb_categorical(False)
+    model = compile_model(est)
+    X = hostile(300, np.asarray([0.0]), seed=10)
+    X = np.where(np.isinf(X), np.float32(7.0), X)
+    dm = xgb.DMatrix(X, enable_categorical=True, feature_names=model.feature_names,
+                     feature_types=["c" if j in CAT else "q" for j in range(N_FEATURES)])
+    ref = est.get_booster().predict(dm, pred_contribs=True)
+    ours = model.contributions(X)
+    assert np.abs(ours - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+
+
+# ---- scikit-learn HistGradientBoosting -----------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["classifier", "regressor", "multiclass"])
+def test_hist_gradient_boosting_categorical(kind):
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+    X, y, rng = _data(11)
+    X[:, 4] = np.where(np.isnan(X[:, 4]), np.nan, X[:, 4] * 2)  # categories 0, 2, 4, ...
+    if kind == "multiclass":
+        y = rng.integers(0, 3, X.shape[0])
+    est = (HistGradientBoostingRegressor if kind == "regressor" else
+           HistGradientBoostingClassifier)(max_iter=25, categorical_features=list(CAT),
+                                           random_state=0).fit(X, y)
+    model = compile_model(est)
+    Xh = hostile(3000, np.asarray([0.0]), seed=12)
+    Xh = np.where(np.isinf(Xh), np.float32(1e9), Xh)  # scikit-learn refuses inf categories
+    Xh[:, 3] = np.minimum(np.abs(Xh[:, 3]), 1e9) * np.sign(Xh[:, 3])
+    if kind == "regressor":
+        ref, ours = est.predict(Xh), model.predict(Xh)
+    else:
+        ref, ours = est.predict_proba(Xh), model.predict_proba(Xh)
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-15)
+    phi = model.contributions(Xh[:200])
+    margin = model.raw(Xh[:200])
+    total = phi.sum(axis=-1)
+    np.testing.assert_allclose(total.reshape(margin.shape), margin, atol=1e-9)
+
+
+def test_hist_gradient_boosting_string_categories():
+    pd = pytest.importorskip("pandas")
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    X, y, _ = _data(13, nan=False)
+    df = pd.DataFrame({"a": X[:, 0].astype(np.float32).astype(np.float64), "mcc": pd.Categorical(
+        np.asarray(["grocery", "travel", "gaming", "fuel"])[X[:, 3].astype(int) % 4])})
+    est = HistGradientBoostingClassifier(max_iter=10, categorical_features="from_dtype").fit(
+        df, y)
+    model = compile_model(est, check=False)
+    assert model.categories == {"mcc": ["fuel", "gaming", "grocery", "travel"]}
+    codes = pd.Categorical(df["mcc"], categories=model.categories["mcc"]).codes
+    Xc = np.column_stack([df["a"], codes]).astype(np.float32)
+    np.testing.assert_allclose(model.predict_proba(Xc), est.predict_proba(df), rtol=1e-12)
+
+
+# ---- artifacts that lie about their categorical splits -------------------------------------
+
+def _meta_arrays():
+    model = compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=5))
+    return dict(model.meta), {k: v.copy() for k, v in model.arrays.items()}
+
+
+@pytest.mark.parametrize("edit, match", [
+    ("offset_out", "cnodes"),
+    ("header_huge", "cnodes"),
+    ("no_cats", "cats|cnodes"),
+    ("first_entry", "unused entry"),
+    ("special_leaf", "cnodes"),
+])
+def test_lying_categorical_entries_are_refused(edit, match):
+    meta, arrays = _meta_arrays()
+    cn = arrays["cnodes"]
+    sp = np.flatnonzero((cn[:, 0] & 0xC0000000) == 0x40000000)
+    assert sp.size
+    if edit == "offset_out":
+        cn[sp[0], 1] = arrays["cats"].shape[0] - 1
+    elif edit == "header_huge":
+        arrays["cats"][cn[sp[0], 1]] = 0x001FFFFF
+    elif edit == "no_cats":
+        del arrays["cats"]
+    elif edit == "first_entry":
+        arrays["cats"][0] = 5
+    elif edit == "special_leaf":
+        leaf = np.flatnonzero(cn[:, 0] == 0x80000000)[0]
+        cn[leaf, 0] |= 0x40000000
+    with pytest.raises(artifact.ArtifactError, match=match):
+        structure.check(meta, arrays)
+        CompiledModel(meta, arrays)
+
+
+def test_padded_layout_is_refused_for_categorical_models():
+    with pytest.raises(ValueError, match="padded"):
+        compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=3), layout="padded")
