@@ -109,7 +109,7 @@ cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
     cdef bint right
     if T.special != NULL and T.special[base + node] != 0:
         right = sw_special_right(v, 1 - T.default_left[base + node],
-                                 T.cats + T.special[base + node])
+                                 T.cats[T.special[base + node]], T.cats + T.special[base + node])
     elif isnan(v):
         right = not T.default_left[base + node]
     else:

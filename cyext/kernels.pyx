@@ -434,6 +434,8 @@ cdef class Forest:
                 if (off >= cats.shape[0]).any():
                     raise ValueError("a special node's entry lies outside cats")
                 head = cats[off].astype(np.int64)
+                if (cn[special, 3] != cats[off]).any():
+                    raise ValueError("a special node's header differs from its entry's")
                 n_bits = head & 0x1FFFFF
                 end = np.where(head == 0x40000000, off + 3, off + 1 + (n_bits + 33) // 32)
                 if ((head & 0x40000000 != 0) & (head != 0x40000000)).any() \

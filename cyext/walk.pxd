@@ -23,7 +23,7 @@ cdef extern from "walk.h":
                    int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
     void sw_swalk16(const void* nodes, const int64_t* root, int64_t dt, const float* x,
                     int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
-    uint32_t sw_special_right(float v, uint32_t key, const uint32_t* e) noexcept nogil
+    uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const uint32_t* e) noexcept nogil
     enum: SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT
 
 

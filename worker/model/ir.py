@@ -145,9 +145,9 @@ def float32_below(s: np.ndarray) -> np.ndarray:
 # Special node entries, as the kernels read them (walk.h, sw_special_right). Word 0 is a
 # header: SP_ZERO for a zero-as-missing split; else the number n of category bits, with SP_INT
 # when only whole numbers are categories and SP_TRUNC when values in (-1, 0) are category 0
-# (LightGBM casts to int first). A categorical entry continues with n + 2 bits: bit c says
-# whether category c goes right, bit n where a value at or above n goes, bit n + 1 where a
-# negative value goes. A zero-band entry continues with the float32 threshold and the band's
+# (LightGBM casts to int first). A categorical entry continues with n + 2 bits: bit 0 says
+# where a negative value goes, bit c + 1 whether category c goes right, bit n + 1 where a
+# value at or above n goes. A zero-band entry continues with the float32 threshold and the band's
 # half-width: |v| <= band goes where missing values go, other values right iff v > threshold.
 SP_INT = 0x80000000
 SP_ZERO = 0x40000000
@@ -166,8 +166,8 @@ def categorical_entry(right: np.ndarray, beyond_right: bool, negative_right: boo
         raise UnsupportedModelError(f"a categorical split over {n} categories (at most "
                                     f"{MAX_CATEGORY_BITS})")
     bits = np.zeros(n + 2, dtype=bool)
-    bits[:n] = right
-    bits[n], bits[n + 1] = beyond_right, negative_right
+    bits[1:n + 1] = right
+    bits[0], bits[n + 1] = negative_right, beyond_right
     words = np.packbits(np.concatenate([bits, np.zeros((-bits.size) % 32, bool)]),
                         bitorder="little").view("<u4")
     head = n | (SP_INT if whole_only else 0) | (SP_TRUNC if truncate else 0)

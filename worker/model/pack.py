@@ -103,6 +103,7 @@ def pack_compact(ens: Ensemble, acc: np.dtype) -> dict[str, np.ndarray]:
             at = new_id[ir_node] - n_nodes
             node[at, 0] |= KEY_SPECIAL
             node[at, 1] = offset
+            node[at, 3] = cats[offset]  # the entry's header, read with the node
         cn.append(node)
         leaves.append(tree.value[order[is_leaf]])
         roots.append(n_nodes)

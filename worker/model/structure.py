@@ -235,6 +235,8 @@ def _check_compact(arrays, n_trees: int, nf: int, n_leaves: int) -> None:
         _fail("arrays.cnodes", f"a node key reads a feature beyond n_features ({nf})")
     special = inner & ((key & KEY_SPECIAL) != 0)
     _check_entries(arrays, thr[special], "arrays.cnodes")
+    if special.any() and np.any(arrays["cats"][thr[special]] != slot[special]):
+        _fail("arrays.cnodes", "a special node's header differs from its entry's")
     # children come after their parent (no cycles) and both lie inside the array
     if np.any(child[inner] <= here[inner]) or np.any(child[inner] + 1 >= n):
         _fail("arrays.cnodes", "a child index before its node or outside the array")
