@@ -365,3 +365,67 @@ def test_lying_categorical_entries_are_refused(edit, match):
 def test_padded_layout_is_refused_for_categorical_models():
     with pytest.raises(ValueError, match="padded"):
         compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=3), layout="padded")
+
+
+# ---- categorical input from Arrow: dictionary-encoded strings ------------------------------
+
+def _mcc_model():
+    pd = pytest.importorskip("pandas")
+    X, y, rng = _data(14, nan=False)
+    mcc = np.asarray([f"m{i:04d}" for i in range(30)])
+    codes = rng.integers(0, 30, X.shape[0])
+    y = ((codes % 4 == 0) + X[:, 0] + rng.normal(size=X.shape[0]) * 0.3 > 0.6).astype(int)
+    df = pd.DataFrame({"amount": X[:, 0].astype(np.float32), "age": X[:, 1].astype(np.float32),
+                       "mcc": pd.Categorical(mcc[codes], categories=list(mcc))})
+    clf = lgb.LGBMClassifier(n_estimators=30, num_leaves=15, verbose=-1,
+                             min_data_per_group=5, cat_smooth=1.0).fit(df, y)
+    return clf, mcc
+
+
+def _mcc_table(mcc, n=500, seed=15):
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    strings = rng.choice(np.concatenate([mcc, ["unseen", "m9999"]]), n).astype(object)
+    strings[rng.random(n) < 0.05] = None
+    amount = rng.normal(size=n).astype(np.float32)
+    age = rng.normal(size=n).astype(np.float32)
+    return pa.table({"amount": amount, "age": age,
+                     "mcc": pa.array(strings, pa.string()).dictionary_encode()}), strings
+
+
+def test_dictionary_strings_score_as_lightgbm_scores_the_dataframe():
+    pd = pytest.importorskip("pandas")
+    clf, mcc = _mcc_model()
+    model = compile_model(clf)
+    assert model.categories["mcc"] == list(mcc)
+    table, strings = _mcc_table(mcc)
+    df = pd.DataFrame({"amount": table["amount"].to_numpy(), "age": table["age"].to_numpy(),
+                       "mcc": pd.Categorical.from_codes(  # unseen or missing: -1 (NaN)
+                           [list(mcc).index(v) if v in mcc else -1 for v in strings],
+                           categories=list(mcc))})
+    np.testing.assert_allclose(model.predict_proba(table), clf.predict_proba(df), rtol=1e-13)
+    raw = clf.booster_.predict(df, raw_score=True)
+    assert np.array_equal(model.raw(table)[:, 0], raw)
+    phi = model.contributions(table)
+    np.testing.assert_allclose(phi, clf.booster_.predict(df, pred_contrib=True), atol=1e-12)
+
+
+def test_decoder_maps_dictionary_strings_once_per_message(tmp_path):
+    import pyarrow as pa
+
+    from worker import codec
+
+    clf, mcc = _mcc_model()
+    model = compile_model(clf)
+    table, _ = _mcc_table(mcc, n=64)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    dec = codec.Decoder(model.feature_names, None, categories=model.categories)
+    batch = dec.decode(sink.getvalue().to_pybytes())
+    assert batch.schema.field("mcc").type == pa.float32()
+    np.testing.assert_array_equal(model.raw(batch), model.raw(table))
+    # without the model's categories the same message is a bad type, with a clear reason
+    with pytest.raises(codec.InvalidMessage, match="bad_type"):
+        codec.Decoder(model.feature_names, None).decode(sink.getvalue().to_pybytes())

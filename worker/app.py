@@ -73,7 +73,8 @@ class Pipeline:
         self.model = model
         self.scoring = settings.scoring
         self.decoder = codec.Decoder(model.feature_names, settings.scoring.id_column,
-                                     settings.delivery.max_message_rows)
+                                     settings.delivery.max_message_rows,
+                                     categories=model.categories)
         # what every output message carries, encoded once
         self.encoder = codec.StreamEncoder(codec.output_metadata(model))
         self._headers = [("content-type", codec.CONTENT_TYPE.encode()),

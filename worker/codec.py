@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _ipc
-from .model.compiled import feature_type_problem
+from .model.compiled import category_codes, feature_type_problem, is_category_type
 from .model.result import STOP_REASONS, ScoreResult
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
@@ -45,8 +45,12 @@ class Decoder:
     schema. Every message's columns are fully validated either way."""
 
     def __init__(self, feature_names: list[str], id_column: str | None,
-                 max_rows: int | None = None, cache_size: int = 256, native: bool = True):
+                 max_rows: int | None = None, cache_size: int = 256, native: bool = True,
+                 categories: dict[str, list[str]] | None = None):
         self.feature_names, self.id_column, self.max_rows = feature_names, id_column, max_rows
+        # features whose strings are mapped to codes (the model's categories); a message's
+        # dictionary-encoded strings become float32 codes as it is decoded
+        self.categories = dict(categories or {})
         self._plans: dict[bytes, tuple[pa.Schema, list[int], object]] = {}
         self._cache_size = cache_size
         self.native = native  # False: pyarrow reads every message (tests compare the two)
@@ -136,7 +140,17 @@ class Decoder:
         except (pa.ArrowException, ValueError) as exc:
             raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
                 from None
+        if self.categories:
+            batch = self._codes(batch)
         return batch, (group if group is not None else schema)
+
+    def _codes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Dictionary-encoded strings of features with categories as float32 codes."""
+        for name, cats in self.categories.items():
+            i = batch.schema.get_field_index(name)
+            if i >= 0 and is_category_type(batch.schema.field(i).type):
+                batch = batch.set_column(i, name, category_codes(batch.column(i), cats))
+        return batch
 
     def _plan(self, schema: pa.Schema) -> list[int]:
         """The indices of the columns to keep, in the message's order; InvalidMessage when the
@@ -155,7 +169,7 @@ class Decoder:
         if self.id_column and self.id_column not in present:
             raise InvalidMessage("missing_column", f"missing id column {self.id_column!r}")
         for f in self.feature_names:
-            problem = feature_type_problem(f, schema.field(f).type)
+            problem = feature_type_problem(f, schema.field(f).type, f in self.categories)
             if problem:
                 raise InvalidMessage("bad_type", problem)
         keep = set(wanted)

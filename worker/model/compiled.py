@@ -61,7 +61,7 @@ class CompiledModel:
         if isinstance(X, _kernels.Columns):
             return X
         if hasattr(X, "schema") and hasattr(X, "column"):
-            return arrow_columns(X, self.feature_names)
+            return arrow_columns(X, self.feature_names, self.categories)
         cols = _kernels.Columns.from_numpy(X)
         if cols.n_features != self.n_features:
             raise ValueError(f"X has {cols.n_features} features, the model expects "
@@ -159,7 +159,7 @@ class CompiledModel:
                                  "trees have a split with zero cover has none)")
             self._explainer = _explain.Explainer(self.arrays, self.n_features, self.n_outputs,
                                                  float(self.divisor))
-        rows = float_rows(X, self.feature_names)
+        rows = float_rows(X, self.feature_names, self.categories)
         out = self._explainer.contributions(rows, codes[method], n_threads or default_threads())
         return out[:, 0, :] if self.n_outputs == 1 else out
 
@@ -177,7 +177,8 @@ class CompiledModel:
         bias = np.full(n, np.nan, dtype=np.float64)
         rows = np.arange(n) if min_score is None else np.flatnonzero(r.score >= min_score)
         if rows.size:
-            phi = self.contributions(float_rows(X, self.feature_names)[rows] if rows.size < n
+            phi = self.contributions(float_rows(X, self.feature_names, self.categories)[rows]
+                                     if rows.size < n
                                      else X, method, n_threads)
             if phi.ndim == 3:  # several outputs: the one of each row's label
                 phi = phi[np.arange(rows.size), np.maximum(r.label[rows], 0)]
@@ -219,26 +220,56 @@ class CompiledModel:
         )
 
 
-def feature_type_problem(name: str, t) -> str | None:
+def feature_type_problem(name: str, t, categorical: bool = False) -> str | None:
     """Why an Arrow type cannot be a feature column (None: it can): numeric, boolean or null
-    (all missing) types only."""
+    (all missing) types; for a feature with categories also dictionary-encoded strings."""
     import pyarrow as pa
 
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) \
-            or pa.types.is_null(t):
+            or pa.types.is_null(t) or categorical and is_category_type(t):
         return None
+    if categorical:
+        return (f"feature column {name!r} has type {t}, expected a numeric type or "
+                "dictionary-encoded strings")
     return f"feature column {name!r} has type {t}, expected a numeric or boolean type"
 
 
-def float_rows(X, feature_names: list[str]) -> np.ndarray:
+def is_category_type(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_dictionary(t) and pa.types.is_integer(t.index_type) and (
+        pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
+
+
+def category_codes(col, categories: list[str]):
+    """A dictionary-encoded string column as float32 category codes: each dictionary string's
+    position in ``categories``, looked up once per dictionary (not per row); missing where the
+    value is, NaN where the string is not a category (the libraries' unseen category)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.unify_dictionaries().combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    where = pc.index_in(col.dictionary.cast(pa.string()),
+                        value_set=pa.array(categories, type=pa.string()))
+    codes = where.cast(pa.float32()).fill_null(float("nan"))
+    return codes.take(col.indices)
+
+
+def float_rows(X, feature_names: list[str],
+               categories: dict[str, list[str]] | None = None) -> np.ndarray:
     """Rows as C-contiguous float32, missing as NaN, from numpy or a pyarrow Table/RecordBatch
-    (the conversions the kernels' stager makes: a C cast of each value to float)."""
+    (the conversions the kernels' stager makes: a C cast of each value to float; strings of a
+    feature with categories: their codes)."""
     if hasattr(X, "schema") and hasattr(X, "column"):
         import pyarrow as pa
 
+        cats = categories or {}
         cols = []
         for name in feature_names:
             col = X.column(name)
+            if name in cats and is_category_type(col.type):
+                col = category_codes(col, cats[name])
             col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
             problem = feature_type_problem(name, col.type)
             if problem:
@@ -260,10 +291,13 @@ def float_rows(X, feature_names: list[str]) -> np.ndarray:
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
-def arrow_columns(data, feature_names: list[str]):
-    """Feature columns by name from a pyarrow Table/RecordBatch (one chunk each)."""
+def arrow_columns(data, feature_names: list[str],
+                  categories: dict[str, list[str]] | None = None):
+    """Feature columns by name from a pyarrow Table/RecordBatch (one chunk each); a feature
+    with categories may be dictionary-encoded strings (``category_codes``)."""
     import pyarrow as pa
 
+    cats = categories or {}
     arrays = []
     schema_names = set(data.schema.names)
     missing = [f for f in feature_names if f not in schema_names]
@@ -275,6 +309,8 @@ def arrow_columns(data, feature_names: list[str]):
         # buffer sizes against lengths before pyarrow itself reads them (combine, cast), for
         # tables that did not come through codec.decode (the Python API)
         col.validate()
+        if name in cats and is_category_type(col.type):
+            col = category_codes(col, cats[name])
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         problem = feature_type_problem(name, col.type)
