@@ -3,7 +3,8 @@
 ``python -m worker.demo prepare [--root DIR] [--force]`` writes, under ``DIR`` (default: the
 current directory, i.e. the repository root when run from ``make demo``):
 
-- ``models/demo-xgb.json``  XGBoost source model (binary:logistic, 150 rounds, depth 5)
+- ``models/demo-xgb.json``  XGBoost source model (binary:logistic, 150 rounds, depth 5;
+  ``merchant_category`` a categorical feature: partition splits on its codes)
 - ``models/demo-xgb.model`` its compiled artifact (``worker.compile_model``)
 - ``models/demo-rf.model``  compiled scikit-learn RandomForestClassifier (100 trees, depth 12)
 - ``data/demo.arrows``      a recorded ``transactions`` topic (see ``worker.io.records``):
@@ -73,6 +74,7 @@ FEATURE_TYPES: dict[str, pa.DataType] = {
     "ip_risk_score": pa.float32(),          # 0-1 from an IP reputation feed; null when card present
 }
 FEATURES: list[str] = list(FEATURE_TYPES)
+CATEGORICAL = ("merchant_category",)  # the XGBoost demo model splits on sets of its codes
 ID_COLUMN = "txn_id"
 LABEL = "is_fraud"
 SCHEMA = pa.schema([(ID_COLUMN, pa.int64()), *FEATURE_TYPES.items(), (LABEL, pa.bool_())])
@@ -265,10 +267,13 @@ def train_xgboost(table: pa.Table, rounds: int = 150, max_depth: int = 5, seed: 
     import xgboost as xgb
 
     y = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
-    dm = xgb.DMatrix(feature_matrix(table), label=y, feature_names=FEATURES, missing=np.nan)
+    # merchant_category is categorical: its splits send sets of categories left or right
+    types = ["c" if name in CATEGORICAL else "q" for name in FEATURES]
+    dm = xgb.DMatrix(feature_matrix(table), label=y, feature_names=FEATURES, missing=np.nan,
+                     feature_types=types, enable_categorical=True)
     params = {"objective": "binary:logistic", "max_depth": max_depth, "eta": 0.1,
               "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 2,
-              "tree_method": "hist", "seed": seed,
+              "tree_method": "hist", "seed": seed, "max_cat_to_onehot": 1,
               # one thread: 3 s for the demo; two OpenMP threads took 13 s on a busy 2-core box
               "nthread": n_threads}
     return xgb.train(params, dm, num_boost_round=rounds)
