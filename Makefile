@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e bench-explain golden clean \
+.PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e bench-explain \
+	bench-categorical golden clean \
 	broker-start \
 	broker-stop fuzz soak
 
@@ -48,9 +49,17 @@ lint: setup
 
 # Kernels against XGBoost, scikit-learn and TL2cgen (versions pinned in the `bench` extra).
 bench: build
-	$(PY) -m pip install -q "treelite==4.6.1" "tl2cgen==1.0.0" "xgboost==3.2.0" "scikit-learn==1.9.1"
+	$(PY) -m pip install -q "treelite==4.6.1" "tl2cgen==1.0.0" "xgboost==3.2.0" "scikit-learn==1.9.1" \
+		"lightgbm==4.7.0"
 	$(PY) bench/run.py
 	$(PY) bench/explain.py
+	$(PY) bench/categorical.py
+
+# models E (LightGBM, categorical features) and F (XGBoost partition splits) against LightGBM,
+# lleaves and XGBoost (bench/CATEGORICAL-RESULTS.md)
+bench-categorical: build
+	$(PY) -m pip install -q "lightgbm==4.7.0"
+	$(PY) bench/categorical.py
 
 # attributions against XGBoost and shap, and the cost of reason codes (bench/EXPLAIN-RESULTS.md)
 bench-explain: build

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from worker.model import artifact
 
 _U32 = [0, 1, 2, 0x7F800000, 0xFF800000, 0x7FC00000, 0x80000000, 0x80000001, 0x7FFFFFFF,
-        0xFFFFFFFF, 27, 28, 29, 30, 31]
+        0xFFFFFFFF, 27, 28, 29, 30, 31,
+        # special nodes: the key flag, entry headers (zero band, huge, flags)
+        0x40000000, 0x40000001, 0xC0000000, 0x001FFFFF, 0x00100000, 0x20000040, 0x80000020]
 _I64 = [-(2**63), -2, -1, 0, 1, 2, 7, 8, 100, 2**31, 2**62]
 _I32 = [-(2**31), -2, -1, 0, 1, 2, 3, 2**31 - 1]
 _F = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e308, -1e308, 3.4e38]
@@ -32,7 +34,9 @@ _META_VALUES = [None, -1, 0, 1, 2, 3, 20, 21, 31, 32, 63, 64, 2**40, -(2**40), 1
 @cache
 def bases() -> dict[str, bytes]:
     """Valid artifacts: the golden XGBoost model (padded, float32, binary), a deep random
-    forest (compact, vote), a multiclass XGBoost model (softmax, tree groups)."""
+    forest (compact, vote), a multiclass XGBoost model (softmax, tree groups), a LightGBM
+    model with categorical and zero-as-missing splits (special nodes, ``cats``)."""
+    import lightgbm as lgb
     import xgboost as xgb
     from sklearn.ensemble import RandomForestClassifier
 
@@ -49,7 +53,15 @@ def bases() -> dict[str, bytes]:
     y3 = y + (np.nan_to_num(X[:, 2]) > 1)
     mc = xgb.train({"objective": "multi:softprob", "num_class": 3, "max_depth": 3},
                    xgb.DMatrix(X, label=y3), 6)
+    Xc = X.copy()
+    Xc[:, 4] = rng.integers(0, 40, X.shape[0])
+    Xc[rng.random(X.shape[0]) < 0.3, 1] = 0.0
+    lg = lgb.train({"objective": "binary", "num_leaves": 8, "zero_as_missing": True,
+                    "min_data_per_group": 5, "cat_smooth": 1.0, "verbose": -1},
+                   lgb.Dataset(Xc, (np.nan_to_num(Xc[:, 0]) + (Xc[:, 4] % 3 == 0) > 0.5)
+                               .astype(int), categorical_feature=[4]), 8)
     return {
+        "lightgbm-categorical": worker.compile_model(lg).to_bytes(),
         "golden": GOLDEN_MODEL.read_bytes(),
         "rf-compact": worker.compile_model(rf, layout="compact").to_bytes(),
         "xgb-multi": worker.compile_model(mc).to_bytes(),
