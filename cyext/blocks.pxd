@@ -53,4 +53,6 @@ ctypedef struct RowPlan:       # a staged row's walk, chosen once per row (see p
 
 
 cdef inline bint plannable(const ModelView* m, int32_t n) noexcept nogil:
-    return m.pnodes != NULL and m.depth >= 1 and m.depth <= 10 and n <= BLOCK_ROWS
+    # special nodes (categorical splits) take the generic walks (walk.pxd), which test them
+    return m.pnodes != NULL and m.cats == NULL and m.depth >= 1 and m.depth <= 10 \
+        and n <= BLOCK_ROWS

@@ -373,13 +373,13 @@ cdef class Forest:
             self.view.cnodes = <const CNode*>&nodes[0, 0]
             self.view.root = &root[0]
             self.view.depth = 0
-            if "cats" in a:
-                cats = a["cats"]
-                if cats.dtype != np.uint32 or cats.ndim != 1 or cats.shape[0] < 2:
-                    raise ValueError("cats must be 1-D uint32 with the unused entry first")
-                self.view.cats = <const uint32_t*><Py_ssize_t>cats.ctypes.data
         else:
             raise ValueError(f"unknown layout {layout!r}")
+        if "cats" in a:
+            cats = a["cats"]
+            if cats.dtype != np.uint32 or cats.ndim != 1 or cats.shape[0] < 2:
+                raise ValueError("cats must be 1-D uint32 with the unused entry first")
+            self.view.cats = <const uint32_t*><Py_ssize_t>cats.ctypes.data
         # HistGradientBoosting's "split on NaN" nodes (threshold +inf, missing right) cannot be
         # told apart from +inf by the doubled row, which stages NaN as +inf for them
         words = a["pnodes"] if layout == "padded" else a["cnodes"]
@@ -414,34 +414,42 @@ cdef class Forest:
             raise ValueError("vector leaves must have one value per output")
         n_leaves = a["leaves"].shape[0]
         if self.view.pnodes != NULL:
-            keys = a["pnodes"][:, 0] >> 1
+            keys = (a["pnodes"][:, 0] & 0xBFFFFFFF) >> 1
             if keys.size and keys.max() >= max(nf, 1):
                 raise ValueError("a node reads a feature beyond n_features")
             if n_leaves != self.view.n_trees << self.view.depth:
                 raise ValueError("padded leaf array has the wrong size")
+            special = (a["pnodes"][:, 0] & 0x40000000) != 0
+            if special.any():
+                self._check_entries(a["pnodes"][special, 1], None)
         else:
             cn = a["cnodes"]
             n = cn.shape[0]
             leaf = (cn[:, 0] & 0x80000000) != 0
             if (((cn[:, 0] & 0x3FFFFFFF) >> 1) >= max(nf, 1)).any():
                 raise ValueError("a node reads a feature beyond n_features")
+            if ((cn[:, 0] & 0xC0000000) == 0xC0000000).any():
+                raise ValueError("a leaf marked as a special node")
             special = (cn[:, 0] & 0xC0000000) == 0x40000000
             if special.any():
-                if self.view.cats == NULL:
-                    raise ValueError("a special node in a model without cats")
-                cats = a["cats"]
-                off = cn[special, 1].astype(np.int64)
-                if (off >= cats.shape[0]).any():
-                    raise ValueError("a special node's entry lies outside cats")
-                head = cats[off].astype(np.int64)
-                if (cn[special, 3] != cats[off]).any():
-                    raise ValueError("a special node's header differs from its entry's")
-                n_bits = head & 0x1FFFFF
-                end = np.where(head == 0x40000000, off + 3, off + 1 + (n_bits + 33) // 32)
-                if ((head & 0x40000000 != 0) & (head != 0x40000000)).any() \
-                        or ((head & 0x1FE00000) != 0).any() \
-                        or (end > cats.shape[0]).any():
-                    raise ValueError("a special node's entry is malformed or outside cats")
+                self._check_entries(cn[special, 1], cn[special, 3])
+
+    def _check_entries(self, offsets, heads):
+        """Special nodes' entries lie whole inside cats (compact nodes: ``heads`` copied)."""
+        if self.view.cats == NULL:
+            raise ValueError("a special node in a model without cats")
+        cats = self.arrays["cats"]
+        off = offsets.astype(np.int64)
+        if (off >= cats.shape[0]).any():
+            raise ValueError("a special node's entry lies outside cats")
+        head = cats[off].astype(np.int64)
+        if heads is not None and (heads != cats[off]).any():
+            raise ValueError("a special node's header differs from its entry's")
+        n_bits = head & 0x1FFFFF
+        end = np.where(head == 0x40000000, off + 3, off + 1 + (n_bits + 33) // 32)
+        if ((head & 0x40000000 != 0) & (head != 0x40000000)).any() \
+                or ((head & 0x1FE00000) != 0).any() or (end > cats.shape[0]).any():
+            raise ValueError("a special node's entry is malformed or outside cats")
             if (cn[~leaf, 2].astype(np.int64) + 1 >= n).any() or (cn[leaf, 3] >= n_leaves).any():
                 raise ValueError("a node points outside the model")
             if (a["root"] >= n).any() or (a["root"] < 0).any():

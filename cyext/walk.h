@@ -163,6 +163,15 @@ static inline uint32_t sw_step_any(float v, uint32_t key, float thr, uint32_t he
     return SW_STEP(v, key, thr);
 }
 
+/* a padded node of a model with special nodes (its threshold word the entry's offset) */
+static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t *cats) {
+    if (key & SW_KEY_SPECIAL) {
+        const uint32_t off = sw_bits_of(thr);
+        return sw_special_right(v, key, cats[off], cats + off);
+    }
+    return SW_STEP(v, key, thr);
+}
+
 #define SW_SIDX(key) (((key) & 0x3FFFFFFFu) >> 1)
 
 /* W chains over compact nodes with special nodes: chain j walks the tree rooted at

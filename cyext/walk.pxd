@@ -24,6 +24,7 @@ cdef extern from "walk.h":
     void sw_swalk16(const void* nodes, const int64_t* root, int64_t dt, const float* x,
                     int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
     uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const uint32_t* e) noexcept nogil
+    uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t* cats) noexcept nogil
     enum: SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT
 
 
@@ -37,6 +38,11 @@ cdef inline int64_t walk_padded1(const ModelView* m, const float* x, int64_t t) 
     cdef int64_t p = 0
     cdef int32_t d
     cdef const PNode* nd
+    if m.cats != NULL:
+        for d in range(m.depth):
+            nd = base + p
+            p = 2 * p + 1 + sw_step_padded(x[sw_feat(nd.key)], nd.key, nd.thr, m.cats)
+        return t * (ni + 1) + (p - ni)
     for d in range(m.depth):
         nd = base + p
         p = 2 * p + 1 + sw_go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
@@ -53,6 +59,15 @@ cdef inline void walk_padded_x8(const ModelView* m, const float* x, int64_t t, i
     cdef const PNode* nd
     for j in range(INTERLEAVE):
         p[j] = 0
+    if m.cats != NULL:
+        for d in range(m.depth):
+            for j in range(INTERLEAVE):
+                nd = m.pnodes + (t + j * dt) * ni + p[j]
+                p[j] = 2 * p[j] + 1 + sw_step_padded(x[j * dx + sw_feat(nd.key)], nd.key,
+                                                     nd.thr, m.cats)
+        for j in range(INTERLEAVE):
+            slot[j] = (t + j * dt) * (ni + 1) + (p[j] - ni)
+        return
     for d in range(m.depth):
         for j in range(INTERLEAVE):
             nd = m.pnodes + (t + j * dt) * ni + p[j]

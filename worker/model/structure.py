@@ -127,9 +127,10 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     else:
         _check_compact(arrays, n_trees, nf, leaves.shape[0])
         lo, hi = _compact_leaf_range(arrays, n_trees, width)
-    if "cats" in arrays and (layout != "compact" or not np.any(
-            (arrays["cnodes"][:, 0] & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL)):
-        _fail("arrays.cats", "present, but no node of a compact layout uses it")
+    if "cats" in arrays:
+        keys = arrays["cnodes" if layout == "compact" else "pnodes"][:, 0]
+        if not np.any((keys & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL):
+            _fail("arrays.cats", "present, but no node uses it")
     x_names = [n for n in arrays if n.startswith("x_")]
     if x_names:
         _check_explain(arrays, n_trees, nf, width)
@@ -207,8 +208,10 @@ def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> N
     if n_leaves != n_trees << depth:
         _fail("arrays.leaves", f"{n_leaves} leaves, the padded layout has {n_trees << depth}")
     key = nodes[:, 0]
-    if key.size and (key.max() >= 2 * nf):
+    if key.size and (key & np.uint32(0xBFFFFFFF)).max() >= 2 * nf:  # the leaf bit too
         _fail("arrays.pnodes", f"a node key reads a feature beyond n_features ({nf})")
+    special = (key & KEY_SPECIAL) != 0
+    _check_entries(arrays, nodes[special, 1], "arrays.pnodes")
 
 
 def _check_compact(arrays, n_trees: int, nf: int, n_leaves: int) -> None:
