@@ -153,16 +153,6 @@ static inline uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const
     return nan ? (key & 1u) : bit;
 }
 
-/* one step at any compact node of a model with special nodes: a special node (SW_KEY_SPECIAL)
-   holds its entry's offset in the threshold word and the entry's header in the leaf word, so
-   its bits are the only extra load. A branch on the node's kind: measured 1.7x the rows/s of
-   computing both rules and selecting (LightGBM model E, 37% of its splits categorical). */
-static inline uint32_t sw_step_any(float v, uint32_t key, float thr, uint32_t head,
-                                   const uint32_t *cats) {
-    if (key & SW_KEY_SPECIAL) return sw_special_right(v, key, head, cats + sw_bits_of(thr));
-    return SW_STEP(v, key, thr);
-}
-
 /* a padded node of a model with special nodes (its threshold word the entry's offset) */
 static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t *cats) {
     if (key & SW_KEY_SPECIAL) {
@@ -175,7 +165,10 @@ static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const ui
 #define SW_SIDX(key) (((key) & 0x3FFFFFFFu) >> 1)
 
 /* W chains over compact nodes with special nodes: chain j walks the tree rooted at
-   root[j * dt] on the row x + j * dx */
+   root[j * dt] on the row x + j * dx. Each round steps every chain by the numerical rule
+   (branch-free), then redoes the chains standing on a special node, found by a bit mask: one
+   loop whose trip count varies, where a test per chain on the node's kind would mispredict
+   at every third step or so. */
 #define SW_DEF_SWALK(W, NAME)                                                               \
 static inline void NAME(const void *vnodes, const int64_t *root, int64_t dt, const float *x, \
                         int64_t dx, const uint32_t *cats, int64_t *slot) {                  \
@@ -183,14 +176,24 @@ static inline void NAME(const void *vnodes, const int64_t *root, int64_t dt, con
     const sw_cnode *nd[W];                                                                  \
     _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) nd[j] = c + root[j * dt];          \
     for (;;) {                                                                              \
-        uint32_t all = SW_KEY_LEAF;                                                         \
+        uint32_t all = SW_KEY_LEAF, sp = 0;                                                 \
         _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) all &= nd[j]->key;             \
         if (all) break;                                                                     \
+        const sw_cnode *next[W];                                                            \
         _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) {                              \
             const uint32_t key = nd[j]->key;                                                \
-            nd[j] = c + nd[j]->child + sw_step_any(x[j * dx + SW_SIDX(key)], key,            \
-                                                   nd[j]->thr, (uint32_t)nd[j]->leaf, cats);\
+            next[j] = c + nd[j]->child + SW_STEP(x[j * dx + SW_SIDX(key)], key, nd[j]->thr);\
+            sp |= ((key >> 30) & 1u) << j;                                                  \
         }                                                                                   \
+        while (sp) {                                                                        \
+            const int j = __builtin_ctz(sp);                                                \
+            sp &= sp - 1;                                                                   \
+            const uint32_t key = nd[j]->key;                                                \
+            next[j] = c + nd[j]->child                                                      \
+                + sw_special_right(x[j * dx + SW_SIDX(key)], key, (uint32_t)nd[j]->leaf,    \
+                                   cats + sw_bits_of(nd[j]->thr));                          \
+        }                                                                                   \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) nd[j] = next[j];               \
     }                                                                                       \
     _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) slot[j] = nd[j]->leaf;             \
 }
