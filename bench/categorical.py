@@ -262,8 +262,10 @@ def write_report(r: dict) -> None:
     L.append(f"| one row p50 / p99, us | {lo['p50']:.1f} / {lo['p99']:.1f} | "
              f"{lgl['p50']:.1f} / {lgl['p99']:.1f} | {lll.get('p50', float('nan')):.1f} / "
              f"{lll.get('p99', float('nan')):.1f} | | |")
-    L += ["", f"lleaves compiled E in {ll.get('compile_s', float('nan')):.0f} s on its first "
-          "run (cached after that; the figure above is from this run).", "",
+    L += ["", f"lleaves' `compile` took {ll.get('compile_s', float('nan')):.1f} s in this run "
+          "(it loads its cached build of E; the first build took about 3-4 minutes here). "
+          "Models without categorical splits: bench/NOTES.md, \"Categorical splits\" (A-D "
+          "before and after, same speed within noise).", "",
           f"F: XGBoost binary:logistic, {f['trees']} trees of depth 6 with partition splits on "
           f"the same 4 features. Layout {f['layout']}. Margins equal XGBoost's in float32 bit "
           f"for bit: dense {f['dense_bit_identical']}, missing {f['missing_bit_identical']}.",

@@ -339,6 +339,8 @@ cdef class Explainer:
         group = np.ascontiguousarray(arrays["tree_group"], dtype=np.int32)
         self.n_trees = group.shape[0]
         width = value.shape[1]
+        if width > 1 and (width != n_outputs or (group >= 0).any()):
+            raise ValueError("vector leaves must add to every output (tree_group -1)")
         mean = value.copy()
         depth = np.zeros(feature.shape[0], dtype=np.int32)
         self.max_depth = _means(start, feature, child, cover, mean, depth, width)

@@ -450,3 +450,69 @@ def test_decoder_maps_dictionary_strings_once_per_message(tmp_path):
     # without the model's categories the same message is a bad type, with a clear reason
     with pytest.raises(codec.InvalidMessage, match="bad_type"):
         codec.Decoder(model.feature_names, None).decode(sink.getvalue().to_pybytes())
+
+
+def test_cli_compiles_a_lightgbm_model_file(tmp_path):
+    from click.testing import CliRunner
+
+    from worker.cli import main
+
+    booster = _lgb(LGB_OBJECTIVES[2], "nan", rounds=5)
+    src = tmp_path / "model.txt"
+    booster.save_model(str(src))
+    out = tmp_path / "m.model"
+    res = CliRunner().invoke(main, ["compile", str(src), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "lightgbm" in res.output and "multiclass" in res.output
+    X = hostile(500, _lgb_thresholds(booster), seed=18)
+    assert np.array_equal(load_model(out).raw(X), _lgb_raw(booster, X, 1.0))
+    # a text file that is not a LightGBM model is refused with a reason, not a traceback
+    bad = tmp_path / "bad.txt"
+    bad.write_text("tree\nversion=v4\nnum_class=1\n")
+    res = CliRunner().invoke(main, ["compile", str(bad), "-o", str(tmp_path / "b.model")])
+    assert res.exit_code != 0 and "LightGBM" in res.output and "Traceback" not in res.output
+
+
+def test_hostile_lightgbm_model_text_is_refused_by_name(tmp_path):
+    """Mutated model files (lines dropped or duplicated, numbers replaced by hostile ones)
+    either compile to a model that scores hostile rows or are refused with
+    UnsupportedModelError; nothing else escapes and nothing crashes."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base = _lgb(LGB_OBJECTIVES[0], "zero", rounds=3, leaves=6).model_to_string()
+    lines = base.splitlines()
+    hostile_numbers = ["-1", "0", "1", "2147483648", "-2147483649", "nan", "inf", "-inf",
+                       "1e308", "99999999999999999999", "x", "", "3.5", "4294967296"]
+    X = hostile(64, np.asarray([0.0, 1.0]), seed=19)
+
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.integers(0, len(lines) - 1), st.sampled_from(
+        ["drop", "dup", "number"]), st.integers(0, 40), st.sampled_from(hostile_numbers)),
+        min_size=1, max_size=4))
+    def run(edits):
+        text = list(lines)
+        for i, how, k, v in edits:
+            i %= len(text)
+            if how == "drop":
+                del text[i]
+            elif how == "dup":
+                text.insert(i, text[i])
+            elif "=" in text[i]:
+                key, _, vals = text[i].partition("=")
+                parts = vals.split(" ")
+                parts[k % len(parts)] = v
+                text[i] = key + "=" + " ".join(parts)
+            if not text:
+                return
+        path = tmp_path / "m.txt"
+        path.write_text("\n".join(text) + "\n")
+        try:
+            model = compile_model(path, check=False)
+        except UnsupportedModelError:
+            return
+        model.raw(X)
+        model.raw(X[:1])
+
+    run()

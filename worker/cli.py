@@ -65,9 +65,9 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--trust-pickle", is_flag=True,
               help="Allow a joblib/pickle source: loading one runs code from the file.")
 def compile_cmd(source: str, output: str, layout: str, trust_pickle: bool) -> None:
-    """Compile an XGBoost model (.json/.ubj) or a scikit-learn estimator file (.skops, read
-    with an allow-list of tree-ensemble types; joblib/pickle only with --trust-pickle) into a
-    data-only model artifact."""
+    """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb) or a
+    scikit-learn estimator file (.skops, read with an allow-list of tree-ensemble types;
+    joblib/pickle only with --trust-pickle) into a data-only model artifact."""
     from .model.compile import compile_model
     from .model.ir import UnsupportedModelError
 

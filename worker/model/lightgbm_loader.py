@@ -1,7 +1,8 @@
 """LightGBM Booster / LGBMModel / model text file -> Ensemble (float64 sums, in LightGBM's order).
 
-The model's text form is read as data (numbers and names, every length checked): a model
-file compiles without LightGBM installed and nothing in it is executed.
+The model's text form is parsed here as data (numbers and names, every length checked):
+nothing in a model file is executed, and no LightGBM code reads it before the compiled model
+exists (``compile.verify`` then compares it with LightGBM's own ``predict``).
 
 Exactness. LightGBM predicts in double precision: a row goes left iff ``x <= t`` with ``x``
 and ``t`` doubles, and the trees' outputs are summed in double, round by round. For inputs
@@ -243,8 +244,9 @@ def to_ir(source) -> Ensemble:
         raise UnsupportedModelError(f"LightGBM model with {k} trees per iteration and "
                                     f"{n_class} classes is not supported")
     names = head.get("feature_names", "").split()
-    if len(names) != n_features:
-        raise UnsupportedModelError(f"{len(names)} feature names for {n_features} features")
+    if len(names) != n_features or len(set(names)) != n_features:
+        raise UnsupportedModelError(f"{len(set(names))} distinct feature names for "
+                                    f"{n_features} features")
     trees = [_tree(f, i, n_features) for i, f in enumerate(tree_fields)]
     if not trees or len(trees) % k:
         raise UnsupportedModelError(f"{len(trees)} trees for {k} trees per iteration")

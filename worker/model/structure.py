@@ -118,6 +118,8 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
         _fail("arrays.leaves", f"{width} values per leaf, expected 1 or {G}")
     if np.any(group < 0) and width != G:
         _fail("arrays.leaves", "trees adding to every output need one value per output")
+    if width > 1 and np.any(group >= 0):  # (the attributions write every output of a leaf)
+        _fail("arrays.tree_group", "a tree of vector leaves adds to one output, not all (-1)")
     _array(arrays, "base", acc, 1, (G,))
     for name in ("leaf_min", "leaf_max"):
         _array(arrays, name, np.float64, 2, (n_trees, width))
