@@ -25,7 +25,7 @@ from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, COMPACT_RO
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
-                  sw_swalk16)
+                  sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -233,6 +233,13 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                         cwalk_n(m.cnodes, m.root + t, X + r * ldx, slot)
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
+    cdef sw_swalkp_fn spwalk = sw_spwalk_fn_for(m.depth) if padded else NULL
+    if padded and m.cats != NULL and spwalk != NULL:  # special nodes, depth-specialised
+        while t + WIDE <= t1:
+            for r in range(n):
+                spwalk(m.pnodes + t * ni, X + r * ldx, slot, m.cats)
+                add_leaves(m, leaves, t, WIDE, t * (ni + 1), slot, acc + r * G, one)
+            t += WIDE
     while t + INTERLEAVE <= t1:
         if t + 2 * INTERLEAVE <= t1:  # the next group's top levels, while this one is walked
             if padded:

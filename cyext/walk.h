@@ -153,6 +153,8 @@ static inline uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const
     return nan ? (key & 1u) : bit;
 }
 
+#define SW_SIDX(key) (((key) & 0x3FFFFFFFu) >> 1)   /* a key's feature, special bit or not */
+
 /* a padded node of a model with special nodes (its threshold word the entry's offset) */
 static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t *cats) {
     if (key & SW_KEY_SPECIAL) {
@@ -162,7 +164,52 @@ static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const ui
     return SW_STEP(v, key, thr);
 }
 
-#define SW_SIDX(key) (((key) & 0x3FFFFFFFu) >> 1)
+/* Padded walks for models with special nodes, depth-specialised like the others: W trees of
+   one row; at each level every chain steps by the numerical rule, then the chains on a special
+   node (found by a bit mask) are redone by its entry. */
+typedef void (*sw_swalkp_fn)(const void *base, const float *x, int64_t *slot,
+                             const uint32_t *cats);
+#define SW_DEF_SPWALK(W, D, NAME)                                                           \
+static void NAME(const void *vbase, const float *x, int64_t *slot, const uint32_t *cats) {  \
+    const sw_pnode *base = (const sw_pnode *)vbase;                                         \
+    const int64_t ni = ((int64_t)1 << D) - 1;                                               \
+    int64_t p[W];                                                                           \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) p[j] = 0;                          \
+    _Pragma("GCC unroll 16") for (int d = 0; d < D; d++) {                                  \
+        uint32_t sp = 0;                                                                    \
+        int64_t q[W];                                                                       \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) {                              \
+            const sw_pnode *nd = base + j * ni + p[j];                                      \
+            const uint32_t key = nd->key;                                                   \
+            q[j] = 2 * p[j] + 1 + (int64_t)SW_STEP(x[SW_SIDX(key)], key, nd->thr);          \
+            sp |= ((key >> 30) & 1u) << j;                                                  \
+        }                                                                                   \
+        while (sp) {                                                                        \
+            const int j = __builtin_ctz(sp);                                                \
+            sp &= sp - 1;                                                                   \
+            const sw_pnode *nd = base + j * ni + p[j];                                      \
+            q[j] = 2 * p[j] + 1 + (int64_t)sw_step_padded(x[SW_SIDX(nd->key)], nd->key,    \
+                                                          nd->thr, cats);                   \
+        }                                                                                   \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) p[j] = q[j];                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) slot[j] = j * (ni + 1) + p[j] - ni; \
+}
+#define SW_DEF_SPDEPTHS(W) SW_DEF_SPWALK(W, 1, sw_spwalk##W##_d1)                          \
+    SW_DEF_SPWALK(W, 2, sw_spwalk##W##_d2) SW_DEF_SPWALK(W, 3, sw_spwalk##W##_d3)           \
+    SW_DEF_SPWALK(W, 4, sw_spwalk##W##_d4) SW_DEF_SPWALK(W, 5, sw_spwalk##W##_d5)           \
+    SW_DEF_SPWALK(W, 6, sw_spwalk##W##_d6) SW_DEF_SPWALK(W, 7, sw_spwalk##W##_d7)           \
+    SW_DEF_SPWALK(W, 8, sw_spwalk##W##_d8) SW_DEF_SPWALK(W, 9, sw_spwalk##W##_d9)           \
+    SW_DEF_SPWALK(W, 10, sw_spwalk##W##_d10)
+SW_DEF_SPDEPTHS(16)
+static const sw_swalkp_fn sw_spwalk_tab[11] = {0, sw_spwalk16_d1, sw_spwalk16_d2,
+    sw_spwalk16_d3, sw_spwalk16_d4, sw_spwalk16_d5, sw_spwalk16_d6, sw_spwalk16_d7,
+    sw_spwalk16_d8, sw_spwalk16_d9, sw_spwalk16_d10};
+/* 16 trees of one row at a padded depth 1..10 (NULL otherwise) */
+static inline sw_swalkp_fn sw_spwalk_fn_for(int depth) {
+    return depth >= 1 && depth <= 10 ? sw_spwalk_tab[depth] : 0;
+}
+
 
 /* W chains over compact nodes with special nodes: chain j walks the tree rooted at
    root[j * dt] on the row x + j * dx. Each round steps every chain by the numerical rule

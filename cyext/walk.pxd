@@ -25,6 +25,9 @@ cdef extern from "walk.h":
                     int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
     uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const uint32_t* e) noexcept nogil
     uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t* cats) noexcept nogil
+    ctypedef void (*sw_swalkp_fn)(const void* base, const float* x, int64_t* slot,
+                                  const uint32_t* cats) noexcept nogil
+    sw_swalkp_fn sw_spwalk_fn_for(int depth) noexcept nogil
     enum: SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT
 
 
