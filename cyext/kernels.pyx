@@ -10,6 +10,7 @@ cimport cython
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint8_t
 from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
 from libc.math cimport exp
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ND, PyBUF_FORMAT,
                              PyBUF_STRIDES)
@@ -25,7 +26,7 @@ from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, COMPACT_RO
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
-                  sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for)
+                  sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -219,7 +220,8 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
         if m.cats != NULL:  # special nodes: one walk for every row
             while t + WIDE <= t1:
                 for r in range(n):
-                    sw_swalk16(m.cnodes, m.root + t, 1, X + r * ldx, 0, m.cats, slot)
+                    sw_swalk16(m.cnodes, m.root + t, 1, X + r * ldx, 0, m.cats, m.cat_staged,
+                               slot)
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
         elif t + WIDE <= t1:
@@ -237,7 +239,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
     if padded and m.cats != NULL and spwalk != NULL:  # special nodes, depth-specialised
         while t + WIDE <= t1:
             for r in range(n):
-                spwalk(m.pnodes + t * ni, X + r * ldx, slot, m.cats)
+                spwalk(m.pnodes + t * ni, X + r * ldx, slot, m.cats, m.cat_staged)
                 add_leaves(m, leaves, t, WIDE, t * (ni + 1), slot, acc + r * G, one)
             t += WIDE
     while t + INTERLEAVE <= t1:
@@ -276,10 +278,14 @@ cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
     """Rows r_begin..r_end (at most task_rows) into out[(r - r_begin) * G + g]."""
     cdef int32_t n = <int32_t>(r_end - r_begin)
     cdef const float* X
-    if direct != NULL:
+    if direct != NULL and m.n_cat_feat == 0:
         X = direct + r_begin * m.n_features
     else:
-        stage_block(cols, m.n_features, r_begin, n, buf)
+        if direct != NULL:  # staged categorical features are rewritten: a copy
+            memcpy(buf, direct + r_begin * m.n_features, n * m.n_features * sizeof(float))
+        else:
+            stage_block(cols, m.n_features, r_begin, n, buf)
+        sw_stage_cats(buf, m.n_features, n, m.cat_feat, m.cat_head, m.n_cat_feat)
         X = buf
     eval_rows(m, leaves, base, divisor, X, n, acc, out)
     return 0
@@ -359,6 +365,10 @@ cdef class Forest:
         self.view.cnodes = NULL
         self.view.root = NULL
         self.view.cats = NULL
+        self.view.cat_feat = NULL
+        self.view.cat_head = NULL
+        self.view.n_cat_feat = 0
+        self.view.cat_staged = 0
         group = a["tree_group"]
         self.view.n_trees = group.shape[0]
         if self.view.n_trees == 0:
@@ -387,6 +397,16 @@ cdef class Forest:
             if cats.dtype != np.uint32 or cats.ndim != 1 or cats.shape[0] < 2:
                 raise ValueError("cats must be 1-D uint32 with the unused entry first")
             self.view.cats = <const uint32_t*><Py_ssize_t>cats.ctypes.data
+            if "cat_feat" in a:
+                feat, head = a["cat_feat"], a["cat_head"]
+                if feat.dtype != np.int32 or head.dtype != np.uint32 or feat.ndim != 1 \
+                        or head.shape != feat.shape or feat.size == 0 \
+                        or feat.min() < 0 or feat.max() >= n_features:
+                    raise ValueError("cat_feat / cat_head malformed")
+                self.view.cat_feat = <const int32_t*><Py_ssize_t>feat.ctypes.data
+                self.view.cat_head = <const uint32_t*><Py_ssize_t>head.ctypes.data
+                self.view.n_cat_feat = feat.shape[0]
+                self.view.cat_staged = 1
         # HistGradientBoosting's "split on NaN" nodes (threshold +inf, missing right) cannot be
         # told apart from +inf by the doubled row, which stages NaN as +inf for them
         words = a["pnodes"] if layout == "padded" else a["cnodes"]
@@ -517,12 +537,17 @@ cdef class Forest:
                          or buf.strides[0] != buf.itemsize * nf)):
                 return None
             n = <int32_t>buf.shape[0]
-            if fmt == b"f":
+            if fmt == b"f" and self.view.n_cat_feat == 0:
                 X32 = <const float*>buf.buf
             else:
-                xd = <const double*>buf.buf
-                for r in range(n * nf):
-                    self.scratch_x[r] = <float>xd[r]
+                if fmt == b"f":
+                    memcpy(self.scratch_x, buf.buf, n * nf * sizeof(float))
+                else:
+                    xd = <const double*>buf.buf
+                    for r in range(n * nf):
+                        self.scratch_x[r] = <float>xd[r]
+                sw_stage_cats(self.scratch_x, nf, n, self.view.cat_feat, self.view.cat_head,
+                              self.view.n_cat_feat)
                 X32 = self.scratch_x
             if self.float32_acc:
                 eval_rows(&self.view, &self.leaves32[0, 0], &self.base32[0], self.divisor, X32,

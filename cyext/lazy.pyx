@@ -21,7 +21,7 @@ import numpy as np
 
 from swtypes cimport ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, KEY_LEAF, sw_feat
 from stage cimport stage_block
-from walk cimport walk1, walk8, walk_rows8
+from walk cimport walk1, walk8, walk_rows8, sw_stage_cats
 from blocks cimport acc_t, add_leaf, RowPlan, plannable, SPLIT_FLOATS
 from worker._kernels cimport Columns, Forest, plan_rows, eval_planned, eval_rest, eval_trees
 
@@ -393,6 +393,7 @@ cdef int lazy_block(const ModelView* m, const acc_t* leaves, const acc_t* base, 
         memcpy(X, direct + r0 * nf, n * nf * sizeof(float))
     else:
         stage_block(cols, nf, r0, n, X)
+    sw_stage_cats(X, nf, n, m.cat_feat, m.cat_head, m.n_cat_feat)
     for i in range(n):
         act[i] = i
         for g in range(G):

@@ -31,7 +31,11 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     int32_t n_leaf_out        # values per leaf (1, or n_outputs for soft-voting forests)
     int32_t n_outputs         # raw score columns
     int32_t n_features
-    const uint32_t* cats      # compact: special node entries (NULL: the model has none)
+    const uint32_t* cats      # special node entries (NULL: the model has none)
+    const int32_t* cat_feat   # staged categorical features (walk.h sw_stage_cats) ...
+    const uint32_t* cat_head  # ... and the header of their splits' entries
+    int32_t n_cat_feat        # 0: nothing staged, the splits read the values
+    int32_t cat_staged        # 1 when n_cat_feat > 0
     int32_t split_ok          # 1: no node sends only NaN right (threshold +inf, missing right),
                               # so rows with NaN may use the doubled-row (SPLIT) walk
     int64_t n_trees

@@ -21,6 +21,8 @@ def bench_row_latency(Forest f, const float[:, ::1] rows, int64_t n_calls):
     cdef double sink = 0.0
     if rows.shape[1] != f.view.n_features or nr == 0 or f.view.n_outputs > 64:
         raise ValueError("rows must be (n >= 1, n_features) float32 and the model small")
+    if f.view.n_cat_feat:
+        raise ValueError("a model with staged categorical features needs staged rows")
     out = np.empty(n_calls, dtype=np.int64)
     ns = out
     with nogil:

@@ -155,11 +155,38 @@ static inline uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const
 
 #define SW_SIDX(key) (((key) & 0x3FFFFFFFu) >> 1)   /* a key's feature, special bit or not */
 
+/* Staged categorical features (models whose categorical features only categorical splits
+   read, ModelView.cat_staged): the row's value is replaced, once per row, by the bit index
+   its splits read (sw_cat_bit; a missing value n + 2), stored as the float's bits; a split is
+   then one bit test. Every entry on the feature has its n (worker/model/pack.py widens them). */
+static inline void sw_stage_cats(float *x, int64_t ldx, int32_t n_rows, const int32_t *feat,
+                                 const uint32_t *head, int32_t k) {
+    for (int32_t r = 0; r < n_rows; r++) {
+        float *row = x + r * ldx;
+        for (int32_t i = 0; i < k; i++) {
+            const float v = row[feat[i]];
+            const uint32_t idx = (v != v) ? (head[i] & SW_SP_N) + 2u : sw_cat_bit(v, head[i]);
+            memcpy(&row[feat[i]], &idx, sizeof idx);
+        }
+    }
+}
+
+/* a special node's answer: staged, the bit at the row's index; else the rule on the value */
+static inline uint32_t sw_special_step(float v, uint32_t key, uint32_t h, const uint32_t *e,
+                                       int staged) {
+    if (staged) {
+        const uint32_t i = sw_bits_of(v);
+        return (e[1 + (i >> 5)] >> (i & 31u)) & 1u;
+    }
+    return sw_special_right(v, key, h, e);
+}
+
 /* a padded node of a model with special nodes (its threshold word the entry's offset) */
-static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t *cats) {
+static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t *cats,
+                                      int staged) {
     if (key & SW_KEY_SPECIAL) {
         const uint32_t off = sw_bits_of(thr);
-        return sw_special_right(v, key, cats[off], cats + off);
+        return sw_special_step(v, key, cats[off], cats + off, staged);
     }
     return SW_STEP(v, key, thr);
 }
@@ -168,9 +195,10 @@ static inline uint32_t sw_step_padded(float v, uint32_t key, float thr, const ui
    one row; at each level every chain steps by the numerical rule, then the chains on a special
    node (found by a bit mask) are redone by its entry. */
 typedef void (*sw_swalkp_fn)(const void *base, const float *x, int64_t *slot,
-                             const uint32_t *cats);
+                             const uint32_t *cats, int staged);
 #define SW_DEF_SPWALK(W, D, NAME)                                                           \
-static void NAME(const void *vbase, const float *x, int64_t *slot, const uint32_t *cats) {  \
+static void NAME(const void *vbase, const float *x, int64_t *slot, const uint32_t *cats,     \
+                 int staged) {                                                              \
     const sw_pnode *base = (const sw_pnode *)vbase;                                         \
     const int64_t ni = ((int64_t)1 << D) - 1;                                               \
     int64_t p[W];                                                                           \
@@ -189,7 +217,7 @@ static void NAME(const void *vbase, const float *x, int64_t *slot, const uint32_
             sp &= sp - 1;                                                                   \
             const sw_pnode *nd = base + j * ni + p[j];                                      \
             q[j] = 2 * p[j] + 1 + (int64_t)sw_step_padded(x[SW_SIDX(nd->key)], nd->key,    \
-                                                          nd->thr, cats);                   \
+                                                          nd->thr, cats, staged);           \
         }                                                                                   \
         _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) p[j] = q[j];                   \
     }                                                                                       \
@@ -218,7 +246,7 @@ static inline sw_swalkp_fn sw_spwalk_fn_for(int depth) {
    at every third step or so. */
 #define SW_DEF_SWALK(W, NAME)                                                               \
 static inline void NAME(const void *vnodes, const int64_t *root, int64_t dt, const float *x, \
-                        int64_t dx, const uint32_t *cats, int64_t *slot) {                  \
+                        int64_t dx, const uint32_t *cats, int staged, int64_t *slot) {      \
     const sw_cnode *c = (const sw_cnode *)vnodes;                                           \
     const sw_cnode *nd[W];                                                                  \
     _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) nd[j] = c + root[j * dt];          \
@@ -237,8 +265,8 @@ static inline void NAME(const void *vnodes, const int64_t *root, int64_t dt, con
             sp &= sp - 1;                                                                   \
             const uint32_t key = nd[j]->key;                                                \
             next[j] = c + nd[j]->child                                                      \
-                + sw_special_right(x[j * dx + SW_SIDX(key)], key, (uint32_t)nd[j]->leaf,    \
-                                   cats + sw_bits_of(nd[j]->thr));                          \
+                + sw_special_step(x[j * dx + SW_SIDX(key)], key, (uint32_t)nd[j]->leaf,     \
+                                  cats + sw_bits_of(nd[j]->thr), staged);                   \
         }                                                                                   \
         _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) nd[j] = next[j];               \
     }                                                                                       \

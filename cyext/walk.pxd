@@ -18,15 +18,18 @@ cdef extern from "walk.h":
     # models with special (categorical, zero-as-missing) nodes: W chains, chain j the tree at
     # root[j * dt] on the row x + j * dx
     void sw_swalk1(const void* nodes, const int64_t* root, int64_t dt, const float* x,
-                   int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
+                   int64_t dx, const uint32_t* cats, int staged, int64_t* slot) noexcept nogil
     void sw_swalk8(const void* nodes, const int64_t* root, int64_t dt, const float* x,
-                   int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
+                   int64_t dx, const uint32_t* cats, int staged, int64_t* slot) noexcept nogil
     void sw_swalk16(const void* nodes, const int64_t* root, int64_t dt, const float* x,
-                    int64_t dx, const uint32_t* cats, int64_t* slot) noexcept nogil
+                    int64_t dx, const uint32_t* cats, int staged, int64_t* slot) noexcept nogil
     uint32_t sw_special_right(float v, uint32_t key, uint32_t h, const uint32_t* e) noexcept nogil
-    uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t* cats) noexcept nogil
+    uint32_t sw_step_padded(float v, uint32_t key, float thr, const uint32_t* cats,
+                            int staged) noexcept nogil
     ctypedef void (*sw_swalkp_fn)(const void* base, const float* x, int64_t* slot,
-                                  const uint32_t* cats) noexcept nogil
+                                  const uint32_t* cats, int staged) noexcept nogil
+    void sw_stage_cats(float* x, int64_t ldx, int32_t n_rows, const int32_t* feat,
+                       const uint32_t* head, int32_t k) noexcept nogil
     sw_swalkp_fn sw_spwalk_fn_for(int depth) noexcept nogil
     enum: SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT
 
@@ -44,7 +47,8 @@ cdef inline int64_t walk_padded1(const ModelView* m, const float* x, int64_t t) 
     if m.cats != NULL:
         for d in range(m.depth):
             nd = base + p
-            p = 2 * p + 1 + sw_step_padded(x[sw_feat(nd.key)], nd.key, nd.thr, m.cats)
+            p = 2 * p + 1 + sw_step_padded(x[sw_feat(nd.key)], nd.key, nd.thr, m.cats,
+                                           m.cat_staged)
         return t * (ni + 1) + (p - ni)
     for d in range(m.depth):
         nd = base + p
@@ -67,7 +71,7 @@ cdef inline void walk_padded_x8(const ModelView* m, const float* x, int64_t t, i
             for j in range(INTERLEAVE):
                 nd = m.pnodes + (t + j * dt) * ni + p[j]
                 p[j] = 2 * p[j] + 1 + sw_step_padded(x[j * dx + sw_feat(nd.key)], nd.key,
-                                                     nd.thr, m.cats)
+                                                     nd.thr, m.cats, m.cat_staged)
         for j in range(INTERLEAVE):
             slot[j] = (t + j * dt) * (ni + 1) + (p[j] - ni)
         return
@@ -83,7 +87,7 @@ cdef inline int64_t walk_compact1(const ModelView* m, const float* x, int64_t t)
     cdef int64_t slot
     cdef const CNode* nd = m.cnodes + m.root[t]
     if m.cats != NULL:
-        sw_swalk1(m.cnodes, m.root + t, 0, x, 0, m.cats, &slot)
+        sw_swalk1(m.cnodes, m.root + t, 0, x, 0, m.cats, m.cat_staged, &slot)
         return slot
     while not (nd.key & KEY_LEAF):
         nd = m.cnodes + nd.child + sw_go_right(x[sw_feat(nd.key)], nd.key, nd.thr)
@@ -98,7 +102,7 @@ cdef inline void walk_compact_x8(const ModelView* m, const float* x, int64_t t, 
     cdef int32_t j
     cdef uint32_t all_leaf
     if m.cats != NULL:
-        sw_swalk8(m.cnodes, m.root + t, dt, x, dx, m.cats, slot)
+        sw_swalk8(m.cnodes, m.root + t, dt, x, dx, m.cats, m.cat_staged, slot)
         return
     for j in range(INTERLEAVE):
         nd[j] = m.cnodes + m.root[t + j * dt]

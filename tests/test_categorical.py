@@ -516,3 +516,33 @@ def test_hostile_lightgbm_model_text_is_refused_by_name(tmp_path):
         model.raw(X[:1])
 
     run()
+
+
+def test_staged_categories_leave_the_callers_rows_alone():
+    """A model whose categorical features only categorical splits read stages them as bit
+    indices: in a copy, never in the caller's array (numpy direct path, one-row path, lazy)."""
+    booster = _lgb(LGB_OBJECTIVES[0], "nan", rounds=20)
+    model = compile_model(booster)
+    assert sorted(model.arrays["cat_feat"].tolist()) == list(CAT)
+    X = hostile(300, _lgb_thresholds(booster), seed=20)
+    before = X.copy()
+    for part in (X, X[:1], X[:64]):
+        model.raw(part)
+        model.predict_proba(part)
+        model.score_batch(part, lazy="certified", thresholds=[0.5])
+    np.testing.assert_array_equal(X, before)
+    assert np.array_equal(model.raw(X), _lgb_raw(booster, X, 1.0))
+
+
+@pytest.mark.parametrize("edit", ["head", "feature", "missing_head"])
+def test_lying_staged_categories_are_refused(edit):
+    meta, arrays = _meta_arrays("compact")
+    assert "cat_feat" in arrays
+    if edit == "head":
+        arrays["cat_head"][0] += 1  # wider than the entries: an index past their bits
+    elif edit == "feature":
+        arrays["cat_feat"][0] = 0  # a numerical feature read as a bit index
+    else:
+        del arrays["cat_head"]
+    with pytest.raises(artifact.ArtifactError, match="cat_"):
+        structure.check(meta, arrays)

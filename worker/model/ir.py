@@ -145,10 +145,11 @@ def float32_below(s: np.ndarray) -> np.ndarray:
 # Special node entries, as the kernels read them (walk.h, sw_special_right). Word 0 is a
 # header: SP_ZERO for a zero-as-missing split; else the number n of category bits, with SP_INT
 # when only whole numbers are categories and SP_TRUNC when values in (-1, 0) are category 0
-# (LightGBM casts to int first). A categorical entry continues with n + 2 bits: bit 0 says
+# (LightGBM casts to int first). A categorical entry continues with n + 3 bits: bit 0 says
 # where a negative value goes, bit c + 1 whether category c goes right, bit n + 1 where a
-# value at or above n goes. A zero-band entry continues with the float32 threshold and the band's
-# half-width: |v| <= band goes where missing values go, other values right iff v > threshold.
+# value at or above n goes, bit n + 2 where a missing value goes (as ``default_left`` says).
+# A zero-band entry continues with the float32 threshold and the band's half-width:
+# |v| <= band goes where missing values go, other values right iff v > threshold.
 SP_INT = 0x80000000
 SP_ZERO = 0x40000000
 SP_TRUNC = 0x20000000
@@ -156,18 +157,20 @@ MAX_CATEGORY_BITS = 1 << 20
 
 
 def categorical_entry(right: np.ndarray, beyond_right: bool, negative_right: bool,
-                      truncate: bool, whole_only: bool = False) -> np.ndarray:
+                      truncate: bool, whole_only: bool = False,
+                      missing_right: bool = True) -> np.ndarray:
     """``right[c]``: category c goes right. ``truncate``: a value in (-1, 0) is category 0;
     otherwise any value below 0 is negative. ``whole_only``: a fractional value is not a
-    category (it goes where ``beyond_right`` says)."""
+    category (it goes where ``beyond_right`` says). ``missing_right``: the node's
+    ``not default_left`` (the loaders set both)."""
     right = np.asarray(right, dtype=bool)
     n = int(right.shape[0])
     if n > MAX_CATEGORY_BITS:
         raise UnsupportedModelError(f"a categorical split over {n} categories (at most "
                                     f"{MAX_CATEGORY_BITS})")
-    bits = np.zeros(n + 2, dtype=bool)
+    bits = np.zeros(n + 3, dtype=bool)
     bits[1:n + 1] = right
-    bits[0], bits[n + 1] = negative_right, beyond_right
+    bits[0], bits[n + 1], bits[n + 2] = negative_right, beyond_right, missing_right
     words = np.packbits(np.concatenate([bits, np.zeros((-bits.size) % 32, bool)]),
                         bitorder="little").view("<u4")
     head = n | (SP_INT if whole_only else 0) | (SP_TRUNC if truncate else 0)
@@ -191,7 +194,25 @@ def entry_size(words: np.ndarray, at: int = 0) -> int:
     n = head & ~(SP_INT | SP_TRUNC)
     if n > MAX_CATEGORY_BITS:
         return 0
-    return 1 + (n + 2 + 31) // 32
+    return 1 + (n + 3 + 31) // 32
+
+
+def entry_bits(words: np.ndarray) -> tuple[int, np.ndarray]:
+    """(header, the n + 3 bits) of a categorical entry."""
+    head = int(words[0])
+    n = head & ~(SP_INT | SP_TRUNC)
+    bits = np.unpackbits(np.asarray(words[1:], dtype="<u4").view(np.uint8), bitorder="little")
+    return head, bits[:n + 3].astype(bool)
+
+
+def widen_entry(words: np.ndarray, n: int) -> np.ndarray:
+    """The same split over n categories (n at least its own): categories it did not list go
+    where a value past its list went."""
+    head, bits = entry_bits(words)
+    own = head & ~(SP_INT | SP_TRUNC)
+    right = np.concatenate([bits[1:own + 1], np.full(n - own, bits[own + 1])])
+    return categorical_entry(right, bool(bits[own + 1]), bool(bits[0]),
+                             bool(head & SP_TRUNC), bool(head & SP_INT), bool(bits[own + 2]))
 
 
 def check_entry(words: np.ndarray, where: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Ensemble, Tree
+from .ir import SP_INT, SP_TRUNC, SP_ZERO, Ensemble, Tree, widen_entry
 
 KEY_LEAF = np.uint32(0x80000000)  # node key: 2 * feature + missing-goes-right; bit 31 = leaf
 KEY_SPECIAL = np.uint32(0x40000000)  # compact: the node's rule is its entry in ``cats``
@@ -66,12 +66,46 @@ def pack_padded(ens: Ensemble, depth: int, acc: np.dtype) -> dict[str, np.ndarra
     return out
 
 
+def staged_categories(ens: Ensemble) -> dict[int, int] | None:
+    """feature -> the header every split on it shares once widened (the widest split's
+    category count, the library's flags), when each categorical feature is split only by
+    categorical splits with the same flags and no split is a zero band. Such a model's rows
+    are staged with each categorical value replaced by the bit index its splits read
+    (``walk.h`` ``sw_stage_cats``): the split is then one bit test. None: the splits read the
+    raw values."""
+    heads: dict[int, list[int]] = {}
+    for t in ens.trees:
+        for node, entry in t.special.items():
+            h = int(entry[0])
+            if h == SP_ZERO:
+                return None
+            f, flags, n = int(t.feature[node]), h & (SP_INT | SP_TRUNC), h & ~(SP_INT | SP_TRUNC)
+            if heads.setdefault(f, [flags, n])[0] != flags:
+                return None
+            heads[f][1] = max(heads[f][1], n)
+    if not heads:
+        return None
+    feats = np.fromiter(heads, dtype=np.int64)
+    for t in ens.trees:
+        on_cat = np.isin(t.feature, feats)
+        on_cat[list(t.special)] = False
+        if on_cat.any():  # a numerical split on a categorical feature
+            return None
+    return {f: flags | n for f, (flags, n) in heads.items()}
+
+
 def special_entries(ens: Ensemble) -> tuple[np.ndarray | None, list[dict[int, int]]]:
-    """The ``cats`` words (None: no special node) and, per tree, each special node's offset."""
+    """The ``cats`` words (None: no special node) and, per tree, each special node's offset.
+    With staged categories every entry is widened to its feature's widest split."""
+    staged = staged_categories(ens) or {}
     cats, n_words, offsets = [np.zeros(2, dtype=np.uint32)], 2, []  # 0: the entry no node uses
     for tree in ens.trees:
         at = {}
         for node, entry in sorted(tree.special.items()):
+            head = staged.get(int(tree.feature[node]))
+            if head is not None and head != int(entry[0]):
+                entry = widen_entry(np.asarray(entry, dtype=np.uint32),
+                                    head & ~(SP_INT | SP_TRUNC))
             at[node] = n_words
             cats.append(np.asarray(entry, dtype=np.uint32))
             n_words += len(entry)
@@ -175,10 +209,7 @@ def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarra
     depths = np.asarray([t.depth() for t in ens.trees], dtype=np.int32)
     depth = int(depths.max(initial=0))
     if layout == "auto":
-        # special nodes take generic walks in either layout; compact measured faster there
-        # (model F, XGBoost depth 6: 147k against 113k rows/s padded)
-        special = any(t.special for t in ens.trees)
-        layout = "padded" if depth <= MAX_PADDED_DEPTH and not special else "compact"
+        layout = "padded" if depth <= MAX_PADDED_DEPTH else "compact"
     if layout == "padded":
         if depth > 20:
             raise ValueError(f"depth {depth} is too deep for the padded layout")
@@ -195,6 +226,10 @@ def pack(ens: Ensemble, layout: str = "auto") -> tuple[dict, dict[str, np.ndarra
     arrays["leaf_min"] = np.asarray(mins, dtype=np.float64)  # per tree, per leaf output
     arrays["leaf_max"] = np.asarray(maxs, dtype=np.float64)
     arrays.update(pack_explain(ens))
+    staged = staged_categories(ens)
+    if staged:
+        arrays["cat_feat"] = np.asarray(list(staged), dtype=np.int32)
+        arrays["cat_head"] = np.asarray(list(staged.values()), dtype=np.uint32)
     info = {"layout": layout, "depth": depth if layout == "padded" else 0,
             "max_depth": depth, "accumulate": str(acc)}
     return info, arrays

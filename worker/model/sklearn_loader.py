@@ -111,7 +111,7 @@ class _HgbCategories:
         right[codes] = np.where(c_known, ~left_codes[c], not missing_left)
         return categorical_entry(right, beyond_right=not missing_left,
                                  negative_right=not missing_left, truncate=False,
-                                 whole_only=True)
+                                 whole_only=True, missing_right=not missing_left)
 
 
 def _names(est, n_features: int) -> list[str]:

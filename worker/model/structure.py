@@ -133,6 +133,8 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
         keys = arrays["cnodes" if layout == "compact" else "pnodes"][:, 0]
         if not np.any((keys & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL):
             _fail("arrays.cats", "present, but no node uses it")
+    if "cat_feat" in arrays or "cat_head" in arrays:
+        _check_staged(arrays, layout, nf)
     x_names = [n for n in arrays if n.startswith("x_")]
     if x_names:
         _check_explain(arrays, n_trees, nf, width)
@@ -202,6 +204,34 @@ def _check_entries(arrays, offsets: np.ndarray, field: str) -> None:
         size = entry_size(cats, off) if off < cats.shape[0] else 0
         if size == 0 or off + size > cats.shape[0]:
             _fail(field, f"an entry at {off} that is malformed or outside arrays.cats")
+
+
+def _check_staged(arrays, layout: str, nf: int) -> None:
+    """Staged categorical features (``pack.staged_categories``): the kernels read a staged
+    value as a bit index up to the feature's n + 2, so every split on the feature must be a
+    categorical entry of exactly that header (n + 3 bits), and no other node may read it."""
+    feat = _array(arrays, "cat_feat", np.int32, 1)
+    head = _array(arrays, "cat_head", np.uint32, 1, (feat.shape[0],))
+    if feat.size == 0 or feat.min() < 0 or feat.max() >= nf or np.unique(feat).size != feat.size:
+        _fail("arrays.cat_feat", "not distinct features in range")
+    if "cats" not in arrays or any(entry_size(head, i) == 0 or int(head[i]) == 0x40000000
+                                   for i in range(head.size)):
+        _fail("arrays.cat_head", "not categorical headers (or no arrays.cats)")
+    nodes = arrays["cnodes" if layout == "compact" else "pnodes"]
+    key, thr = nodes[:, 0].astype(np.int64), nodes[:, 1].astype(np.int64)
+    f = (key & 0x3FFFFFFF) >> 1
+    split = (key & KEY_LEAF) == 0
+    if layout == "padded":  # pass-through nodes (key 0, +inf) send every value left
+        split &= ~((key == 0) & (thr == INF_BITS))
+    special = split & ((key & KEY_SPECIAL) != 0)
+    want = np.full(nf, -1, dtype=np.int64)
+    want[feat] = head
+    on_cat = split & (want[f] >= 0)
+    if np.any(on_cat & ~special) or np.any(special & ~on_cat):
+        _fail("arrays.cat_feat", "a staged feature read by a numerical split, or a categorical "
+                                 "split on a feature that is not staged")
+    if np.any(arrays["cats"][thr[special]].astype(np.int64) != want[f[special]]):
+        _fail("arrays.cat_head", "a split's entry is not its feature's header")
 
 
 def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> None:

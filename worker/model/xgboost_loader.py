@@ -77,12 +77,13 @@ def _tree(j: dict, index: int) -> Tree:
     value = np.where(is_leaf, cond, np.float32(0)).astype(np.float64)[:, None]
     default_left = np.asarray(j["default_left"], dtype=bool)
     cover = np.asarray(j["sum_hessian"], dtype=np.float64) if "sum_hessian" in j else None
-    special = _categorical(j, index, is_leaf)
+    special = _categorical(j, index, is_leaf, default_left)
     return Tree(feature.astype(np.int32), threshold, left, right, default_left, value, cover,
                 special)
 
 
-def _categorical(j: dict, index: int, is_leaf: np.ndarray) -> dict[int, np.ndarray]:
+def _categorical(j: dict, index: int, is_leaf: np.ndarray,
+                 default_left: np.ndarray) -> dict[int, np.ndarray]:
     """XGBoost's partition splits (``enable_categorical``): the listed categories go right;
     a missing value where ``default_left`` says; anything else left (a negative value, a
     category past the node's list, one at or above 2^24). ``int(x)`` truncates: 2.7 is 2."""
@@ -108,7 +109,8 @@ def _categorical(j: dict, index: int, is_leaf: np.ndarray) -> dict[int, np.ndarr
         right = np.zeros(int(chosen.max()) + 1 if chosen.size else 0, dtype=bool)
         right[chosen] = True
         out[node] = categorical_entry(right, beyond_right=False, negative_right=False,
-                                      truncate=False)
+                                      truncate=False,
+                                      missing_right=not bool(default_left[node]))
     return out
 
 
