@@ -393,7 +393,8 @@ cdef int lazy_block(const ModelView* m, const acc_t* leaves, const acc_t* base, 
         memcpy(X, direct + r0 * nf, n * nf * sizeof(float))
     else:
         stage_block(cols, nf, r0, n, X)
-    sw_stage_cats(X, nf, n, m.cat_feat, m.cat_head, m.n_cat_feat)
+    if m.n_cat_feat:
+        sw_stage_cats(X, nf, n, m.cat_feat, m.cat_head, m.n_cat_feat)
     for i in range(n):
         act[i] = i
         for g in range(G):
