@@ -546,3 +546,30 @@ def test_lying_staged_categories_are_refused(edit):
         del arrays["cat_head"]
     with pytest.raises(artifact.ArtifactError, match="cat_"):
         structure.check(meta, arrays)
+
+
+def test_dictionary_strings_score_as_xgboost_scores_the_dataframe():
+    """XGBoost (3.1+) stores its string categories and re-codes a DataFrame's; dictionary
+    strings map through the same list. XGBoost refuses an unseen string; the worker scores it
+    as missing, which is what XGBoost gives for a missing category."""
+    pd = pytest.importorskip("pandas")
+    import pyarrow as pa
+
+    rng = np.random.default_rng(21)
+    cats = [f"m{i:03d}" for i in range(40)]
+    codes = rng.integers(0, 40, 3000)
+    a = rng.normal(size=3000).astype(np.float32)
+    y = ((codes % 3 == 0) + a > 0.5).astype(int)
+    df = pd.DataFrame({"a": a, "mcc": pd.Categorical(np.asarray(cats)[codes], categories=cats)})
+    est = xgb.XGBClassifier(n_estimators=30, max_depth=4, enable_categorical=True,
+                            tree_method="hist", max_cat_to_onehot=1).fit(df, y)
+    model = compile_model(est)
+    assert model.categories == {"mcc": cats}
+    strings = np.asarray(cats + ["unseen"], dtype=object)[rng.integers(0, 41, 500)]
+    strings[rng.random(500) < 0.05] = None
+    table = pa.table({"a": a[:500], "mcc": pa.array(strings, pa.string()).dictionary_encode()})
+    known = np.asarray([s in cats for s in strings])
+    as_missing = pd.DataFrame({"a": a[:500], "mcc": pd.Categorical(
+        np.where(known, strings, None), categories=cats)})
+    ref = est.get_booster().inplace_predict(as_missing, predict_type="margin")
+    assert np.array_equal(model.raw(table)[:, 0].astype(np.float32), ref)
