@@ -448,7 +448,7 @@ cdef class Forest:
                 raise ValueError("padded leaf array has the wrong size")
             special = (a["pnodes"][:, 0] & 0x40000000) != 0
             if special.any():
-                self._check_entries(a["pnodes"][special, 1], None)
+                self._check_entries(a["pnodes"][special, 1], None, a["pnodes"][special, 0])
         else:
             cn = a["cnodes"]
             n = cn.shape[0]
@@ -457,12 +457,23 @@ cdef class Forest:
                 raise ValueError("a node reads a feature beyond n_features")
             if ((cn[:, 0] & 0xC0000000) == 0xC0000000).any():
                 raise ValueError("a leaf marked as a special node")
+            if (cn[~leaf, 2].astype(np.int64) + 1 >= n).any() or (cn[leaf, 3] >= n_leaves).any():
+                raise ValueError("a node points outside the model")
+            if (a["root"] >= n).any() or (a["root"] < 0).any():
+                raise ValueError("a tree root points outside the model")
+            if (cn[leaf, 2] != np.flatnonzero(leaf)).any():
+                raise ValueError("a leaf does not point at itself")
+            # no cycles: children always come after their parent in breadth-first order
+            if (cn[~leaf, 2].astype(np.int64) <= np.flatnonzero(~leaf)).any():
+                raise ValueError("a node points backwards")
             special = (cn[:, 0] & 0xC0000000) == 0x40000000
             if special.any():
-                self._check_entries(cn[special, 1], cn[special, 3])
+                self._check_entries(cn[special, 1], cn[special, 3], cn[special, 0])
 
-    def _check_entries(self, offsets, heads):
-        """Special nodes' entries lie whole inside cats (compact nodes: ``heads`` copied)."""
+    def _check_entries(self, offsets, heads, keys):
+        """Special nodes' entries lie whole inside cats (compact nodes: ``heads`` copied); with
+        staged categories every entry has its feature's header (the index a row is staged to
+        stays inside the entry's bits)."""
         if self.view.cats == NULL:
             raise ValueError("a special node in a model without cats")
         cats = self.arrays["cats"]
@@ -473,19 +484,15 @@ cdef class Forest:
         if heads is not None and (heads != cats[off]).any():
             raise ValueError("a special node's header differs from its entry's")
         n_bits = head & 0x1FFFFF
-        end = np.where(head == 0x40000000, off + 3, off + 1 + (n_bits + 33) // 32)
+        end = np.where(head == 0x40000000, off + 3, off + 1 + (n_bits + 34) // 32)  # n + 3 bits
         if ((head & 0x40000000 != 0) & (head != 0x40000000)).any() \
                 or ((head & 0x1FE00000) != 0).any() or (end > cats.shape[0]).any():
             raise ValueError("a special node's entry is malformed or outside cats")
-            if (cn[~leaf, 2].astype(np.int64) + 1 >= n).any() or (cn[leaf, 3] >= n_leaves).any():
-                raise ValueError("a node points outside the model")
-            if (a["root"] >= n).any() or (a["root"] < 0).any():
-                raise ValueError("a tree root points outside the model")
-            if (cn[leaf, 2] != np.flatnonzero(leaf)).any():
-                raise ValueError("a leaf does not point at itself")
-            # no cycles: children always come after their parent in breadth-first order
-            if (cn[~leaf, 2].astype(np.int64) <= np.flatnonzero(~leaf)).any():
-                raise ValueError("a node points backwards")
+        if self.view.n_cat_feat:
+            want = np.full(self.view.n_features, -1, dtype=np.int64)
+            want[self.arrays["cat_feat"]] = self.arrays["cat_head"]
+            if (want[(keys.astype(np.int64) & 0x3FFFFFFF) >> 1] != head).any():
+                raise ValueError("a special node's entry is not its staged feature's")
 
     @property
     def n_trees(self):

@@ -546,6 +546,12 @@ def test_lying_staged_categories_are_refused(edit):
         del arrays["cat_head"]
     with pytest.raises(artifact.ArtifactError, match="cat_"):
         structure.check(meta, arrays)
+    if edit == "head":  # the kernels' own check: an index past an entry's bits
+        from worker import _kernels
+
+        with pytest.raises(ValueError, match="staged"):
+            _kernels.Forest(arrays, "compact", 0, int(meta["n_features"]),
+                            int(meta["n_outputs"]), float(meta["divisor"]))
 
 
 def test_dictionary_strings_score_as_xgboost_scores_the_dataframe():
@@ -573,3 +579,34 @@ def test_dictionary_strings_score_as_xgboost_scores_the_dataframe():
         np.where(known, strings, None), categories=cats)})
     ref = est.get_booster().inplace_predict(as_missing, predict_type="margin")
     assert np.array_equal(model.raw(table)[:, 0].astype(np.float32), ref)
+
+
+@pytest.mark.parametrize("edit", ["child_out", "child_back", "root_out", "leaf_not_self"])
+def test_kernels_refuse_broken_compact_trees_themselves(edit):
+    """The Forest's own check (defence in depth, for arrays that skip structure.check) on a
+    compact model with and without special nodes: a regression test for the pointer checks
+    that once ran only for models with special nodes."""
+    from sklearn.ensemble import RandomForestClassifier
+
+    from worker import _kernels
+
+    X, y, _ = _data(22, nan=False)
+    for model in (compile_model(RandomForestClassifier(n_estimators=3, max_depth=6,
+                                                       random_state=0).fit(X, y),
+                                layout="compact"),
+                  compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=3), layout="compact")):
+        arrays = {k: v.copy() for k, v in model.arrays.items()}
+        cn = arrays["cnodes"]
+        inner = np.flatnonzero((cn[:, 0] & 0x80000000) == 0)
+        leaf = np.flatnonzero((cn[:, 0] & 0x80000000) != 0)
+        if edit == "child_out":
+            cn[inner[-1], 2] = cn.shape[0] - 1
+        elif edit == "child_back":
+            cn[inner[-1], 2] = inner[-1]
+        elif edit == "root_out":
+            arrays["root"][0] = cn.shape[0]
+        else:
+            cn[leaf[0], 2] = leaf[0] + 1
+        with pytest.raises(ValueError):
+            _kernels.Forest(arrays, "compact", 0, model.n_features, model.n_outputs,
+                            float(model.divisor))
