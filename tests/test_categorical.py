@@ -483,7 +483,7 @@ def test_hostile_lightgbm_model_text_is_refused_by_name(tmp_path):
     base = _lgb(LGB_OBJECTIVES[0], "zero", rounds=3, leaves=6).model_to_string()
     lines = base.splitlines()
     hostile_numbers = ["-1", "0", "1", "2147483648", "-2147483649", "nan", "inf", "-inf",
-                       "1e308", "99999999999999999999", "x", "", "3.5", "4294967296"]
+                       "1e308", "99999999999999999999", "x", "", "3.5", "4294967296", "-2"]
     X = hostile(64, np.asarray([0.0, 1.0]), seed=19)
 
     @settings(max_examples=300, deadline=None, database=None,
@@ -516,6 +516,14 @@ def test_hostile_lightgbm_model_text_is_refused_by_name(tmp_path):
         model.raw(X[:1])
 
     run()
+    # found reading the parser, not by the mutations above: a negative num_cat
+    path = tmp_path / "neg.txt"
+    import re
+
+    path.write_text(re.sub(r"num_cat=\d+", "num_cat=-1", base, count=1))
+    assert "num_cat=-1" in path.read_text()
+    with pytest.raises(UnsupportedModelError, match="categorical splits"):
+        compile_model(path, check=False)
 
 
 def test_staged_categories_leave_the_callers_rows_alone():

@@ -110,8 +110,8 @@ def _tree(fields: dict, index: int, n_features: int) -> Tree:
         n_cat = int(fields.get("num_cat", "0"))
     except ValueError:
         raise UnsupportedModelError(f"{where}: num_leaves is not a number") from None
-    if not 1 <= n_leaves <= 1 << 24:
-        raise UnsupportedModelError(f"{where}: {n_leaves} leaves")
+    if not 1 <= n_leaves <= 1 << 24 or not 0 <= n_cat < n_leaves:
+        raise UnsupportedModelError(f"{where}: {n_leaves} leaves, {n_cat} categorical splits")
     leaf_value = _numbers(fields, "leaf_value", n_leaves, float, where)
     leaf_count = _numbers(fields, "leaf_count", -1, float, where) \
         if "leaf_count" in fields else None
