@@ -524,6 +524,11 @@ def test_hostile_lightgbm_model_text_is_refused_by_name(tmp_path):
     assert "num_cat=-1" in path.read_text()
     with pytest.raises(UnsupportedModelError, match="categorical splits"):
         compile_model(path, check=False)
+    for good, bad in (("sigmoid:1", "sigmoid:x"), ("pandas_categorical:null",
+                                                   "pandas_categorical:[1, 2]")):
+        path.write_text(base.replace(good, bad))
+        with pytest.raises(UnsupportedModelError):
+            compile_model(path, check=False)
 
 
 def test_staged_categories_leave_the_callers_rows_alone():

@@ -228,7 +228,11 @@ def to_ir(source) -> Ensemble:
         raise UnsupportedModelError("LightGBM regression with reg_sqrt=true is not supported")
     task, link = _OBJECTIVES[name]
     if name == "binary":
-        sig = float(options.get("sigmoid", "1"))
+        try:
+            sig = float(options.get("sigmoid", "1"))
+        except ValueError:
+            raise UnsupportedModelError(f"LightGBM objective {objective!r}: sigmoid is not a "
+                                        "number") from None
         if sig not in (1.0, 2.0):
             raise UnsupportedModelError(f"LightGBM binary sigmoid:{sig:g} is not supported "
                                         "(sigmoid 1 or 2)")
@@ -257,6 +261,8 @@ def to_ir(source) -> Ensemble:
     categories = {}
     pandas = _pandas_categorical(tail)
     if pandas:
+        if not isinstance(pandas, list) or not all(isinstance(c, list) for c in pandas):
+            raise UnsupportedModelError("pandas_categorical is not a list of category lists")
         if len(pandas) != len(cat_features):
             raise UnsupportedModelError(f"pandas_categorical lists {len(pandas)} features, the "
                                         f"model has {len(cat_features)} categorical ones")
