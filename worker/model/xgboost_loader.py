@@ -117,7 +117,11 @@ def _categorical(j: dict, index: int, is_leaf: np.ndarray,
 def _categories(gbm: dict, names: list[str]) -> dict[str, list[str]]:
     """String categories XGBoost stored with the model (3.1+), in code order, by feature."""
     out = {}
-    for name, enc in zip(names, (gbm.get("cats") or {}).get("enc", []), strict=False):
+    cats = gbm.get("cats")
+    encs = cats.get("enc", []) if isinstance(cats, dict) else []
+    for name, enc in zip(names, encs if isinstance(encs, list) else [], strict=False):
+        if not isinstance(enc, dict):
+            raise UnsupportedModelError(f"feature {name!r}: unreadable categories")
         offsets, values = enc.get("offsets") or [], enc.get("values") or []
         if len(offsets) < 2:
             continue  # numeric features, or numeric categories (their codes are the input)
