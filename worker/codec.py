@@ -6,7 +6,12 @@ import numpy as np
 import pyarrow as pa
 
 from . import _ipc
-from .model.compiled import category_codes, feature_type_problem, is_category_type
+from .model.compiled import (
+    category_codes,
+    category_sets,
+    feature_type_problem,
+    is_category_type,
+)
 from .model.result import STOP_REASONS, ScoreResult
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
@@ -50,7 +55,7 @@ class Decoder:
         self.feature_names, self.id_column, self.max_rows = feature_names, id_column, max_rows
         # features whose strings are mapped to codes (the model's categories); a message's
         # dictionary-encoded strings become float32 codes as it is decoded
-        self.categories = dict(categories or {})
+        self.categories = category_sets(categories or {})  # built once, not per message
         self._plans: dict[bytes, tuple[pa.Schema, list[int], object]] = {}
         self._cache_size = cache_size
         self.native = native  # False: pyarrow reads every message (tests compare the two)

@@ -35,6 +35,7 @@ class CompiledModel:
         self.feature_names = list(self.feature_names)
         # feature name -> categories in code order (string inputs are mapped through it)
         self.categories = dict(self.meta.get("categories") or {})
+        self._category_sets = category_sets(self.categories) if self.categories else {}
         self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
         self.n_trees = int(arrays["tree_group"].shape[0])
         self.forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
@@ -61,7 +62,7 @@ class CompiledModel:
         if isinstance(X, _kernels.Columns):
             return X
         if hasattr(X, "schema") and hasattr(X, "column"):
-            return arrow_columns(X, self.feature_names, self.categories)
+            return arrow_columns(X, self.feature_names, self._category_sets)
         cols = _kernels.Columns.from_numpy(X)
         if cols.n_features != self.n_features:
             raise ValueError(f"X has {cols.n_features} features, the model expects "
@@ -159,7 +160,7 @@ class CompiledModel:
                                  "trees have a split with zero cover has none)")
             self._explainer = _explain.Explainer(self.arrays, self.n_features, self.n_outputs,
                                                  float(self.divisor))
-        rows = float_rows(X, self.feature_names, self.categories)
+        rows = float_rows(X, self.feature_names, self._category_sets)
         out = self._explainer.contributions(rows, codes[method], n_threads or default_threads())
         return out[:, 0, :] if self.n_outputs == 1 else out
 
@@ -177,7 +178,7 @@ class CompiledModel:
         bias = np.full(n, np.nan, dtype=np.float64)
         rows = np.arange(n) if min_score is None else np.flatnonzero(r.score >= min_score)
         if rows.size:
-            phi = self.contributions(float_rows(X, self.feature_names, self.categories)[rows]
+            phi = self.contributions(float_rows(X, self.feature_names, self._category_sets)[rows]
                                      if rows.size < n
                                      else X, method, n_threads)
             if phi.ndim == 3:  # several outputs: the one of each row's label
@@ -241,26 +242,33 @@ def is_category_type(t) -> bool:
         pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
 
 
-def category_codes(col, categories: list[str]):
+def category_sets(categories: dict[str, list[str]]) -> dict:
+    """The model's category lists as Arrow string arrays, built once (at load, or when a
+    decoder starts), for ``category_codes``."""
+    import pyarrow as pa
+
+    return {name: pa.array(cats, type=pa.string()) for name, cats in categories.items()}
+
+
+def category_codes(col, value_set):
     """A dictionary-encoded string column as float32 category codes: each dictionary string's
-    position in ``categories``, looked up once per dictionary (not per row); missing where the
-    value is, NaN where the string is not a category (the libraries' unseen category)."""
+    position in ``value_set`` (``category_sets``), looked up once per dictionary (not per
+    row); missing where the value is, NaN where the string is not a category (the libraries'
+    unseen category)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if isinstance(col, pa.ChunkedArray):
         col = col.unify_dictionaries().combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    where = pc.index_in(col.dictionary.cast(pa.string()),
-                        value_set=pa.array(categories, type=pa.string()))
+    where = pc.index_in(col.dictionary.cast(pa.string()), value_set=value_set)
     codes = where.cast(pa.float32()).fill_null(float("nan"))
     return codes.take(col.indices)
 
 
-def float_rows(X, feature_names: list[str],
-               categories: dict[str, list[str]] | None = None) -> np.ndarray:
+def float_rows(X, feature_names: list[str], categories: dict | None = None) -> np.ndarray:
     """Rows as C-contiguous float32, missing as NaN, from numpy or a pyarrow Table/RecordBatch
     (the conversions the kernels' stager makes: a C cast of each value to float; strings of a
-    feature with categories: their codes)."""
+    feature with categories (``category_sets``): their codes)."""
     if hasattr(X, "schema") and hasattr(X, "column"):
         import pyarrow as pa
 
@@ -291,10 +299,10 @@ def float_rows(X, feature_names: list[str],
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
-def arrow_columns(data, feature_names: list[str],
-                  categories: dict[str, list[str]] | None = None):
+def arrow_columns(data, feature_names: list[str], categories: dict | None = None):
     """Feature columns by name from a pyarrow Table/RecordBatch (one chunk each); a feature
-    with categories may be dictionary-encoded strings (``category_codes``)."""
+    with categories (``category_sets``) may be dictionary-encoded strings
+    (``category_codes``)."""
     import pyarrow as pa
 
     cats = categories or {}
