@@ -74,6 +74,7 @@ def run(quick: bool) -> dict:
 
 def one_model(key: str, bm, n: int) -> dict:
     import models as bench_models
+
     import worker
 
     model = worker.compile_model(bm.source)

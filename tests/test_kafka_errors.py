@@ -40,6 +40,9 @@ class StubProducer:
     def commit_transaction(self, *args):
         self._maybe_fail("commit")
 
+    def init_transactions(self, *args):
+        self._maybe_fail("init")
+
     def abort_transaction(self, *args):
         self.calls.append("abort")
 
@@ -70,7 +73,7 @@ class StubSource:
 def sink_with(producer, transactional: bool = True) -> KafkaSink:
     sink = KafkaSink.__new__(KafkaSink)  # no network: wire the stub in directly
     sink.producer, sink.topic, sink.dead_letter_topic = producer, "scores", "scores-dlq"
-    sink.transactional, sink._errors = transactional, []
+    sink.transactional, sink._errors, sink._caller = transactional, [], None
     sink.stopping = lambda: False
     return sink
 
@@ -110,6 +113,73 @@ def test_fenced_or_fatal_errors_exit(err):
     with pytest.raises(FatalKafkaError):
         sink_with(p).commit_transaction(src, BATCH, OUT, [])
     assert "commit" not in p.calls and src.rewound == 0
+
+
+@pytest.mark.parametrize("wedged", ["send_offsets", "commit", "abort"])
+def test_a_transactional_call_that_never_returns_replaces_the_producer(monkeypatch, wedged):
+    # librdkafka #5456/#5511: after the transaction coordinator was killed, a worker hung for
+    # ever in send_offsets_to_transaction(..., 1.0) (the cluster test, 1 run in 3): the call
+    # now runs on a thread of its own, and a producer stuck in one is replaced
+    import threading
+
+    import worker.io.kafka as kafka_mod
+
+    release = threading.Event()
+
+    class Wedged(StubProducer):
+        def _maybe_fail(self, name):
+            self.calls.append(name)
+            if name == wedged:
+                release.wait()
+            elif name == "commit" and wedged == "abort":
+                raise KafkaException(KafkaError(KafkaError._STATE, "abortable",
+                                                txn_requires_abort=True))
+
+        def abort_transaction(self, *args):
+            self._maybe_fail("abort")
+
+    stuck, fresh = Wedged(), StubProducer()
+    monkeypatch.setattr(kafka_mod, "Producer", lambda conf: fresh)
+    sink = sink_with(stuck)
+    sink.stuck_after_s, sink._conf = 0.5, {}
+    src = StubSource()
+    try:
+        with pytest.raises(TransactionAborted) as info:
+            sink.commit_transaction(src, BATCH, OUT, [])
+        assert info.value.retriable and src.rewound == 1
+        # the new producer registered (fencing the stuck one); the stuck one was not touched
+        assert sink.producer is fresh and fresh.calls == ["init"]
+        assert stuck.calls[-1] == wedged
+        sink.commit_transaction(src, BATCH, OUT, [])  # the batch again, on the new producer
+        assert fresh.calls == ["init", "begin", "produce:scores", "send_offsets", "commit"]
+    finally:
+        release.set()
+
+
+def test_a_stop_ends_the_wait_for_a_stuck_call_without_a_new_producer(monkeypatch):
+    import threading
+
+    import worker.io.kafka as kafka_mod
+
+    release = threading.Event()
+
+    class Wedged(StubProducer):
+        def send_offsets_to_transaction(self, *args):
+            self.calls.append("send_offsets")
+            release.wait()
+
+    made = []
+    monkeypatch.setattr(kafka_mod, "Producer", lambda conf: made.append(1))
+    p, src = Wedged(), StubSource()
+    sink = sink_with(p)
+    asked = []
+    sink.stopping = lambda: asked.append(1) or len(asked) >= 3
+    try:
+        with pytest.raises(TransactionAborted):
+            sink.commit_transaction(src, BATCH, OUT, [])
+        assert made == [] and src.rewound == 0 and "commit" not in p.calls
+    finally:
+        release.set()
 
 
 class NullSink:

@@ -8,7 +8,11 @@ restart), ``StartupError`` (a setting librdkafka refuses, or a broker that does 
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 
 import structlog
@@ -38,6 +42,60 @@ SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_T
 
 class FatalKafkaError(FatalError):
     """Unrecoverable: fenced by a newer instance, or a fatal librdkafka error."""
+
+
+class ProducerStuck(KafkaException):
+    """A transactional call that has not returned long after its own timeout: the producer
+    is wedged (librdkafka #5456: a coordinator request can ignore its timeout; #5511: a
+    coordinator that went away may never be looked up again). The sink replaces it."""
+
+    def __init__(self, call: str, waited_s: float):
+        super().__init__(KafkaError(KafkaError._TIMED_OUT,
+                                    f"{call} has not returned in {waited_s:.0f} s"))
+        self.call, self.waited_s = call, waited_s
+
+
+class _CallThread:
+    """One daemon thread that runs a producer's blocking transactional calls, so a call that
+    never returns strands this thread, not the run loop (which waits with a bound and then
+    replaces the producer). A thread per producer: calls stay in order, as librdkafka
+    requires of the transactional API."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="kafka-transactions",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            call, args, future = item
+            item = None
+            try:
+                future.set_result(call(*args))
+            except BaseException as exc:  # noqa: BLE001 (raised on the caller's thread)
+                future.set_exception(exc)
+            call = args = future = None  # an abandoned producer is freed when its call ends
+
+    def call(self, call, args: tuple, bound_s: float, stopping):
+        """``call(*args)`` on this thread; ProducerStuck after ``bound_s`` (or at a stop)."""
+        future: Future = Future()
+        self._queue.put((call, args, future))
+        t0 = time.monotonic()
+        while True:
+            try:
+                return future.result(timeout=0.2)
+            except FutureTimeout:
+                waited = time.monotonic() - t0
+                if waited >= bound_s or stopping():
+                    raise ProducerStuck(getattr(call, "__name__", "call"), waited) from None
+
+    def abandon(self) -> None:
+        """No more calls: the thread ends once the call it is stuck in returns, if ever."""
+        self._queue.put(None)
 
 
 class TransactionAborted(BatchRolledBack):
@@ -321,10 +379,12 @@ class KafkaSink:
         if "batch.size" not in conf:
             conf = {**conf, "batch.size": min(1_000_000, min(self.max_bytes.values()) +
                                               RECORD_OVERHEAD)}
+        self._conf = conf
         try:
             self.producer = Producer(conf)
         except KafkaException as exc:
             raise _startup_error(exc) from None
+        self._caller: _CallThread | None = None
         self.topic, self.dead_letter_topic = topic, dead_letter_topic
         self.transactional = transactional
         self.stopping = _never  # the run loop's stop flag (a full local queue waits on it)
@@ -334,6 +394,18 @@ class KafkaSink:
         if transactional:
             self._init_transactions(60.0)
 
+    # A transactional call (given 1 s) that has not returned after this long is stuck, not
+    # slow: the producer is replaced (see ProducerStuck). An attempt can legitimately take up
+    # to socket.timeout.ms while a coordinator is away; replacing the producer then costs an
+    # abort and a retry of the batch, as the error would.
+    stuck_after_s = 30.0
+
+    def _blocking(self, call, *args, bound_s: float | None = None):
+        """A blocking producer call on the sink's call thread, bounded (ProducerStuck)."""
+        if self._caller is None:
+            self._caller = _CallThread()
+        return self._caller.call(call, args, bound_s or self.stuck_after_s, self.stopping)
+
     def _init_transactions(self, timeout_s: float) -> None:
         """Register the transactional id with its coordinator, in one-second attempts (a
         signal handler runs between them), saying what it waits for; a coordinator that does
@@ -342,12 +414,14 @@ class KafkaSink:
         told = 0.0
         while True:
             try:
-                self.producer.init_transactions(1.0)
+                self._blocking(self.producer.init_transactions, 1.0)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
                 now = time.monotonic()
-                if not (isinstance(err, KafkaError) and err.retriable()) or now >= deadline:
+                if isinstance(exc, ProducerStuck) or \
+                        not (isinstance(err, KafkaError) and err.retriable()) or \
+                        now >= deadline or self.stopping():
                     raise _startup_error(exc) from None
                 if now - told >= 10:
                     told = now
@@ -433,7 +507,9 @@ class KafkaSink:
                 # one attempt per turn, not _txn's ten: an attempt can outlast its timeout
                 # (up to socket.timeout.ms while a coordinator is down), and ten nested
                 # retries per turn stalled a worker for minutes after a coordinator kill
-                return call(*args, 1.0)
+                return self._blocking(call, *args, 1.0)
+            except ProducerStuck:
+                raise
             except KafkaException as exc:
                 err = exc.args[0]
                 if isinstance(err, KafkaError) and (err.fatal() or err.code() in (
@@ -490,18 +566,47 @@ class KafkaSink:
         log.warning("transaction aborted", error=str(exc.args[0]))
         if self.stopping():  # exiting with the broker away: a short try, then leave it
             try:
-                self.producer.abort_transaction(2)
+                if not isinstance(exc, ProducerStuck):
+                    self._blocking(self.producer.abort_transaction, 2, bound_s=5)
             except KafkaException:
-                log.warning("stopping with a transaction open: the broker aborts it (at "
-                            "transaction.timeout.ms, or when this transactional id starts "
-                            "again); nothing of it was committed")
+                pass
+            log.warning("stopping with a transaction open: the broker aborts it (at "
+                        "transaction.timeout.ms, or when this transactional id starts "
+                        "again); nothing of it was committed")
             return TransactionAborted(str(exc.args[0]))
-        try:
-            self.producer.abort_transaction(60)
-        except KafkaException as abort_exc:
-            raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
+        if not isinstance(exc, ProducerStuck):
+            try:
+                self._blocking(self.producer.abort_transaction, 60, bound_s=75)
+            except ProducerStuck as stuck:
+                exc = stuck
+            except KafkaException as abort_exc:
+                raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
+        if isinstance(exc, ProducerStuck):
+            self._replace_producer(exc)
+            source.rewind()
+            return TransactionAborted(str(exc.args[0]))
         source.rewind()
         return TransactionAborted(str(exc.args[0]), self._take_refused(), self._retriable(exc))
+
+    def _replace_producer(self, stuck: ProducerStuck) -> None:
+        """A producer stuck in a transactional call is left to its thread; a new one with
+        the same transactional id takes over. Its registration fences the old one and makes
+        the coordinator abort the old one's open transaction, so nothing of it is committed;
+        the batch is read again from the committed offsets."""
+        log.error("a transactional call is stuck: the producer is replaced (the new one "
+                  "fences it; its open transaction is aborted, the batch comes again)",
+                  call=stuck.call, waited_s=round(stuck.waited_s, 1))
+        if self._caller is not None:
+            self._caller.abandon()
+            self._caller = None
+        self._errors, self._refused = [], []
+        try:
+            self.producer = Producer(self._conf)
+            # the broker was away a moment ago: wait for its coordinator, as at start
+            self._init_transactions(max(120.0, self.stuck_after_s))
+        except (KafkaException, StartupError) as exc:
+            raise FatalKafkaError(f"the producer that replaced a stuck one cannot start: "
+                                  f"{exc}") from exc
 
     def send(self, source: KafkaSource, batch: list[Record], outputs: list[Record],
              dead: list[Record]) -> KafkaDelivery:
