@@ -5,12 +5,15 @@
 # worker/_kernels.pxd.
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
-from swtypes cimport ModelView, BLOCK_ROWS, INTERLEAVE
+from swtypes cimport ModelView, PNode, BLOCK_ROWS, INTERLEAVE
 from walk cimport sw_walk_fn
 
 cdef enum:
     COMPACT_ROWS = 1024       # rows per task for compact models (see kernels.task_rows)
-    SPLIT_FLOATS = 8192       # eval_trees' stack buffer for doubled NaN rows (32 KB)
+    SPLIT_FLOATS = 16384      # eval_trees' stack buffer for doubled rows (64 KB: 64 rows
+                              # of up to 128 features)
+    PLAN_ROWS = 512           # rows per task for padded models whose rows are doubled ...
+    PLAN_FLOATS = 65536       # ... while their doubled rows fit 256 KB (see kernels.task_rows)
 
 ctypedef fused acc_t:         # accumulator: float32 (XGBoost's own sum) or float64
     float
@@ -47,9 +50,15 @@ cdef inline void add_leaves(const ModelView* m, const acc_t* leaves, int64_t t, 
 
 
 ctypedef struct RowPlan:       # a staged row's walk, chosen once per row (see plan_rows)
-    const float* x            # the row, or its doubled copy for the SPLIT rule
+    const float* x            # the row, or its doubled copy (order keys) for the SPLIT rule
+    const PNode* nodes        # the nodes its walks read: pnodes, or qnodes for the SPLIT rule
     sw_walk_fn w8             # 8-tree walk for the row's missing-value rule
     sw_walk_fn w16            # 16-tree walk
+
+
+cdef inline bint plan_wide(const ModelView* m) noexcept nogil:
+    # padded models whose rows are doubled for the SPLIT walks: tasks of up to PLAN_ROWS rows
+    return m.qnodes != NULL and m.cats == NULL and m.depth >= 1 and m.depth <= 10
 
 
 cdef inline bint plannable(const ModelView* m, int32_t n) noexcept nogil:

@@ -21,8 +21,8 @@ from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, C
                       COL_F64, COL_I8, COL_I16, COL_I32, COL_I64, COL_U8, COL_U16, COL_U32,
                       COL_U64, COL_BITS, COL_ABSENT)
 from stage cimport stage_block
-from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, COMPACT_ROWS,
-                    SPLIT_FLOATS)
+from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, plan_wide, COMPACT_ROWS,
+                    SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
@@ -143,20 +143,44 @@ def _arrow_kind(t):
     raise TypeError(f"Arrow type {t} is not a numeric or boolean feature type")
 
 
+def order_key_nodes(object pnodes):
+    """pnodes with each threshold's bits replaced by their order key (walk.h sw_order_key:
+    a < b as float32 iff key(a) < key(b), -0.0 taken as +0.0), for the SPLIT walks."""
+    q = np.array(pnodes, dtype=np.uint32, order="C", copy=True)
+    b = q[:, 1]
+    b[b == np.uint32(0x80000000)] = 0
+    q[:, 1] = b ^ ((b.view(np.int32) >> 31).view(np.uint32) | np.uint32(0x80000000))
+    return q
+
+
+def split_row_keys(const float[::1] x):
+    """The doubled row of order keys the SPLIT walks read (walk.h sw_split_row), for tests:
+    keys[2f + right] is the key x[f] compares with, NaN staged as -inf (right 0) or +inf."""
+    out = np.empty(2 * x.shape[0], dtype=np.uint32)
+    cdef uint32_t[::1] o = out
+    if x.shape[0]:
+        sw_split_row(&x[0], <int>x.shape[0], <float*>&o[0])
+    return out
+
+
 cdef int32_t plan_rows(const ModelView* m, const float* X, int64_t ldx, int32_t n, float* xx,
                        int32_t xx_cap, RowPlan* plan) noexcept nogil:
-    """The missing-value variant of each row, chosen once per row (rows with NaN doubled into
-    xx while it has room; the others keep the NaN-testing walk). Returns the floats of xx used."""
+    """The walk of each row, chosen once per row: rows doubled into xx while it has room take
+    the SPLIT walk, with NaN or without (its step is the cheapest: walk.h SW_QSTEP); past that,
+    rows without NaN compare only and rows with NaN test for it at each step. Returns the
+    floats of xx used."""
     cdef int32_t r, rule, used = 0, nf = m.n_features
     for r in range(n):
         plan[r].x = X + r * ldx
-        if sw_row_finite(plan[r].x, nf):
-            rule = SW_RULE_FINITE
-        elif m.split_ok and used + 2 * nf <= xx_cap:
+        plan[r].nodes = m.pnodes
+        if m.qnodes != NULL and used + 2 * nf <= xx_cap:
             sw_split_row(plan[r].x, nf, xx + used)
             plan[r].x = xx + used
+            plan[r].nodes = m.qnodes
             used += 2 * nf
             rule = SW_RULE_SPLIT
+        elif sw_row_finite(plan[r].x, nf):
+            rule = SW_RULE_FINITE
         else:
             rule = SW_RULE_NAN
         plan[r].w8 = sw_walk_fn_for(m.depth, 0, rule)
@@ -179,13 +203,13 @@ cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan
     while t + WIDE <= t1:
         lbase = t * (ni + 1)
         for r in range(n):
-            plan[r].w16(m.pnodes + t * ni, plan[r].x, slot)
+            plan[r].w16(plan[r].nodes + t * ni, plan[r].x, slot)
             add_leaves(m, leaves, t, WIDE, lbase, slot, acc + r * G, one)
         t += WIDE
     while t + INTERLEAVE <= t1:
         lbase = t * (ni + 1)
         for r in range(n):
-            plan[r].w8(m.pnodes + t * ni, plan[r].x, slot)
+            plan[r].w8(plan[r].nodes + t * ni, plan[r].x, slot)
             add_leaves(m, leaves, t, INTERLEAVE, lbase, slot, acc + r * G, one)
         t += INTERLEAVE
     return t
@@ -195,7 +219,7 @@ cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, in
                      int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
     """acc[r * n_outputs + g] += trees t0..t1 for rows X[r * ldx], r < n, in tree order."""
     cdef RowPlan plan[BLOCK_ROWS]
-    cdef float xx[SPLIT_FLOATS]   # doubled rows with NaN (on the stack: no allocation per call)
+    cdef float xx[SPLIT_FLOATS]   # doubled rows (on the stack: no allocation per call)
     if plannable(m, n) and t0 + INTERLEAVE <= t1:
         plan_rows(m, X, ldx, n, xx, SPLIT_FLOATS, plan)
         t0 = eval_planned(m, leaves, plan, n, t0, t1, acc)
@@ -261,20 +285,30 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
 
 cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                     double divisor, const float* X, int32_t n, acc_t* acc,
-                    double* raw) noexcept nogil:
-    """Every tree for n row-major float32 rows X: raw[r * G + g] = (base + trees) / divisor."""
+                    double* raw, RowPlan* plan=NULL, float* xx=NULL,
+                    int32_t xx_cap=0) noexcept nogil:
+    """Every tree for n row-major float32 rows X: raw[r * G + g] = (base + trees) / divisor.
+    With a plan and xx for n rows (score_all's tasks of padded models), the rows are planned
+    and doubled once for the whole task; otherwise in blocks of BLOCK_ROWS (eval_trees)."""
     cdef int32_t r, g, G = m.n_outputs
+    cdef int64_t t0 = 0
     for r in range(n):
         for g in range(G):
             acc[r * G + g] = base[g]
-    eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
+    if plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
+        plan_rows(m, X, m.n_features, n, xx, xx_cap, plan)
+        t0 = eval_planned(m, leaves, plan, n, 0, m.n_trees, acc)
+        eval_rest(m, leaves, X, m.n_features, n, t0, m.n_trees, acc)
+    else:
+        eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
     for r in range(n * G):
         raw[r] = <double>acc[r] / divisor if divisor != 1.0 else <double>acc[r]
 
 
 cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
                      double divisor, const Column* cols, const float* direct, int64_t r_begin,
-                     int64_t r_end, double* out, acc_t* acc, float* buf) noexcept nogil:
+                     int64_t r_end, double* out, acc_t* acc, float* buf, RowPlan* plan,
+                     float* xx, int32_t xx_cap) noexcept nogil:
     """Rows r_begin..r_end (at most task_rows) into out[(r - r_begin) * G + g]."""
     cdef int32_t n = <int32_t>(r_end - r_begin)
     cdef const float* X
@@ -287,15 +321,44 @@ cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
             stage_block(cols, m.n_features, r_begin, n, buf)
         sw_stage_cats(buf, m.n_features, n, m.cat_feat, m.cat_head, m.n_cat_feat)
         X = buf
-    eval_rows(m, leaves, base, divisor, X, n, acc, out)
+    eval_rows(m, leaves, base, divisor, X, n, acc, out, plan, xx, xx_cap)
     return 0
 
 
 cdef inline int64_t task_rows(const ModelView* m) noexcept nogil:
     # Compact (deep) models outgrow L2: 1024 rows walk each group of trees while it is cached
-    # (measured 2.3x rows/s on model C, a 9 MB random forest, over 64-row blocks); padded
-    # models fit and keep 64-row blocks (better load balance, same speed).
+    # (measured 2.3x rows/s on model C, a 9 MB random forest, over 64-row blocks). Padded
+    # models with doubled rows walk each group of 16 trees over up to 512 rows, the group's
+    # nodes in L1 and the doubled rows (at most 256 KB) streaming from L2 (bench/NOTES.md
+    # "Kernel v2": B +19%, A +1%); the others keep 64-row blocks.
+    if plan_wide(m):
+        return max(<int64_t>BLOCK_ROWS,
+                   min(<int64_t>PLAN_ROWS, PLAN_FLOATS // (2 * max(m.n_features, 1))))
     return BLOCK_ROWS if m.pnodes != NULL else COMPACT_ROWS
+
+
+cdef int task_buffers(const ModelView* m, int64_t rows, acc_t** acc, float** buf,
+                      RowPlan** plan, float** xx) noexcept nogil:
+    """One task's buffers (a thread's own); the plan and doubled rows only for tasks larger
+    than a block (eval_rows). 0, or -1 with everything freed."""
+    acc[0] = <acc_t*>malloc(rows * m.n_outputs * sizeof(acc_t))
+    buf[0] = <float*>malloc(rows * max(m.n_features, 1) * sizeof(float))
+    plan[0] = NULL
+    xx[0] = NULL
+    if rows > BLOCK_ROWS and plan_wide(m):
+        plan[0] = <RowPlan*>malloc(rows * sizeof(RowPlan))
+        xx[0] = <float*>malloc(rows * 2 * max(m.n_features, 1) * sizeof(float))
+    if acc[0] == NULL or buf[0] == NULL or plan_wide(m) and rows > BLOCK_ROWS and (
+            plan[0] == NULL or xx[0] == NULL):
+        free(acc[0])
+        free(buf[0])
+        free(plan[0])
+        free(xx[0])
+        acc[0] = buf[0] = NULL
+        plan[0] = NULL
+        xx[0] = NULL
+        return -1
+    return 0
 
 
 cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, double divisor,
@@ -309,34 +372,42 @@ cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, d
     cdef int32_t G = m.n_outputs
     cdef acc_t* acc
     cdef float* buf
+    cdef RowPlan* plan
+    cdef float* xx
+    cdef int32_t xx_cap = <int32_t>(rows * 2 * max(m.n_features, 1))
     cdef int failed = 0
     if n_blocks <= 1 or n_threads <= 1:
-        acc = <acc_t*>malloc(rows * G * sizeof(acc_t))
-        buf = <float*>malloc(rows * max(m.n_features, 1) * sizeof(float))
-        if acc == NULL or buf == NULL:
-            free(acc)
-            free(buf)
+        if task_buffers(m, rows, &acc, &buf, &plan, &xx) != 0:
             return -1
         for b in range(n_blocks):
             r0 = b * rows
             r1 = min(r0 + rows, n_rows)
-            score_range(m, leaves, base, divisor, cols, direct, r0, r1, out + r0 * G, acc, buf)
+            score_range(m, leaves, base, divisor, cols, direct, r0, r1, out + r0 * G, acc, buf,
+                        plan, xx, xx_cap)
         free(acc)
         free(buf)
+        free(plan)
+        free(xx)
         return 0
     with parallel(num_threads=n_threads):
-        acc = <acc_t*>malloc(rows * G * sizeof(acc_t))
-        buf = <float*>malloc(rows * max(m.n_features, 1) * sizeof(float))
+        acc = NULL  # assigned here, so each thread's own (private)
+        buf = NULL
+        plan = NULL
+        xx = NULL
+        if task_buffers(m, rows, &acc, &buf, &plan, &xx) != 0:
+            acc = NULL
         for b in prange(n_blocks, schedule="static"):
-            if acc == NULL or buf == NULL:
+            if acc == NULL:
                 failed = 1
             else:
                 r0 = b * rows
                 r1 = min(r0 + rows, n_rows)
                 score_range(m, leaves, base, divisor, cols, direct, r0, r1, out + r0 * G, acc,
-                            buf)
+                            buf, plan, xx, xx_cap)
         free(acc)
         free(buf)
+        free(plan)
+        free(xx)
     return -failed
 
 
@@ -412,6 +483,11 @@ cdef class Forest:
         words = a["pnodes"] if layout == "padded" else a["cnodes"]
         self.view.split_ok = not bool(np.any((words[:, 1] == 0x7F800000)
                                              & ((words[:, 0] & 1) == 1)))
+        self.view.qnodes = NULL
+        if layout == "padded" and self.view.split_ok and self.view.pnodes != <const PNode*>1:
+            self.qnodes = order_key_nodes(a["pnodes"])
+            nodes = self.qnodes
+            self.view.qnodes = <const PNode*>&nodes[0, 0]
         self.float32_acc = a["leaves"].dtype == np.float32
         if self.float32_acc:
             self.leaves32 = a["leaves"]

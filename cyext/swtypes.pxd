@@ -24,6 +24,8 @@ ctypedef struct CNode:        # compact node, 16 bytes (4 per cache line; siblin
 
 ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels.Forest
     const PNode* pnodes       # padded: n_trees * (2^depth - 1) internal nodes
+    const PNode* qnodes       # the same with thr's bits replaced by their order key (walk.h
+                              # sw_order_key), for the SPLIT walks; NULL unless split_ok
     const CNode* cnodes       # compact: all nodes of all trees
     const int64_t* root       # compact: global node index of each tree's root
     const int32_t* group      # output column each tree adds to (-1: every column)

@@ -6,14 +6,19 @@
    marks a compact leaf. Three step variants give the same answers:
      NAN     tests for NaN at every step: SW_STEP(v, key, thr);
      FINITE  rows without NaN compare only: x > thr (about half the instructions per step);
-     SPLIT   rows with NaN read a doubled row xx[2f + right] (NaN staged as -inf at 2f and +inf
-             at 2f + 1), so xx[key] > thr is the whole rule. A pass-through node (threshold
-             +inf, missing left) reads 2f. Models with HistGradientBoosting's NaN-only splits
-             (threshold +inf, missing right) cannot use it (ModelView.split_ok). */
+     SPLIT   rows read a doubled row xx[2f + right] (NaN staged as -inf at 2f and +inf at
+             2f + 1), so xx[key] > thr is the whole rule; the padded SPLIT walks compare
+             order keys of both (sw_order_key, ModelView.qnodes). A pass-through node
+             (threshold +inf, missing left) reads 2f. Models with HistGradientBoosting's
+             NaN-only splits (threshold +inf, missing right) cannot use it
+             (ModelView.split_ok). */
 #ifndef SW_WALK_H
 #define SW_WALK_H
 #include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "prefetch.h"
 
@@ -35,6 +40,7 @@
 enum { SW_RULE_NAN = 0, SW_RULE_FINITE = 1, SW_RULE_SPLIT = 2 };
 
 typedef struct { uint32_t key; float thr; } sw_pnode;
+typedef struct { uint32_t key; uint32_t thr; } sw_qnode;  /* thr: sw_order_key(threshold) */
 typedef struct { uint32_t key; float thr; int32_t child; int32_t leaf; } sw_cnode;
 
 static inline uint32_t sw_feat(uint32_t key) { return (key & 0x3FFFFFFFu) >> 1; }
@@ -64,9 +70,37 @@ static void NAME(const void *vbase, const float *x, int64_t *slot) {            
     }                                                                                       \
     _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) slot[j] = j * (ni + 1) + p[j] - ni; \
 }
+/* The SPLIT walk, the one rows take whenever they can be doubled (with NaN or without). It
+   reads order keys, not floats: the doubled row and the thresholds (ModelView.qnodes) are
+   mapped by sw_order_key, an order-preserving map of float32 onto uint32, so x > thr is an
+   unsigned compare. With a 1-based heap index q (children 2q and 2q + 1) a step is
+   q = 2q + (thr < xx[key]): on x86-64 a compare and an add-with-carry, four instructions and
+   three loads (bench/NOTES.md "Kernel v2"). Other targets compile the same rule in C. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
+#define SW_QSTEP(Q, nd, xx)                                                                 \
+    __asm__("cmp %[x], %[t]\n\tadc %[q], %[q]"                                              \
+            : [q] "+r"(Q) : [t] "r"((nd)->thr), [x] "m"((xx)[(nd)->key]) : "cc")
+#else
+#define SW_QSTEP(Q, nd, xx) ((Q) = (Q) + (Q) + (uint64_t)((nd)->thr < (xx)[(nd)->key]))
+#endif
+#define SW_DEF_QWALK(W, D, NAME)                                                            \
+static void NAME(const void *vbase, const float *vxx, int64_t *slot) {                      \
+    const sw_qnode *base = (const sw_qnode *)vbase - 1;                                     \
+    const uint32_t *xx = (const uint32_t *)vxx;                                             \
+    const int64_t ni = ((int64_t)1 << D) - 1;                                               \
+    uint64_t q[W];                                                                          \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) q[j] = 1;                          \
+    _Pragma("GCC unroll 16") for (int d = 0; d < D; d++) {                                  \
+        _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) {                              \
+            const sw_qnode *nd = base + j * ni + q[j];                                      \
+            SW_QSTEP(q[j], nd, xx);                                                         \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; j++) slot[j] = j * (ni + 1) + (int64_t)q[j] - ni - 1; \
+}
 #define SW_DEF_ALL(W, D) SW_DEF_WALK(W, D, SW_IDX_F, SW_STEP, sw_walk##W##n_d##D)          \
     SW_DEF_WALK(W, D, SW_IDX_F, SW_GT, sw_walk##W##f_d##D)                                  \
-    SW_DEF_WALK(W, D, SW_IDX_SPLIT, SW_GT, sw_walk##W##s_d##D)
+    SW_DEF_QWALK(W, D, sw_walk##W##s_d##D)
 #define SW_DEF_DEPTHS(W) SW_DEF_ALL(W, 1) SW_DEF_ALL(W, 2) SW_DEF_ALL(W, 3)                 \
     SW_DEF_ALL(W, 4) SW_DEF_ALL(W, 5) SW_DEF_ALL(W, 6) SW_DEF_ALL(W, 7)                     \
     SW_DEF_ALL(W, 8) SW_DEF_ALL(W, 9) SW_DEF_ALL(W, 10)
@@ -288,15 +322,45 @@ static inline int sw_row_finite(const float *x, int n) {
     return !bad;
 }
 
-/* the doubled row of the SPLIT rule: xx[2j] = x[j] or -inf, xx[2j + 1] = x[j] or +inf */
-static inline void sw_split_row(const float *x, int n, float *xx) {
+/* The order key of a float32 (its bits b): an unsigned integer with a < b as floats iff
+   key(a) < key(b), for every non-NaN a, b except the pair -0.0, +0.0 (equal as floats). The
+   thresholds' keys are made with -0.0 taken as +0.0 (kernels.order_key_nodes), so no
+   threshold holds key(-0.0), which lies between the negatives' keys and key(+0.0): a row's
+   -0.0 then compares with every threshold as +0.0 does. The SPLIT walk compares keys: an
+   integer compare, with the node's key and threshold both in integer registers. */
+static inline uint32_t sw_order_key(uint32_t b) {
+    return b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
+}
+
+/* the doubled row of the SPLIT rule, as order keys: xx[2j] = key(x[j] or -inf),
+   xx[2j + 1] = key(x[j] or +inf), NaN being what "or" replaces. Four features at a time with
+   SSE2 where there is SSE2 (gcc leaves the interleaved stores scalar: the scalar loop was 14%
+   of model A's kernel time). */
+static inline void sw_split_row(const float *x, int n, float *vxx) {
     const sw_bits *b = (const sw_bits *)x;
-    sw_bits *o = (sw_bits *)xx;
-    for (int j = 0; j < n; j++) {
+    sw_bits *o = (sw_bits *)vxx;
+    int j = 0;
+#ifdef __SSE2__
+    const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), inf = _mm_set1_epi32(0x7F800000);
+    const __m128i sign = _mm_set1_epi32((int)0x80000000u);
+    /* order keys of -inf and +inf */
+    const __m128i k_lo = _mm_set1_epi32(0x007FFFFF), k_hi = _mm_set1_epi32((int)0xFF800000u);
+    for (; j + 4 <= n; j += 4) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(b + j));
+        const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(v, abs_mask), inf);
+        const __m128i k = _mm_xor_si128(v, _mm_or_si128(_mm_srai_epi32(v, 31), sign));
+        const __m128i keep = _mm_andnot_si128(nan, k);
+        const __m128i lo = _mm_or_si128(keep, _mm_and_si128(nan, k_lo));
+        const __m128i hi = _mm_or_si128(keep, _mm_and_si128(nan, k_hi));
+        _mm_storeu_si128((__m128i *)(o + 2 * j), _mm_unpacklo_epi32(lo, hi));
+        _mm_storeu_si128((__m128i *)(o + 2 * j + 4), _mm_unpackhi_epi32(lo, hi));
+    }
+#endif
+    for (; j < n; j++) {
         const uint32_t v = b[j];
         const uint32_t m = 0u - (uint32_t)((v & 0x7FFFFFFFu) > 0x7F800000u);
-        o[2 * j] = (v & ~m) | (0xFF800000u & m);
-        o[2 * j + 1] = (v & ~m) | (0x7F800000u & m);
+        o[2 * j] = sw_order_key((v & ~m) | (0xFF800000u & m));
+        o[2 * j + 1] = sw_order_key((v & ~m) | (0x7F800000u & m));
     }
 }
 #endif

@@ -77,6 +77,15 @@ def test_feature_index_beyond_n_features(tmp_path):
     _refused(tmp_path, _edit(GOLDEN.read_bytes(), lie), r"arrays\.pnodes: a node key")
 
 
+def test_padded_nan_threshold(tmp_path):
+    # the order-key walk reads a negative NaN threshold as "go right", the float walks as
+    # "left": no library writes one, so an artifact that does is refused, not scored two ways
+    def lie(m, a):
+        a["pnodes"][3, 1] = np.uint32(0xFFC00001)
+
+    _refused(tmp_path, _edit(GOLDEN.read_bytes(), lie), r"arrays\.pnodes: a NaN threshold")
+
+
 def test_child_pointing_backwards(tmp_path, compact_bytes):
     def lie(m, a):
         inner = np.flatnonzero((a["cnodes"][:, 0] & 0x80000000) == 0)[1]

@@ -244,3 +244,76 @@ def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
     Xt = M.hostile_rows(n_rows, np.array([0.0]), seed=n_rows)[:, :4]
     np.testing.assert_allclose(model.predict_proba(Xt),
                                est.predict_proba(M.finite_for_library(Xt)), atol=1e-12)
+
+
+@pytest.mark.parametrize("n_rows", [1, 40, 41, 64, 65, 1000])
+def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows):
+    """Rows are doubled for the compare-and-carry walk while the block's buffer has room (64
+    KB: 40 rows of 203 features); the rest of a block take the compare-only walk (no NaN) or
+    the NaN-testing walk. All three against XGBoost, bit for bit, in one block."""
+    import xgboost as xgb
+
+    rng = np.random.default_rng(3)
+    nf = 203  # not a multiple of 4: the staging's scalar tail too
+    X = rng.normal(size=(2000, nf)).astype(np.float32)
+    X[rng.random(X.shape) < 0.05] = np.nan
+    c = np.nan_to_num(X)
+    y = (c[:, 0] + c[:, 150] * c[:, 202] - c[:, 120] > 0.3).astype(int)
+    booster = xgb.train({"objective": "binary:logistic", "max_depth": 5, "seed": 0},
+                        xgb.DMatrix(X, label=y), num_boost_round=40)
+    thr = M.xgboost_thresholds(booster)
+    model = worker.compile_model(booster, layout="padded")
+    Xt = rng.normal(scale=1.5, size=(n_rows, nf)).astype(np.float32)
+    pick = rng.random(Xt.shape)
+    Xt[pick < 0.25] = rng.choice(thr, size=int((pick < 0.25).sum()))
+    Xt[(pick >= 0.25) & (pick < 0.26)] = 0.0
+    Xt[(pick >= 0.26) & (pick < 0.27)] = -0.0  # equal to 0.0 for the compare; not bitwise
+    dense = rng.random(n_rows) < 0.5  # about half the rows keep no NaN
+    Xt[~dense[:, None] & (pick >= 0.27) & (pick < 0.30)] = np.nan
+    Xt[(pick >= 0.30) & (pick < 0.31)] = np.inf
+    Xt[(pick >= 0.31) & (pick < 0.32)] = -np.inf
+    ref = booster.inplace_predict(M.finite_for_library(Xt), predict_type="margin")
+    np.testing.assert_array_equal(model.raw(Xt, n_threads=1)[:, 0], ref)
+
+
+def test_order_keys_sort_as_float32_compares():
+    """The SPLIT walks compare order keys (walk.h sw_order_key), not floats: for every pair of
+    non-NaN float32 values, key(a) > key(b) exactly when a > b, signed zeros, subnormals and
+    infinities included."""
+    from worker._kernels import order_key_nodes
+
+    f32 = np.finfo(np.float32)
+    special = np.array([0.0, -0.0, f32.tiny, -f32.tiny, 1e-45, -1e-45, f32.max, -f32.max,
+                        np.inf, -np.inf, 1.0, -1.0, np.nextafter(np.float32(1), np.float32(2)),
+                        np.nextafter(np.float32(-1), np.float32(-2))], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    v = np.concatenate([special, rng.normal(scale=10, size=300).astype(np.float32),
+                        rng.integers(0, 2**32, 300, dtype=np.uint32).view(np.float32)])
+    v = v[~np.isnan(v)]
+    nodes = np.zeros((v.size, 2), np.uint32)
+    nodes[:, 1] = v.view(np.uint32)
+    key = order_key_nodes(nodes)[:, 1]
+    np.testing.assert_array_equal(key[:, None] > key[None, :], v[:, None] > v[None, :])
+
+
+def test_doubled_rows_of_order_keys_follow_the_split_rule():
+    """The staged row (SSE2 four features at a time, then a scalar tail) against every
+    threshold key: right iff x > thr, and for NaN iff the node's missing value goes right."""
+    from worker._kernels import order_key_nodes, split_row_keys
+
+    f32 = np.finfo(np.float32)
+    thr = np.array([0.0, -0.0, f32.tiny, -f32.tiny, 1e-45, -1e-45, 1.0, -2.5, f32.max,
+                    -f32.max, np.inf, -np.inf], dtype=np.float32)
+    x = np.array([0x7FC00001, 0xFF800001], np.uint32).view(np.float32)
+    x = np.concatenate([thr, np.array([np.nan, 0.5, -0.5], np.float32), x])  # 17: a tail of 1
+    nodes = np.zeros((thr.size, 2), np.uint32)
+    nodes[:, 1] = thr.view(np.uint32)
+    tkey = order_key_nodes(nodes)[:, 1]
+    keys = split_row_keys(x).reshape(-1, 2)
+    for right in (0, 1):
+        got = keys[:, right][:, None] > tkey[None, :]
+        want = np.where(np.isnan(x)[:, None], bool(right), x[:, None] > thr[None, :])
+        # a +inf threshold with missing right sends NaN alone right: no SPLIT walk for such a
+        # model (ModelView.split_ok); with missing left it is a pass-through node
+        live = ~((thr == np.inf) & bool(right))
+        np.testing.assert_array_equal(got[:, live], want[:, live])

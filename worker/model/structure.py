@@ -243,6 +243,10 @@ def _check_padded(arrays, n_trees: int, depth: int, nf: int, n_leaves: int) -> N
     if key.size and (key & np.uint32(0xBFFFFFFF)).max() >= 2 * nf:  # the leaf bit too
         _fail("arrays.pnodes", f"a node key reads a feature beyond n_features ({nf})")
     special = (key & KEY_SPECIAL) != 0
+    # a NaN threshold: the float walks send every row left of it, the SPLIT walks' order
+    # keys (walk.h sw_order_key) put a NaN with its sign bit below -inf; no library writes one
+    if np.any((nodes[~special, 1] & np.uint32(0x7FFFFFFF)) > np.uint32(INF_BITS)):
+        _fail("arrays.pnodes", "a NaN threshold")
     _check_entries(arrays, nodes[special, 1], "arrays.pnodes")
 
 
