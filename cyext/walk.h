@@ -74,12 +74,21 @@ static void NAME(const void *vbase, const float *x, int64_t *slot) {            
    reads order keys, not floats: the doubled row and the thresholds (ModelView.qnodes) are
    mapped by sw_order_key, an order-preserving map of float32 onto uint32, so x > thr is an
    unsigned compare. With a 1-based heap index q (children 2q and 2q + 1) a step is
-   q = 2q + (thr < xx[key]): on x86-64 a compare and an add-with-carry, four instructions and
-   three loads (bench/NOTES.md "Kernel v2"). Other targets compile the same rule in C. */
+   q = 2q + (thr < xx[key]): on x86-64 the node's two words, a compare with the row's value
+   as memory operand and an add-with-carry: four instructions, three loads (bench/NOTES.md
+   "Kernel v2"). Other targets compile the same rule in C. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
-#define SW_QSTEP(Q, nd, xx)                                                                 \
-    __asm__("cmp %[x], %[t]\n\tadc %[q], %[q]"                                              \
-            : [q] "+r"(Q) : [t] "r"((nd)->thr), [x] "m"((xx)[(nd)->key]) : "cc")
+/* the node's two words read with its own address (gcc computed it once with a lea), the
+   row's word indexed by the key; the unsized-array operand tells gcc the row is read */
+#define SW_QSTEP(Q, nd, xx) do {                                                            \
+    uint32_t k_, t_;                                                                        \
+    __asm__("movl %[km], %k[k]\n\tmovl %[tm], %[t]\n\t"                                     \
+            "cmp (%[x],%q[k],4), %[t]\n\tadc %[q], %[q]"                                    \
+            : [q] "+r"(Q), [k] "=&r"(k_), [t] "=&r"(t_)                                     \
+            : [km] "m"((nd)->key), [tm] "m"((nd)->thr), [x] "r"(xx),                        \
+              "m"(*(const uint32_t(*)[])(xx))                                               \
+            : "cc");                                                                        \
+} while (0)
 #else
 #define SW_QSTEP(Q, nd, xx) ((Q) = (Q) + (Q) + (uint64_t)((nd)->thr < (xx)[(nd)->key]))
 #endif
