@@ -22,9 +22,16 @@ def machine() -> dict:
         for line in lscpu.splitlines():
             k, _, v = line.partition(":")
             if k.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket",
-                             "L1d cache", "L2 cache", "L3 cache", "Hypervisor vendor"):
+                             "L1d cache", "L2 cache", "L3 cache", "Hypervisor vendor",
+                             "CPU family"):
                 info[k.strip()] = v.strip()
     except OSError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["mhz"] = next(float(line.split(":")[1]) for line in f
+                               if line.startswith("cpu MHz"))
+    except (OSError, StopIteration, ValueError):
         pass
     try:
         info["gcc"] = subprocess.run(["gcc", "--version"], capture_output=True,
@@ -70,6 +77,92 @@ def targets(res) -> list[dict]:
             out.append(_t(f"{key}: single row inside native code, p99", ln["p99"],
                           f"<= {goal:g} us", ln["p99"] <= goal))
     return out
+
+
+# Issue 16's targets, 1 thread, batches of the throughput table: each model against its
+# library on rows with and without missing values, single-row latency, thread scaling.
+V2_RATIO = {"A": "xgboost", "B": "xgboost", "C": "sklearn", "D": "sklearn"}
+
+
+def loads_per_cycle(machine_info: dict) -> int:
+    """Loads a core issues per cycle: 4 on AMD Zen 5 (CPU family 26), 3 on Zen 2-4 and on
+    Intel since Sunny Cove (the vendors' optimisation guides)."""
+    return 4 if machine_info.get("CPU family") == "26" else 3
+
+
+def load_bound(r: dict, machine_info: dict) -> dict | None:
+    """The load-port bound of a padded model's walk: per row, trees x depth steps of three
+    loads (the node's two words and the row's value) and one leaf load per tree, at the
+    clock the guest reports (cpu MHz: the nominal rate; a boosting core runs faster)."""
+    shape = r.get("shape")
+    mhz = machine_info.get("mhz")
+    if not shape or shape["layout"] != "padded" or not mhz:
+        return None
+    loads = shape["n_trees"] * (3 * shape["depth"] + 1)
+    per_s = mhz * 1e6 * loads_per_cycle(machine_info) / loads
+    return {"loads_per_row": loads, "rows_per_s": per_s}
+
+
+def v2_targets(res) -> list[dict]:
+    out = []
+    for key, r in res["models"].items():
+        kinds = r.get("throughput_kinds", {})
+        for kind in ("dense", "missing"):
+            tp = kinds.get(kind, {})
+            lib = V2_RATIO[key]
+            if "ours" in tp and lib in tp:
+                ratio = tp["ours"]["rows_per_s"] / tp[lib]["rows_per_s"]
+                rows = "without" if kind == "dense" else "with"
+                out.append(_t(f"{key}: 1 thread vs {lib}, rows {rows} missing values", ratio,
+                              ">= 3.0x", ratio >= 3.0))
+    if "A" in res["models"]:
+        p50 = res["models"]["A"]["latency_py"]["ours"]["p50"]
+        out.append(_t("A: single row predict_proba from Python, p50", p50, "<= 1.5 us",
+                      p50 <= 1.5))
+    for key, r in res["models"].items():
+        for n, s in r["scaling"].items():
+            if int(n) >= 10_000:
+                ratio = s["2"] / s["1"]
+                out.append(_t(f"{key}: 2 threads / 1 thread, {int(n):,} rows", ratio,
+                              ">= 1.85x", ratio >= 1.85))
+    return out
+
+
+def v2_section(res) -> list[str]:
+    """Every model on rows with and without missing values, the load-port bound, and issue
+    16's targets."""
+    m = res["machine"]
+    L = ["## Kernel v2 (issue 16): rows with and without missing values, 1 thread", "",
+         "| model | rows | ours | library | ours / library | ours / load-port bound |",
+         "|---|---|---|---|---|---|"]
+    for key, r in res["models"].items():
+        lib = V2_RATIO[key]
+        bound = load_bound(r, m)
+        for kind, tp in r.get("throughput_kinds", {}).items():
+            if "ours" not in tp:
+                continue
+            ours = tp["ours"]["rows_per_s"]
+            other = tp.get(lib, {}).get("rows_per_s")
+            label = "without missing" if kind == "dense" else "2% missing"
+            vs = f"{lib} {other:,.0f} | {ours / other:.2f}x" if other else f"{lib} rejects NaN | -"
+            frac = f"{ours / bound['rows_per_s']:.0%}" if bound else "-"
+            L.append(f"| {key} | {label} | {ours:,.0f} | {vs} | {frac} |")
+    L.append("")
+    if m.get("mhz"):
+        L.append(f"Load-port bound: per row, trees x depth steps of three loads (the node's two "
+                 f"words, the row's value) and a leaf load per tree, at "
+                 f"{loads_per_cycle(m)} loads per cycle (CPU family {m.get('CPU family', '?')})"
+                 f" and {m['mhz']:,.0f} MHz, the clock the guest reports (/proc/cpuinfo: the "
+                 "nominal rate; a boosting core is faster, so the fraction can pass 100%). "
+                 "Padded models only; C's compact walk is bound by memory latency instead.")
+        L.append("")
+    L += ["| target (issue 16) | measured | goal | met |", "|---|---|---|---|"]
+    for t in res.get("targets_v2", []):
+        unit = "x" if "x" in t["goal"] else " us"
+        L.append(f"| {t['target']} | {t['value']:.2f}{unit} | {t['goal']} | "
+                 f"{'yes' if t['met'] else '**no**'} |")
+    L.append("")
+    return L
 
 
 def _mb(b):
@@ -219,6 +312,7 @@ def write(res, out: Path, quick: bool = False) -> None:
         L.append(f"| {t['target']} | {v:.2f}{unit} | {t['goal']} | "
                  f"{'yes' if t['met'] else '**no**'} |")
     L.append("")
+    L += v2_section(res)
     if charts:
         L.append("## Charts")
         L.append("")
