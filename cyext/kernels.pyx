@@ -478,13 +478,8 @@ cdef class Forest:
                 self.view.cat_head = <const uint32_t*><Py_ssize_t>head.ctypes.data
                 self.view.n_cat_feat = feat.shape[0]
                 self.view.cat_staged = 1
-        # HistGradientBoosting's "split on NaN" nodes (threshold +inf, missing right) cannot be
-        # told apart from +inf by the doubled row, which stages NaN as +inf for them
-        words = a["pnodes"] if layout == "padded" else a["cnodes"]
-        self.view.split_ok = not bool(np.any((words[:, 1] == 0x7F800000)
-                                             & ((words[:, 0] & 1) == 1)))
         self.view.qnodes = NULL
-        if layout == "padded" and self.view.split_ok and self.view.pnodes != <const PNode*>1:
+        if layout == "padded" and self.view.pnodes != <const PNode*>1:
             self.qnodes = order_key_nodes(a["pnodes"])
             nodes = self.qnodes
             self.view.qnodes = <const PNode*>&nodes[0, 0]

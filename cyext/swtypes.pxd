@@ -25,7 +25,7 @@ ctypedef struct CNode:        # compact node, 16 bytes (4 per cache line; siblin
 ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels.Forest
     const PNode* pnodes       # padded: n_trees * (2^depth - 1) internal nodes
     const PNode* qnodes       # the same with thr's bits replaced by their order key (walk.h
-                              # sw_order_key), for the SPLIT walks; NULL unless split_ok
+                              # sw_order_key), for the SPLIT walks; NULL for compact models
     const CNode* cnodes       # compact: all nodes of all trees
     const int64_t* root       # compact: global node index of each tree's root
     const int32_t* group      # output column each tree adds to (-1: every column)
@@ -38,8 +38,6 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const uint32_t* cat_head  # ... and the header of their splits' entries
     int32_t n_cat_feat        # 0: nothing staged, the splits read the values
     int32_t cat_staged        # 1 when n_cat_feat > 0
-    int32_t split_ok          # 1: no node sends only NaN right (threshold +inf, missing right),
-                              # so rows with NaN may use the doubled-row (SPLIT) walk
     int64_t n_trees
 
 ctypedef struct Column:       # one feature column to stage from (numpy or Arrow memory)

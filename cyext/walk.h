@@ -6,12 +6,12 @@
    marks a compact leaf. Three step variants give the same answers:
      NAN     tests for NaN at every step: SW_STEP(v, key, thr);
      FINITE  rows without NaN compare only: x > thr (about half the instructions per step);
-     SPLIT   rows read a doubled row xx[2f + right] (NaN staged as -inf at 2f and +inf at
-             2f + 1), so xx[key] > thr is the whole rule; the padded SPLIT walks compare
-             order keys of both (sw_order_key, ModelView.qnodes). A pass-through node
-             (threshold +inf, missing left) reads 2f. Models with HistGradientBoosting's
-             NaN-only splits (threshold +inf, missing right) cannot use it
-             (ModelView.split_ok). */
+     SPLIT   rows read a doubled row of order keys (sw_split_row: xx[2f + right] is key(x[f]),
+             a NaN staged as 0 at 2f and as 0xFFFFFFFF at 2f + 1, below and above every
+             threshold's key), so key(thr) < xx[key] is the whole rule, the padded SPLIT walks'
+             (ModelView.qnodes). A pass-through node (threshold +inf, missing left) reads 2f;
+             HistGradientBoosting's NaN-only split (threshold +inf, missing right) sends only
+             the NaN key 0xFFFFFFFF right. */
 #ifndef SW_WALK_H
 #define SW_WALK_H
 #include <stdint.h>
@@ -341,10 +341,11 @@ static inline uint32_t sw_order_key(uint32_t b) {
     return b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
 }
 
-/* the doubled row of the SPLIT rule, as order keys: xx[2j] = key(x[j] or -inf),
-   xx[2j + 1] = key(x[j] or +inf), NaN being what "or" replaces. Four features at a time with
-   SSE2 where there is SSE2 (gcc leaves the interleaved stores scalar: the scalar loop was 14%
-   of model A's kernel time). */
+/* the doubled row of the SPLIT rule, as order keys: xx[2j] = xx[2j + 1] = key(x[j]), a NaN
+   staged as 0 (missing left: no threshold's key is below it) and 0xFFFFFFFF (missing right:
+   none is above it; key(+inf) is 0xFF800000). Four features at a time with SSE2 where there
+   is SSE2 (gcc leaves the interleaved stores scalar: the scalar loop was 14% of model A's
+   kernel time). */
 static inline void sw_split_row(const float *x, int n, float *vxx) {
     const sw_bits *b = (const sw_bits *)x;
     sw_bits *o = (sw_bits *)vxx;
@@ -352,15 +353,12 @@ static inline void sw_split_row(const float *x, int n, float *vxx) {
 #ifdef __SSE2__
     const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), inf = _mm_set1_epi32(0x7F800000);
     const __m128i sign = _mm_set1_epi32((int)0x80000000u);
-    /* order keys of -inf and +inf */
-    const __m128i k_lo = _mm_set1_epi32(0x007FFFFF), k_hi = _mm_set1_epi32((int)0xFF800000u);
     for (; j + 4 <= n; j += 4) {
         const __m128i v = _mm_loadu_si128((const __m128i *)(b + j));
         const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(v, abs_mask), inf);
         const __m128i k = _mm_xor_si128(v, _mm_or_si128(_mm_srai_epi32(v, 31), sign));
-        const __m128i keep = _mm_andnot_si128(nan, k);
-        const __m128i lo = _mm_or_si128(keep, _mm_and_si128(nan, k_lo));
-        const __m128i hi = _mm_or_si128(keep, _mm_and_si128(nan, k_hi));
+        const __m128i lo = _mm_andnot_si128(nan, k);                    /* NaN: 0 */
+        const __m128i hi = _mm_or_si128(k, nan);                        /* NaN: all ones */
         _mm_storeu_si128((__m128i *)(o + 2 * j), _mm_unpacklo_epi32(lo, hi));
         _mm_storeu_si128((__m128i *)(o + 2 * j + 4), _mm_unpackhi_epi32(lo, hi));
     }
@@ -368,8 +366,8 @@ static inline void sw_split_row(const float *x, int n, float *vxx) {
     for (; j < n; j++) {
         const uint32_t v = b[j];
         const uint32_t m = 0u - (uint32_t)((v & 0x7FFFFFFFu) > 0x7F800000u);
-        o[2 * j] = sw_order_key((v & ~m) | (0xFF800000u & m));
-        o[2 * j + 1] = sw_order_key((v & ~m) | (0x7F800000u & m));
+        o[2 * j] = sw_order_key(v) & ~m;
+        o[2 * j + 1] = sw_order_key(v) | m;
     }
 }
 #endif
