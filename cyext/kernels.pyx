@@ -24,7 +24,8 @@ from stage cimport stage_block
 from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, plan_wide, COMPACT_ROWS,
                     SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS)
 from walk cimport (walk1, walk8, sw_prefetch,
-                  sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, WIDE,
+                  sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
+                  sw_cwalk_q_for, WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats)
 
@@ -227,20 +228,30 @@ cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, in
 
 
 cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
-                    int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
-    """eval_trees without the padded planned walks: compact models and remainders."""
+                    int32_t n, int64_t t0, int64_t t1, acc_t* acc, float* xx=NULL,
+                    int32_t xx_cap=0) noexcept nogil:
+    """eval_trees without the padded planned walks: compact models and remainders. With xx
+    (score_all's compact tasks), rows with NaN are doubled into it for the SPLIT walk."""
     cdef int64_t slot[WIDE]
     cdef int64_t t = t0, ni
     cdef int32_t r, j, G = m.n_outputs, nf = m.n_features
     cdef bint padded = m.pnodes != NULL
     cdef bint one = G == 1 and m.n_leaf_out == 1
     cdef uint8_t rules[COMPACT_ROWS]
+    cdef const float* rx[COMPACT_ROWS]
+    cdef int32_t used = 0
     cdef sw_cwalk_fn cwalk_f = sw_cwalk_fn_for(SW_RULE_FINITE)
     cdef sw_cwalk_fn cwalk_n = sw_cwalk_fn_for(SW_RULE_NAN)
+    cdef sw_cwalk_fn cwalk_q = sw_cwalk_q_for(SW_RULE_SPLIT)
+    cdef sw_cwalk_fn cwalk_qf = sw_cwalk_q_for(SW_RULE_FINITE)
+    cdef bint keyed = m.qcnodes != NULL and xx != NULL and not padded and \
+        n * 2 * nf <= xx_cap
     ni = (<int64_t>1 << m.depth) - 1
     if not padded and n <= COMPACT_ROWS:
-        # compact: rule per row as above; doubled NaN rows in a per-call buffer when the stack
-        # one is too small (rows without room keep the NaN-testing rule)
+        # compact: a rule per row. With xx for every row doubled (score_all's tasks), the
+        # rows are staged as order keys, doubled where they hold NaN, and walk qcnodes: one
+        # node array for the whole task (walk.h sw_cwalk_q); otherwise cnodes, the rows with
+        # NaN testing for it at each step
         if m.cats != NULL:  # special nodes: one walk for every row
             while t + WIDE <= t1:
                 for r in range(n):
@@ -250,13 +261,27 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                 t += WIDE
         elif t + WIDE <= t1:
             for r in range(n):
-                rules[r] = SW_RULE_FINITE if sw_row_finite(X + r * ldx, nf) else SW_RULE_NAN
+                rx[r] = X + r * ldx
+                rules[r] = SW_RULE_FINITE if sw_row_finite(rx[r], nf) else SW_RULE_NAN
+                if keyed:
+                    if rules[r] == SW_RULE_FINITE:
+                        sw_key_row(rx[r], nf, xx + used)
+                        rx[r] = xx + used
+                        used += nf
+                    else:
+                        sw_split_row(rx[r], nf, xx + used)
+                        rx[r] = xx + used
+                        used += 2 * nf
+                        rules[r] = SW_RULE_SPLIT
             while t + WIDE <= t1:
                 for r in range(n):
-                    if rules[r] == SW_RULE_FINITE:
-                        cwalk_f(m.cnodes, m.root + t, X + r * ldx, slot)
+                    if keyed:
+                        (cwalk_q if rules[r] == SW_RULE_SPLIT else cwalk_qf)(
+                            m.qcnodes, m.root + t, rx[r], slot)
+                    elif rules[r] == SW_RULE_FINITE:
+                        cwalk_f(m.cnodes, m.root + t, rx[r], slot)
                     else:
-                        cwalk_n(m.cnodes, m.root + t, X + r * ldx, slot)
+                        cwalk_n(m.cnodes, m.root + t, rx[r], slot)
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
     cdef sw_swalkp_fn spwalk = sw_spwalk_fn_for(m.depth) if padded else NULL
@@ -299,6 +324,8 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         plan_rows(m, X, m.n_features, n, xx, xx_cap, plan)
         t0 = eval_planned(m, leaves, plan, n, 0, m.n_trees, acc)
         eval_rest(m, leaves, X, m.n_features, n, t0, m.n_trees, acc)
+    elif xx != NULL and m.qcnodes != NULL:
+        eval_rest(m, leaves, X, m.n_features, n, 0, m.n_trees, acc, xx, xx_cap)
     else:
         eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
     for r in range(n * G):
@@ -348,8 +375,10 @@ cdef int task_buffers(const ModelView* m, int64_t rows, acc_t** acc, float** buf
     if rows > BLOCK_ROWS and plan_wide(m):
         plan[0] = <RowPlan*>malloc(rows * sizeof(RowPlan))
         xx[0] = <float*>malloc(rows * 2 * max(m.n_features, 1) * sizeof(float))
+    elif m.qcnodes != NULL:  # compact: rows with NaN doubled (eval_rest)
+        xx[0] = <float*>malloc(rows * 2 * max(m.n_features, 1) * sizeof(float))
     if acc[0] == NULL or buf[0] == NULL or plan_wide(m) and rows > BLOCK_ROWS and (
-            plan[0] == NULL or xx[0] == NULL):
+            plan[0] == NULL or xx[0] == NULL) or m.qcnodes != NULL and xx[0] == NULL:
         free(acc[0])
         free(buf[0])
         free(plan[0])
@@ -479,10 +508,15 @@ cdef class Forest:
                 self.view.n_cat_feat = feat.shape[0]
                 self.view.cat_staged = 1
         self.view.qnodes = NULL
+        self.view.qcnodes = NULL
         if layout == "padded" and self.view.pnodes != <const PNode*>1:
             self.qnodes = order_key_nodes(a["pnodes"])
             nodes = self.qnodes
             self.view.qnodes = <const PNode*>&nodes[0, 0]
+        elif layout == "compact" and self.view.cats == NULL:
+            self.qnodes = order_key_nodes(a["cnodes"])
+            nodes = self.qnodes
+            self.view.qcnodes = <const CNode*>&nodes[0, 0]
         self.float32_acc = a["leaves"].dtype == np.float32
         if self.float32_acc:
             self.leaves32 = a["leaves"]

@@ -27,6 +27,8 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const PNode* qnodes       # the same with thr's bits replaced by their order key (walk.h
                               # sw_order_key), for the SPLIT walks; NULL for compact models
     const CNode* cnodes       # compact: all nodes of all trees
+    const CNode* qcnodes      # the same with order-key thresholds (walk.h sw_cwalk_q); NULL
+                              # for padded models and models with special nodes
     const int64_t* root       # compact: global node index of each tree's root
     const int32_t* group      # output column each tree adds to (-1: every column)
     int32_t depth             # padded depth (0 for compact)

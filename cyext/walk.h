@@ -33,14 +33,13 @@
 /* where a step reads its value: x[feature] (NAN, FINITE) or xx[key] (SPLIT); compact keys
    carry the leaf flag in bit 31, masked off first */
 #define SW_IDX_F(key) ((key) >> 1)
-#define SW_IDX_SPLIT(key) (key)
 #define SW_CIDX_F(key) (((key) & 0x7FFFFFFFu) >> 1)
-#define SW_CIDX_SPLIT(key) ((key) & 0x7FFFFFFFu)
 
 enum { SW_RULE_NAN = 0, SW_RULE_FINITE = 1, SW_RULE_SPLIT = 2 };
 
 typedef struct { uint32_t key; float thr; } sw_pnode;
 typedef struct { uint32_t key; uint32_t thr; } sw_qnode;  /* thr: sw_order_key(threshold) */
+typedef struct { uint32_t key; uint32_t thr; int32_t child; int32_t leaf; } sw_qcnode;
 typedef struct { uint32_t key; float thr; int32_t child; int32_t leaf; } sw_cnode;
 
 static inline uint32_t sw_feat(uint32_t key) { return (key & 0x3FFFFFFFu) >> 1; }
@@ -151,8 +150,35 @@ static void NAME(const void *vnodes, const int64_t *root, const float *x, int64_
 }
 SW_DEF_CWALK(SW_CIDX_F, SW_STEP, sw_cwalk_n)
 SW_DEF_CWALK(SW_CIDX_F, SW_GT, sw_cwalk_f)
-SW_DEF_CWALK(SW_CIDX_SPLIT, SW_GT, sw_cwalk_s)
-static const sw_cwalk_fn sw_cwalk_tab[3] = {sw_cwalk_n, sw_cwalk_f, sw_cwalk_s};
+/* Compact walks over order keys (ModelView.qcnodes): SPLIT reads a doubled row of keys
+   (sw_split_row), FINITE a row of keys (sw_key_row). A leaf (threshold +inf, key 0 plus the
+   leaf bit) reads slot 0, never above key(+inf), and stays put. A task takes one of the two
+   node arrays for all its rows: a deep forest is bound by memory, and two copies of it in
+   cache cost more than the step saves (measured on model C). */
+#define SW_DEF_CQWALK(IDX, NAME)                                                            \
+static void NAME(const void *vnodes, const int64_t *root, const float *vxx, int64_t *slot) { \
+    const sw_qcnode *c = (const sw_qcnode *)vnodes;                                         \
+    const uint32_t *xx = (const uint32_t *)vxx;                                             \
+    const sw_qcnode *nd[SW_CW];                                                             \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root[j];           \
+    for (;;) {                                                                              \
+        uint32_t all = SW_KEY_LEAF;                                                         \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
+        if (all) break;                                                                     \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
+            const uint32_t key = nd[j]->key;                                                \
+            nd[j] = c + nd[j]->child + (int32_t)(nd[j]->thr < xx[IDX(key)]);                \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = nd[j]->leaf;         \
+}
+#define SW_CIDX_Q(key) ((key) & 0x7FFFFFFFu)
+SW_DEF_CQWALK(SW_CIDX_Q, sw_cwalk_q)
+SW_DEF_CQWALK(SW_CIDX_F, sw_cwalk_qf)
+static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
+    return rule == SW_RULE_SPLIT ? sw_cwalk_q : sw_cwalk_qf;
+}
+static const sw_cwalk_fn sw_cwalk_tab[2] = {sw_cwalk_n, sw_cwalk_f};
 static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
 
 /* Special nodes (models with categorical or zero-as-missing splits; compact layout only): the
@@ -339,6 +365,13 @@ static inline int sw_row_finite(const float *x, int n) {
    integer compare, with the node's key and threshold both in integer registers. */
 static inline uint32_t sw_order_key(uint32_t b) {
     return b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
+}
+
+/* a row without NaN as order keys (the compact FINITE walk over ModelView.qcnodes) */
+static inline void sw_key_row(const float *x, int n, float *vk) {
+    const sw_bits *b = (const sw_bits *)x;
+    sw_bits *o = (sw_bits *)vk;
+    for (int j = 0; j < n; j++) o[j] = sw_order_key(b[j]);
 }
 
 /* the doubled row of the SPLIT rule, as order keys: xx[2j] = xx[2j + 1] = key(x[j]), a NaN

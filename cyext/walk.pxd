@@ -15,6 +15,8 @@ cdef extern from "walk.h":
     sw_cwalk_fn sw_cwalk_fn_for(int rule) noexcept nogil
     int sw_row_finite(const float* x, int n) noexcept nogil   # 1: no NaN among x[0..n)
     void sw_split_row(const float* x, int n, float* xx) noexcept nogil   # xx: 2n floats
+    void sw_key_row(const float* x, int n, float* k) noexcept nogil      # k: n order keys
+    sw_cwalk_fn sw_cwalk_q_for(int rule) noexcept nogil  # order-key compact walk, SPLIT/FINITE
     # models with special (categorical, zero-as-missing) nodes: W chains, chain j the tree at
     # root[j * dt] on the row x + j * dx
     void sw_swalk1(const void* nodes, const int64_t* root, int64_t dt, const float* x,

@@ -24,7 +24,7 @@ cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here."""
     cdef ModelView view            # borrowed pointers into `arrays`
     cdef readonly dict arrays
-    cdef object qnodes             # pnodes with order-key thresholds (ModelView.qnodes)
+    cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
     cdef readonly bint float32_acc  # leaves and base are float32 (XGBoost) or float64
     cdef readonly double divisor
     cdef const float[:, ::1] leaves32
@@ -44,7 +44,8 @@ cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan
 cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
                      int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil
 cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
-                    int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil
+                    int32_t n, int64_t t0, int64_t t1, acc_t* acc, float* xx=*,
+                    int32_t xx_cap=*) noexcept nogil
 cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                     double divisor, const float* X, int32_t n, acc_t* acc,
                     double* raw, RowPlan* plan=*, float* xx=*, int32_t xx_cap=*) noexcept nogil
