@@ -509,7 +509,8 @@ cdef class Forest:
                 self.view.cat_staged = 1
         self.view.qnodes = NULL
         self.view.qcnodes = NULL
-        if layout == "padded" and self.view.pnodes != <const PNode*>1:
+        if layout == "padded" and self.view.cats == NULL \
+                and self.view.pnodes != <const PNode*>1:  # special nodes: spwalk reads pnodes
             self.qnodes = order_key_nodes(a["pnodes"])
             nodes = self.qnodes
             self.view.qnodes = <const PNode*>&nodes[0, 0]

@@ -26,6 +26,7 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const PNode* pnodes       # padded: n_trees * (2^depth - 1) internal nodes
     const PNode* qnodes       # the same with thr's bits replaced by their order key (walk.h
                               # sw_order_key), for the SPLIT walks; NULL for compact models
+                              # and models with special nodes
     const CNode* cnodes       # compact: all nodes of all trees
     const CNode* qcnodes      # the same with order-key thresholds (walk.h sw_cwalk_q); NULL
                               # for padded models and models with special nodes
