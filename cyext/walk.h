@@ -131,10 +131,11 @@ static inline sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) {
 #define SW_CW 16
 typedef void (*sw_cwalk_fn)(const void *nodes, const int64_t *root, const float *x,
                             int64_t *slot);
-#define SW_DEF_CWALK(IDX, RULE, NAME)                                                       \
-static void NAME(const void *vnodes, const int64_t *root, const float *x, int64_t *slot) {  \
-    const sw_cnode *c = (const sw_cnode *)vnodes;                                           \
-    const sw_cnode *nd[SW_CW];                                                              \
+#define SW_DEF_CWALK(NODE, ROW, IDX, RULE, NAME)                                            \
+static void NAME(const void *vnodes, const int64_t *root, const float *vx, int64_t *slot) { \
+    const NODE *c = (const NODE *)vnodes;                                                   \
+    const ROW *x = (const ROW *)vx;                                                         \
+    const NODE *nd[SW_CW];                                                                  \
     _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root[j];           \
     for (;;) {                                                                              \
         uint32_t all = SW_KEY_LEAF;                                                         \
@@ -142,39 +143,23 @@ static void NAME(const void *vnodes, const int64_t *root, const float *x, int64_
         if (all) break;                                                                     \
         _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
             const uint32_t key = nd[j]->key;                                                \
-            const float v = x[IDX(key)];                                                    \
+            const ROW v = x[IDX(key)];                                                      \
             nd[j] = c + nd[j]->child + RULE(v, key, nd[j]->thr);                            \
         }                                                                                   \
     }                                                                                       \
     _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = nd[j]->leaf;         \
 }
-SW_DEF_CWALK(SW_CIDX_F, SW_STEP, sw_cwalk_n)
-SW_DEF_CWALK(SW_CIDX_F, SW_GT, sw_cwalk_f)
+SW_DEF_CWALK(sw_cnode, float, SW_CIDX_F, SW_STEP, sw_cwalk_n)
+SW_DEF_CWALK(sw_cnode, float, SW_CIDX_F, SW_GT, sw_cwalk_f)
 /* Compact walks over order keys (ModelView.qcnodes): SPLIT reads a doubled row of keys
    (sw_split_row), FINITE a row of keys (sw_key_row). A leaf (threshold +inf, key 0 plus the
    leaf bit) reads slot 0, never above key(+inf), and stays put. A task takes one of the two
    node arrays for all its rows: a deep forest is bound by memory, and two copies of it in
    cache cost more than the step saves (measured on model C). */
-#define SW_DEF_CQWALK(IDX, NAME)                                                            \
-static void NAME(const void *vnodes, const int64_t *root, const float *vxx, int64_t *slot) { \
-    const sw_qcnode *c = (const sw_qcnode *)vnodes;                                         \
-    const uint32_t *xx = (const uint32_t *)vxx;                                             \
-    const sw_qcnode *nd[SW_CW];                                                             \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root[j];           \
-    for (;;) {                                                                              \
-        uint32_t all = SW_KEY_LEAF;                                                         \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
-        if (all) break;                                                                     \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
-            const uint32_t key = nd[j]->key;                                                \
-            nd[j] = c + nd[j]->child + (int32_t)(nd[j]->thr < xx[IDX(key)]);                \
-        }                                                                                   \
-    }                                                                                       \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = nd[j]->leaf;         \
-}
+#define SW_QGT(v, key, thr) ((uint32_t)((thr) < (v)))
 #define SW_CIDX_Q(key) ((key) & 0x7FFFFFFFu)
-SW_DEF_CQWALK(SW_CIDX_Q, sw_cwalk_q)
-SW_DEF_CQWALK(SW_CIDX_F, sw_cwalk_qf)
+SW_DEF_CWALK(sw_qcnode, uint32_t, SW_CIDX_Q, SW_QGT, sw_cwalk_q)
+SW_DEF_CWALK(sw_qcnode, uint32_t, SW_CIDX_F, SW_QGT, sw_cwalk_qf)
 static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_cwalk_q : sw_cwalk_qf;
 }
