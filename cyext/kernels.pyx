@@ -156,7 +156,7 @@ def order_key_nodes(object pnodes):
 
 def split_row_keys(const float[::1] x):
     """The doubled row of order keys the SPLIT walks read (walk.h sw_split_row), for tests:
-    keys[2f + right] is the key x[f] compares with, NaN staged as -inf (right 0) or +inf."""
+    keys[2f + right] is the key x[f] compares with, NaN staged as 0 (right 0) or 0xFFFFFFFF."""
     out = np.empty(2 * x.shape[0], dtype=np.uint32)
     cdef uint32_t[::1] o = out
     if x.shape[0]:
@@ -231,7 +231,8 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                     int32_t n, int64_t t0, int64_t t1, acc_t* acc, float* xx=NULL,
                     int32_t xx_cap=0) noexcept nogil:
     """eval_trees without the padded planned walks: compact models and remainders. With xx
-    (score_all's compact tasks), rows with NaN are doubled into it for the SPLIT walk."""
+    (score_all's compact tasks), the rows are staged into it as order keys, doubled where they
+    hold NaN, for the order-key compact walks."""
     cdef int64_t slot[WIDE]
     cdef int64_t t = t0, ni
     cdef int32_t r, j, G = m.n_outputs, nf = m.n_features

@@ -2,8 +2,9 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 # Node key: 2 * feature + (1 if a missing value goes right), bit 31 = leaf (compact nodes).
-# 2f + right is the index into a doubled row (x at 2f, x at 2f+1, a NaN staged as -inf at 2f
-# and +inf at 2f+1): the NaN-row walk reads x2[key] with no arithmetic on the key at all.
+# 2f + right is the index into a doubled row of order keys (key(x) at 2f and 2f+1, a NaN
+# staged as 0 at 2f and 0xFFFFFFFF at 2f+1; walk.h sw_split_row): the SPLIT walks read
+# xx[key] with no arithmetic on the key at all.
 cdef extern from "walk.h":
     const uint32_t KEY_LEAF "SW_KEY_LEAF"
     uint32_t sw_feat(uint32_t key) noexcept nogil   # the feature index of a node key
