@@ -248,9 +248,11 @@ def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
 
 @pytest.mark.parametrize("n_rows", [1, 40, 41, 64, 65, 1000])
 def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows):
-    """Rows are doubled for the compare-and-carry walk while the block's buffer has room (64
-    KB: 40 rows of 203 features); the rest of a block take the compare-only walk (no NaN) or
-    the NaN-testing walk. All three against XGBoost, bit for bit, in one block."""
+    """Up to 64 rows (one block, the single-row path): rows are doubled for the
+    compare-and-carry walk while the block's buffer has room (64 KB: 40 rows of 203
+    features); the rest take the compare-only walk (no NaN) or the NaN-testing walk. Larger
+    batches: tasks of 161 rows, every row doubled (blocks.pxd PLAN_FLOATS). All against
+    XGBoost, bit for bit."""
     import xgboost as xgb
 
     rng = np.random.default_rng(3)
