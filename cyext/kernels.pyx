@@ -369,17 +369,21 @@ cdef int task_buffers(const ModelView* m, int64_t rows, acc_t** acc, float** buf
                       RowPlan** plan, float** xx) noexcept nogil:
     """One task's buffers (a thread's own); the plan and doubled rows only for tasks larger
     than a block (eval_rows). 0, or -1 with everything freed."""
+    cdef int64_t xx_floats = rows * 2 * max(m.n_features, 1)
+    cdef bint planned = rows > BLOCK_ROWS and plan_wide(m)
+    # compact: order-key rows (eval_rest) while they fit PLAN_FLOATS * 4 (1 MB); wider models
+    # keep the float walks rather than a buffer of megabytes per thread
+    cdef bint keyed = not planned and m.qcnodes != NULL and xx_floats <= 4 * PLAN_FLOATS
     acc[0] = <acc_t*>malloc(rows * m.n_outputs * sizeof(acc_t))
     buf[0] = <float*>malloc(rows * max(m.n_features, 1) * sizeof(float))
     plan[0] = NULL
     xx[0] = NULL
-    if rows > BLOCK_ROWS and plan_wide(m):
+    if planned:
         plan[0] = <RowPlan*>malloc(rows * sizeof(RowPlan))
-        xx[0] = <float*>malloc(rows * 2 * max(m.n_features, 1) * sizeof(float))
-    elif m.qcnodes != NULL:  # compact: rows with NaN doubled (eval_rest)
-        xx[0] = <float*>malloc(rows * 2 * max(m.n_features, 1) * sizeof(float))
-    if acc[0] == NULL or buf[0] == NULL or plan_wide(m) and rows > BLOCK_ROWS and (
-            plan[0] == NULL or xx[0] == NULL) or m.qcnodes != NULL and xx[0] == NULL:
+    if planned or keyed:
+        xx[0] = <float*>malloc(xx_floats * sizeof(float))
+    if acc[0] == NULL or buf[0] == NULL or planned and plan[0] == NULL or (
+            planned or keyed) and xx[0] == NULL:
         free(acc[0])
         free(buf[0])
         free(plan[0])

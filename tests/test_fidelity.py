@@ -246,13 +246,15 @@ def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
                                est.predict_proba(M.finite_for_library(Xt)), atol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["padded", "compact"])
 @pytest.mark.parametrize("n_rows", [1, 40, 41, 64, 65, 1000])
-def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows):
+def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows, layout):
     """Up to 64 rows (one block, the single-row path): rows are doubled for the
     compare-and-carry walk while the block's buffer has room (64 KB: 40 rows of 203
     features); the rest take the compare-only walk (no NaN) or the NaN-testing walk. Larger
-    batches: tasks of 161 rows, every row doubled (blocks.pxd PLAN_FLOATS). All against
-    XGBoost, bit for bit."""
+    batches: tasks of 161 rows, every row doubled (blocks.pxd PLAN_FLOATS). Compact: rows this
+    wide keep the float walks (kernels.task_buffers: order-key rows only up to 1 MB a task).
+    All against XGBoost, bit for bit."""
     import xgboost as xgb
 
     rng = np.random.default_rng(3)
@@ -264,7 +266,7 @@ def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows):
     booster = xgb.train({"objective": "binary:logistic", "max_depth": 5, "seed": 0},
                         xgb.DMatrix(X, label=y), num_boost_round=40)
     thr = M.xgboost_thresholds(booster)
-    model = worker.compile_model(booster, layout="padded")
+    model = worker.compile_model(booster, layout=layout)
     Xt = rng.normal(scale=1.5, size=(n_rows, nf)).astype(np.float32)
     pick = rng.random(Xt.shape)
     Xt[pick < 0.25] = rng.choice(thr, size=int((pick < 0.25).sum()))
