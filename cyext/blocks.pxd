@@ -53,7 +53,7 @@ ctypedef struct RowPlan:       # a staged row's walk, chosen once per row (see p
     const float* x            # the row, or its doubled copy (order keys) for the SPLIT rule
     const PNode* nodes        # the nodes its walks read: pnodes, or qnodes for the SPLIT rule
     sw_walk_fn w8             # 8-tree walk for the row's missing-value rule
-    sw_walk_fn w16            # 16-tree walk
+    sw_walk_fn wide           # PLAN_WIDE-tree walk (walk.pxd)
 
 
 cdef inline bint plan_wide(const ModelView* m) noexcept nogil:

@@ -25,7 +25,7 @@ from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, plan_wide,
                     SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
-                  sw_cwalk_q_for, WIDE,
+                  sw_cwalk_q_for, WIDE, PLAN_WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats)
 
@@ -185,28 +185,28 @@ cdef int32_t plan_rows(const ModelView* m, const float* X, int64_t ldx, int32_t 
         else:
             rule = SW_RULE_NAN
         plan[r].w8 = sw_walk_fn_for(m.depth, 0, rule)
-        plan[r].w16 = sw_walk_fn_for(m.depth, 1, rule)
+        plan[r].wide = sw_walk_fn_for(m.depth, 1, rule)
     return used
 
 
 cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan* plan,
                           int32_t n, int64_t t0, int64_t t1, acc_t* acc) noexcept nogil:
-    """Trees t0.. in groups of 16 then 8 for planned rows; returns the first tree not walked
+    """Trees t0.. in groups of 12 then 8 for planned rows; returns the first tree not walked
     (fewer than 8 remain: callers finish them with the generic walks)."""
     cdef int64_t slot[WIDE]
     cdef int64_t t = t0, lbase, ni = (<int64_t>1 << m.depth) - 1
     cdef int32_t r, G = m.n_outputs
     cdef bint one = G == 1 and m.n_leaf_out == 1   # every tree adds one value to acc[0]
-    # 16 trees per row at once: for a row alone its only independent chains are trees
-    # (measured: A native p50 0.95 us, 1.28 us with 8); for blocks, with the chains in registers,
-    # +10-20% rows/s over 8 on A and B (one call per row measured as fast as walking a
-    # list of rows in one call)
-    while t + WIDE <= t1:
+    # 12 trees per row at once: for a row alone its only independent chains are trees
+    # (measured: A native p50 0.95 us with 16, 1.28 us with 8); with the four-instruction
+    # order-key step 12 chains spill less than 16: +4% rows/s on A, +11% on B, p50 no worse
+    # (bench/NOTES.md "Kernel v2"); one call per row measured as fast as a list of rows
+    while t + PLAN_WIDE <= t1:
         lbase = t * (ni + 1)
         for r in range(n):
-            plan[r].w16(plan[r].nodes + t * ni, plan[r].x, slot)
-            add_leaves(m, leaves, t, WIDE, lbase, slot, acc + r * G, one)
-        t += WIDE
+            plan[r].wide(plan[r].nodes + t * ni, plan[r].x, slot)
+            add_leaves(m, leaves, t, PLAN_WIDE, lbase, slot, acc + r * G, one)
+        t += PLAN_WIDE
     while t + INTERLEAVE <= t1:
         lbase = t * (ni + 1)
         for r in range(n):
@@ -356,7 +356,7 @@ cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
 cdef inline int64_t task_rows(const ModelView* m) noexcept nogil:
     # Compact (deep) models outgrow L2: 1024 rows walk each group of trees while it is cached
     # (measured 2.3x rows/s on model C, a 9 MB random forest, over 64-row blocks). Padded
-    # models with doubled rows walk each group of 16 trees over up to 512 rows, the group's
+    # models with doubled rows walk each group of 12 trees over up to 512 rows, the group's
     # nodes in L1 and the doubled rows (at most 256 KB) streaming from L2 (bench/NOTES.md
     # "Kernel v2": B +19%, A +1%); the others keep 64-row blocks.
     if plan_wide(m):

@@ -113,14 +113,15 @@ static void NAME(const void *vbase, const float *vxx, int64_t *slot) {          
     SW_DEF_ALL(W, 4) SW_DEF_ALL(W, 5) SW_DEF_ALL(W, 6) SW_DEF_ALL(W, 7)                     \
     SW_DEF_ALL(W, 8) SW_DEF_ALL(W, 9) SW_DEF_ALL(W, 10)
 SW_DEF_DEPTHS(8)
-SW_DEF_DEPTHS(16)
+SW_DEF_DEPTHS(12)
 #define SW_TAB(NAME) {0, NAME##_d1, NAME##_d2, NAME##_d3, NAME##_d4, NAME##_d5, NAME##_d6, \
                       NAME##_d7, NAME##_d8, NAME##_d9, NAME##_d10}
 static const sw_walk_fn sw_walk_tab[6][11] = {
     SW_TAB(sw_walk8n), SW_TAB(sw_walk8f), SW_TAB(sw_walk8s),
-    SW_TAB(sw_walk16n), SW_TAB(sw_walk16f), SW_TAB(sw_walk16s)};
+    SW_TAB(sw_walk12n), SW_TAB(sw_walk12f), SW_TAB(sw_walk12s)};
 
-/* wide: 0 for 8 trees, 1 for 16; rule: SW_RULE_*. NULL outside depths 1..10. */
+/* wide: 0 for 8 trees, 1 for 12 (walk.pxd PLAN_WIDE); rule: SW_RULE_*. NULL outside depths
+   1..10. */
 static inline sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) {
     return depth >= 1 && depth <= 10 ? sw_walk_tab[3 * wide + rule][depth] : 0;
 }

@@ -38,6 +38,7 @@ cdef extern from "walk.h":
 
 cdef enum:
     WIDE = 16                 # trees per row in the 16-chain walks
+    PLAN_WIDE = 12            # trees per row in the planned padded walks (sw_walk_fn_for wide)
 
 
 cdef inline int64_t walk_padded1(const ModelView* m, const float* x, int64_t t) noexcept nogil:
