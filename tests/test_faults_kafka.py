@@ -4,6 +4,7 @@ limit is known at start, and after the broker refused them when it was lowered l
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import numpy as np
@@ -123,7 +124,13 @@ def test_sigterm_at_many_points_exits_0_and_loses_nothing(tmp_path, kafka_bootst
         time.sleep(delay)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(60)
+        try:
+            rc = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"no exit 60 s after SIGTERM at {delay:.2f} s: {exits}\n"
+                        f"{log.read_text()[-4000:]}")
         exits.append((delay, rc, round(time.monotonic() - t0, 1)))
         text = log.read_text()
         assert rc == 0 and "Traceback" not in text, (exits, text[-2000:])

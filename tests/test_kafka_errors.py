@@ -443,6 +443,52 @@ def test_sigterm_during_start_up_exits_0(tmp_path):
     assert "stopped during start-up" in text and "Traceback" not in text
 
 
+def test_a_stop_during_start_up_whose_unwinding_hangs_still_exits_0_within_the_bound(tmp_path):
+    # a stop during start-up closes what was opened; a close that never returns (here a
+    # source's) must not keep the process: the exit watchdog is armed for start-up stops
+    # too, as for stops of the loop (delivery.stop_timeout_ms + EXIT_MARGIN_S)
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "source: {type: kafka, topic: in}\n"
+        "sink: {type: kafka, topic: out, dead_letter_topic: dlq}\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1', group_id: g}\n"
+        f"model: {{path: {root / 'tests' / 'golden' / 'fraud-xgb.model'}}}\n"
+        "delivery: {stop_timeout_ms: 1000}\n"
+        "logging: {progress: false}\n")
+    script = f"""
+import os, signal, sys, threading, time
+import worker.app as app
+
+class Stuck:
+    def close(self):
+        threading.Event().wait()  # a close that never returns
+
+def open_source(settings):
+    return Stuck()
+
+def open_sink(settings):  # start-up waits here; the stop comes meanwhile
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    time.sleep(30)
+
+app.open_source, app.open_sink = open_source, open_sink
+sys.exit(app.run_from_config({str(cfg)!r}))
+"""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                          timeout=60)
+    took = time.monotonic() - t0
+    text = (proc.stdout + proc.stderr).decode()
+    assert proc.returncode == 0, text
+    assert "exiting now" in text and "Traceback" not in text, text
+    assert 1.0 + 10.0 <= took < 30.0, took  # stop_timeout_ms + EXIT_MARGIN_S, then out
+
+
 def test_a_batch_that_keeps_failing_is_split_until_the_message_is_alone_and_dead_lettered():
     # a commit that fails, for no message named, whenever input 5 is in the transaction (an
     # error of the message's, not the broker's): before, the same batch aborted forever

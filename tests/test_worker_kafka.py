@@ -177,3 +177,28 @@ def test_sigterm_exits_zero_when_idle(tmp_path, kafka_bootstrap, model_path, top
     assert proc.poll() is None, (tmp_path / "w.log").read_text()
     assert K.stop_worker(proc, signal.SIGTERM, timeout=60) == 0
     assert "worker stopped" in (tmp_path / "w.log").read_text()
+
+
+@pytest.mark.parametrize("wait_s", [0.5, 2.0])
+def test_closing_before_the_assignment_is_served_is_quick(kafka_bootstrap, topic_factory,
+                                                          caplog, wait_s):
+    # a stop during start-up closes a consumer whose group join completed in librdkafka's
+    # threads but whose assignment no poll took yet: close() serves it. Found by the CI run
+    # of 2026-12-01 (a worker SIGTERMed at start-up did not exit within 60 s): the callback
+    # then read the committed offsets of a handle being destroyed, failing (_DESTROY) for
+    # close's whole 10 s bound and retrying afterwards in the abandoned close thread.
+    import uuid
+
+    from worker.io.kafka import KafkaSource
+
+    topic = topic_factory(partitions=2, prefix="in")
+    src = KafkaSource({"bootstrap.servers": kafka_bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
+                       "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                       "isolation.level": "read_committed"}, [topic])
+    time.sleep(wait_s)
+    t0 = time.monotonic()
+    src.close(timeout_s=10.0)
+    took = time.monotonic() - t0
+    assert took < 5.0, took
+    assert src.assigned == set()
+    assert "committed offsets" not in caplog.text

@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -895,6 +896,7 @@ class _Signals:
 
     def __init__(self):
         self.on_stop = None
+        self.on_startup_stop = None  # called (from the thread) for a stop before the loop runs
         self.pending = False
         self._closing = False
 
@@ -930,6 +932,8 @@ class _Signals:
                 self.pending = True
                 if self.on_stop is not None:
                     self.on_stop()
+                elif self.on_startup_stop is not None:
+                    self.on_startup_stop()
 
     def __exit__(self, *exc):
         self._closing = True
@@ -947,6 +951,11 @@ def run(settings: Settings, summary: bool = True) -> int:
     start-up (while a coordinator loads, say) ends it there with exit 0: nothing was read."""
     global _watchdog
     with _Signals() as signals:
+        # a stop during start-up unwinds it (closing what was opened) within the same bound
+        # as a stop of the loop
+        signals.on_startup_stop = partial(_arm_exit_watchdog,
+                                          settings.delivery.stop_timeout_ms / 1000
+                                          + EXIT_MARGIN_S)
         try:
             return _run(settings, summary, signals)
         except _StopDuringStartup:

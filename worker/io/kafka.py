@@ -139,6 +139,7 @@ class KafkaSource:
         self.total = None
         self.assigned: set[tuple[str, int]] = set()  # the partitions this member owns now
         self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
+        self.closing = False  # close() has begun: an assignment it serves is not taken
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
@@ -147,6 +148,11 @@ class KafkaSource:
     # a batch, the worker drops the messages of revoked partitions (take_revoked) before
     # delivering.
     def _on_assign(self, consumer, partitions):
+        if self.closing:
+            # close() serves an assignment that no poll took yet (a stop during start-up):
+            # nothing will be read from these partitions, and the handle is being destroyed,
+            # so reading their committed offsets would only fail (_DESTROY) until its bound
+            return
         log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
                                                    for p in partitions])
         if partitions:
@@ -173,7 +179,7 @@ class KafkaSource:
                 raise KafkaException(failed[0].error)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else exc
-                if self.stopping():
+                if self.stopping() or self.closing:
                     return  # exiting: nothing is read from these partitions
                 if time.monotonic() >= deadline or (isinstance(err, KafkaError)
                                                      and err.fatal()):
@@ -307,6 +313,7 @@ class KafkaSource:
         group expels this member after its session timeout)."""
         import threading
 
+        self.closing = True
         t = threading.Thread(target=self.consumer.close, name="consumer-close", daemon=True)
         t.start()
         t.join(timeout_s)
