@@ -186,21 +186,26 @@ def main() -> None:
     # ---- E: LightGBM ----
     path, booster = model_e()
     model = worker.compile_model(path)
-    e = {"trees": model.n_trees, "layout": model.layout,
+    walk = worker.compile_model(path, kernel="walk")  # the other candidate, for the record
+    e = {"trees": model.n_trees, "layout": model.layout, "kernel": model.kernel_choice,
          "special_nodes": int(((model.arrays["cnodes"][:, 0] & 0xC0000000) == 0x40000000)
                               .sum()),
          "split_nodes": int((model.arrays["cnodes"][:, 0] & 0x80000000 == 0).sum())}
     for name, rows in (("dense", X), ("missing", Xm)):
         rows64 = rows.astype(np.float64)
         ref = booster.predict(rows64, raw_score=True)
-        e[f"{name}_bit_identical"] = bool(np.array_equal(model.raw(rows)[:, 0], ref))
+        e[f"{name}_bit_identical"] = bool(np.array_equal(model.raw(rows)[:, 0], ref)
+                                          and np.array_equal(walk.raw(rows)[:, 0], ref))
         for threads in (1, 2):
             e[f"{name}_ours_{threads}"] = best_rate(
                 lambda r=rows, t=threads: model.predict_proba(r, n_threads=t), N_ROWS)
+            e[f"{name}_walk_{threads}"] = best_rate(
+                lambda r=rows, t=threads: walk.predict_proba(r, n_threads=t), N_ROWS)
             e[f"{name}_lightgbm_{threads}"] = best_rate(
                 lambda r=rows64, t=threads: booster.predict(r, num_threads=t), N_ROWS)
     one = X[:2000].copy()
     e["latency_ours"] = latency(model.predict_proba, one)
+    e["latency_walk"] = latency(walk.predict_proba, one)
     e["latency_lightgbm"] = latency(lambda r: booster.predict(r.astype(np.float64),
                                                               num_threads=1), one, 5000)
     try:
@@ -216,7 +221,7 @@ def main() -> None:
     # ---- F: XGBoost ----
     path, booster = model_f()
     model = worker.compile_model(path)
-    f = {"trees": model.n_trees, "layout": model.layout}
+    f = {"trees": model.n_trees, "layout": model.layout, "kernel": model.kernel_choice}
     for name, rows in (("dense", X), ("missing", Xm)):
         ref = booster.inplace_predict(rows, predict_type="margin")
         f[f"{name}_bit_identical"] = bool(np.array_equal(
@@ -236,6 +241,13 @@ def main() -> None:
     write_report(results)
 
 
+def _kernel_text(k: dict) -> str:
+    us = k.get("us_per_row") or {}
+    timed = ", ".join(f"{n} {v:.2f} us" for n, v in us.items())
+    return f"{k['kernel']}" + (f" (per probe row: {timed})" if timed else "") + (
+        f"; {k['reason']}" if k.get("reason") else "")
+
+
 def write_report(r: dict) -> None:
     e, f, m = r["E"], r["F"], r["machine"]
     ll = e.get("lleaves", {})
@@ -246,20 +258,24 @@ def write_report(r: dict) -> None:
          "Rows/s are medians of repeated calls; one-row latency is per call from Python.", "",
          f"E: LightGBM binary, {e['trees']} trees of 63 leaves, 4 categorical features (8, 12, "
          f"200, 300 values); {e['special_nodes']} of its {e['split_nodes']} splits are "
-         f"categorical. Compiled layout: {e['layout']}. Our raw score equals LightGBM's "
-         f"`predict(raw_score=True)` bit for bit: dense {e['dense_bit_identical']}, with "
-         f"missing values {e['missing_bit_identical']}. lleaves agrees with LightGBM to "
-         f"{e.get('lleaves_max_diff', float('nan')):.1e}.", "",
-         "| E (LightGBM) | ours | LightGBM | lleaves | ours / LightGBM | ours / lleaves |",
-         "|---|---|---|---|---|---|"]
+         f"categorical. Compiled layout: {e['layout']}; kernel chosen at load: "
+         f"{_kernel_text(e['kernel'])}. Our raw score equals LightGBM's "
+         f"`predict(raw_score=True)` bit for bit (both kernels): dense "
+         f"{e['dense_bit_identical']}, with missing values {e['missing_bit_identical']}. "
+         f"lleaves agrees with LightGBM to {e.get('lleaves_max_diff', float('nan')):.1e}.", "",
+         f"| E (LightGBM) | ours ({e['kernel']['kernel']}) | ours (walk) | LightGBM | lleaves | "
+         "ours / LightGBM | ours / lleaves |",
+         "|---|---|---|---|---|---|---|"]
     for name in ("dense", "missing"):
         for t in (1, 2):
-            ours, lg, lv = e[f"{name}_ours_{t}"], e[f"{name}_lightgbm_{t}"], \
-                ll.get(f"{name}_{t}", float("nan"))
-            L.append(f"| {name}, {t} thread{'s' * (t > 1)}, rows/s | {ours:,.0f} | {lg:,.0f} | "
-                     f"{lv:,.0f} | {ours / lg:.2f}x | {ours / lv:.2f}x |")
-    lo, lgl, lll = e["latency_ours"], e["latency_lightgbm"], ll.get("latency", {})
+            ours, wk, lg, lv = e[f"{name}_ours_{t}"], e[f"{name}_walk_{t}"], \
+                e[f"{name}_lightgbm_{t}"], ll.get(f"{name}_{t}", float("nan"))
+            L.append(f"| {name}, {t} thread{'s' * (t > 1)}, rows/s | {ours:,.0f} | {wk:,.0f} | "
+                     f"{lg:,.0f} | {lv:,.0f} | {ours / lg:.2f}x | {ours / lv:.2f}x |")
+    lo, lw, lgl, lll = e["latency_ours"], e["latency_walk"], e["latency_lightgbm"], \
+        ll.get("latency", {})
     L.append(f"| one row p50 / p99, us | {lo['p50']:.1f} / {lo['p99']:.1f} | "
+             f"{lw['p50']:.1f} / {lw['p99']:.1f} | "
              f"{lgl['p50']:.1f} / {lgl['p99']:.1f} | {lll.get('p50', float('nan')):.1f} / "
              f"{lll.get('p99', float('nan')):.1f} | | |")
     L += ["", f"lleaves' `compile` took {ll.get('compile_s', float('nan')):.1f} s in this run "
@@ -267,7 +283,8 @@ def write_report(r: dict) -> None:
           "Models without categorical splits: bench/NOTES.md, \"Categorical splits\" (A-D "
           "before and after, same speed within noise).", "",
           f"F: XGBoost binary:logistic, {f['trees']} trees of depth 6 with partition splits on "
-          f"the same 4 features. Layout {f['layout']}. Margins equal XGBoost's in float32 bit "
+          f"the same 4 features. Layout {f['layout']}, kernel {_kernel_text(f['kernel'])}. "
+          f"Margins equal XGBoost's in float32 bit "
           f"for bit: dense {f['dense_bit_identical']}, missing {f['missing_bit_identical']}.",
           "", "| F (XGBoost) | ours | XGBoost `inplace_predict` | ours / XGBoost |",
           "|---|---|---|---|"]

@@ -8,7 +8,7 @@ makes our margins bit-identical to its own; float64 for scikit-learn).
 
 cimport cython
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 from libc.math cimport exp
@@ -28,6 +28,23 @@ from walk cimport (walk1, walk8, sw_prefetch,
                   sw_cwalk_q_for, WIDE, PLAN_WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats)
+
+cdef extern from "qs.h":
+    ctypedef struct sw_qsnode:
+        pass
+    ctypedef struct sw_qs:
+        const sw_qsnode* num
+        const int32_t* num_off
+        const sw_qsnode* nan
+        const int32_t* nan_off
+        const sw_qsnode* cat
+        const int32_t* cat_off
+        const int32_t* cat_base
+        const int32_t* cat_width
+        const int32_t* leaf
+        int64_t n_trees
+        int32_t n_features
+    void sw_qs_row(const sw_qs* q, const float* x, uint64_t* mk, int64_t* slot) noexcept nogil
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -318,10 +335,20 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
     and doubled once for the whole task; otherwise in blocks of BLOCK_ROWS (eval_trees)."""
     cdef int32_t r, g, G = m.n_outputs
     cdef int64_t t0 = 0
+    cdef uint64_t* mk = NULL
+    cdef int64_t* qslot = NULL
     for r in range(n):
         for g in range(G):
             acc[r * G + g] = base[g]
-    if plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
+    if m.qs != NULL:  # QuickScorer (qs.h): every tree of a row at once, leaves in tree order
+        mk = <uint64_t*>malloc(m.n_trees * sizeof(uint64_t))
+        qslot = <int64_t*>malloc(m.n_trees * sizeof(int64_t))
+    if mk != NULL and qslot != NULL:
+        for r in range(n):
+            sw_qs_row(<const sw_qs*>m.qs, X + r * m.n_features, mk, qslot)
+            add_leaves(m, leaves, 0, <int32_t>m.n_trees, 0, qslot, acc + r * G,
+                       G == 1 and m.n_leaf_out == 1)
+    elif plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
         plan_rows(m, X, m.n_features, n, xx, xx_cap, plan)
         t0 = eval_planned(m, leaves, plan, n, 0, m.n_trees, acc)
         eval_rest(m, leaves, X, m.n_features, n, t0, m.n_trees, acc)
@@ -329,6 +356,8 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         eval_rest(m, leaves, X, m.n_features, n, 0, m.n_trees, acc, xx, xx_cap)
     else:
         eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
+    free(mk)
+    free(qslot)
     for r in range(n * G):
         raw[r] = <double>acc[r] / divisor if divisor != 1.0 else <double>acc[r]
 
@@ -449,17 +478,19 @@ cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here."""
 
     def __cinit__(self):
+        self.qs_tables = NULL
         self.scratch_x = NULL
         self.scratch_acc = NULL
         self.scratch_raw = NULL
 
     def __dealloc__(self):
+        free(self.qs_tables)
         free(self.scratch_x)
         free(self.scratch_acc)
         free(self.scratch_raw)
 
     def __init__(self, dict arrays, str layout, int depth, int n_features, int n_outputs,
-                 double divisor):
+                 double divisor, str kernel="auto"):
         cdef const uint32_t[:, ::1] nodes
         cdef const int64_t[::1] root
         cdef const int32_t[::1] group
@@ -535,11 +566,115 @@ cdef class Forest:
         if a["base"].shape[0] != n_outputs:
             raise ValueError("base has the wrong number of outputs")
         self._check()
+        self.view.qs = NULL
+        self.kernel_timings = {}
+        self.qs_arrays = {}
+        self.kernel = "walk"
+        self.kernel_reason = ""
+        if kernel not in ("auto", "walk", "quickscorer"):
+            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer)")
+        if kernel != "walk":
+            self._quickscorer(kernel == "quickscorer")
         self.scratch_x = <float*>malloc(BLOCK_ROWS * max(n_features, 1) * sizeof(float))
         self.scratch_acc = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
         self.scratch_raw = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
         if self.scratch_x == NULL or self.scratch_acc == NULL or self.scratch_raw == NULL:
             raise MemoryError()
+
+    def _quickscorer(self, bint forced):
+        """QuickScorer tables (worker/model/quickscorer.py) for a compact model whose trees
+        have at most 64 leaves; otherwise the walks (forced: ValueError saying why)."""
+        from worker.model import quickscorer
+
+        cdef sw_qs* q
+        a = self.arrays
+        if self.view.cnodes == NULL:
+            reason = "padded layout (the walks are faster on full trees of depth <= 10)"
+        else:
+            try:
+                t = quickscorer.build(a["cnodes"], a["root"], self.view.n_features,
+                                      a.get("cats"), a.get("cat_feat"), a.get("cat_head"))
+                reason = ""
+            except quickscorer.NotEligible as exc:
+                reason = str(exc)
+        if reason:
+            self.kernel_reason = reason
+            if forced:
+                raise ValueError(f"kernel quickscorer: {reason}")
+            return
+        self.qs_arrays = t
+        q = <sw_qs*>malloc(sizeof(sw_qs))
+        if q == NULL:
+            raise MemoryError()
+        self.qs_tables = q
+        q.num = <const sw_qsnode*><Py_ssize_t>t["qs_num"].ctypes.data
+        q.num_off = <const int32_t*><Py_ssize_t>t["qs_num_off"].ctypes.data
+        q.nan = <const sw_qsnode*><Py_ssize_t>t["qs_nan"].ctypes.data
+        q.nan_off = <const int32_t*><Py_ssize_t>t["qs_nan_off"].ctypes.data
+        q.cat = <const sw_qsnode*><Py_ssize_t>t["qs_cat"].ctypes.data
+        q.cat_off = <const int32_t*><Py_ssize_t>t["qs_cat_off"].ctypes.data
+        q.cat_base = <const int32_t*><Py_ssize_t>t["qs_cat_base"].ctypes.data
+        q.cat_width = <const int32_t*><Py_ssize_t>t["qs_cat_width"].ctypes.data
+        q.leaf = <const int32_t*><Py_ssize_t>t["qs_leaf"].ctypes.data
+        q.n_trees = self.view.n_trees
+        q.n_features = self.view.n_features
+        self.view.qs = q
+        self.kernel = "quickscorer"
+        if not forced:
+            self._choose(t)
+
+    def _choose(self, dict t):
+        """Auto: keep QuickScorer only if it scores probe rows at least 10% faster than the
+        walks on this machine (both are exact: the choice changes speed only). Probe rows
+        take values on and next to the model's own thresholds, 5% missing, random staged
+        categories. Timings (us per row, median of 5, alternated) go to kernel_timings."""
+        import time
+
+        cdef int32_t nf = self.view.n_features, n = BLOCK_ROWS
+        cdef int32_t G = self.view.n_outputs
+        cdef float[:, ::1] X
+        cdef double[::1] acc, raw
+        cdef const void* qs = self.view.qs
+        rng = np.random.default_rng(0)
+        probe = rng.normal(size=(n, max(nf, 1))).astype(np.float32)
+        off, num = t["qs_num_off"], t["qs_num"]
+        for f in range(nf):
+            if t["qs_cat_base"][f] >= 0:
+                probe[:, f] = rng.integers(0, t["qs_cat_width"][f], n).astype(np.uint32).view(
+                    np.float32)
+            elif off[f + 1] > off[f]:
+                k = num["thr"][rng.integers(off[f], off[f + 1], n)].astype(np.int64)
+                k += rng.integers(-1, 2, n)  # on the threshold or one ulp either side
+                k = np.clip(k, 0, 0xFFFFFFFF).astype(np.uint32)
+                bits = np.where(k >> 31 == 1, k & np.uint32(0x7FFFFFFF), ~k).astype(np.uint32)
+                probe[:, f] = bits.view(np.float32)
+                probe[rng.random(n) < 0.05, f] = np.nan
+        X = probe
+        acc = np.empty(n * G)
+        raw = np.empty(n * G)
+        times = {"walk": [], "quickscorer": []}
+        for rep in range(5):
+            for name in ("walk", "quickscorer"):
+                self.view.qs = qs if name == "quickscorer" else NULL
+                t0 = time.perf_counter()
+                with nogil:
+                    if self.float32_acc:
+                        eval_rows(&self.view, &self.leaves32[0, 0], &self.base32[0],
+                                  self.divisor, &X[0, 0], n, <float*>&acc[0], &raw[0])
+                    else:
+                        eval_rows(&self.view, &self.leaves64[0, 0], &self.base64[0],
+                                  self.divisor, &X[0, 0], n, &acc[0], &raw[0])
+                times[name].append((time.perf_counter() - t0) / n * 1e6)
+        self.kernel_timings = {k: round(float(np.median(v)), 3) for k, v in times.items()}
+        if self.kernel_timings["quickscorer"] <= 0.9 * self.kernel_timings["walk"]:
+            self.view.qs = qs
+        else:
+            self.view.qs = NULL
+            free(self.qs_tables)
+            self.qs_tables = NULL
+            self.qs_arrays = {}
+            self.kernel = "walk"
+            self.kernel_reason = "QuickScorer was not 10% faster on probe rows"
 
     def _check(self):
         """Every index the kernels follow stays inside its array (run once at load)."""

@@ -43,6 +43,7 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     int32_t n_cat_feat        # 0: nothing staged, the splits read the values
     int32_t cat_staged        # 1 when n_cat_feat > 0
     int64_t n_trees
+    const void* qs            # QuickScorer tables (qs.h sw_qs), or NULL: the walks score
 
 ctypedef struct Column:       # one feature column to stage from (numpy or Arrow memory)
     const char* data          # first element (Arrow: buffer start; rows start at `offset`)

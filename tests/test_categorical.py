@@ -137,6 +137,38 @@ def test_lightgbm_raw_is_bit_identical(params, missing):
         np.testing.assert_allclose(model.predict_proba(X), ref, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("params", LGB_OBJECTIVES,
+                         ids=lambda p: "-".join(str(v) for v in p.values()))
+@pytest.mark.parametrize("missing", ["nan", "none"])
+@pytest.mark.parametrize("kernel", ["walk", "quickscorer"])
+def test_lightgbm_compact_kernels_are_bit_identical(params, missing, kernel):
+    # leaf-wise trees of up to 48 leaves, deeper than the padded layout takes: both compact
+    # kernels, QuickScorer (worker/model/quickscorer.py) and the walk, against LightGBM
+    booster = _lgb(params, missing, leaves=48, rounds=15)
+    model = compile_model(booster, layout="compact", kernel=kernel)
+    assert model.kernel == kernel
+    X = hostile(2000, _lgb_thresholds(booster), seed=2)
+    assert np.array_equal(model.raw(X, n_threads=2), _lgb_raw(booster, X, model.divisor))
+    assert np.array_equal(model.raw(X[:40], n_threads=1), _lgb_raw(booster, X[:40],
+                                                                     model.divisor))
+
+
+def test_quickscorer_refuses_what_it_cannot_score_and_auto_says_why():
+    booster = _lgb(LGB_OBJECTIVES[0], "zero", rounds=5)
+    with pytest.raises(ValueError, match="zero-as-missing"):
+        compile_model(booster, layout="compact", kernel="quickscorer")
+    model = compile_model(booster, layout="compact")
+    assert model.kernel == "walk" and "zero-as-missing" in model.kernel_choice["reason"]
+    deep = _lgb(LGB_OBJECTIVES[0], "nan", rounds=3, leaves=100)
+    with pytest.raises(ValueError, match="more than 64 leaves"):
+        compile_model(deep, layout="compact", kernel="quickscorer")
+    with pytest.raises(ValueError, match="padded layout"):
+        compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=3), layout="padded",
+                      kernel="quickscorer")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        compile_model(booster, kernel="fast")
+
+
 def test_lightgbm_special_nodes_are_there():
     """The hostile tests above exercise both special kinds (not a vacuous pass)."""
     for missing, kind in (("zero", "zero"), ("nan", "categorical")):
@@ -258,9 +290,12 @@ def _xgb_categorical(strings: bool, objective="binary:logistic", seed=0):
 @pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob",
                                        "reg:squarederror"])
 @pytest.mark.parametrize("strings", [False, True])
-def test_xgboost_categorical_margin_is_bit_identical(objective, strings):
+@pytest.mark.parametrize("kernel", ["auto", "quickscorer"])
+def test_xgboost_categorical_margin_is_bit_identical(objective, strings, kernel):
     est = _xgb_categorical(strings, objective)
-    model = compile_model(est)
+    model = compile_model(est) if kernel == "auto" else compile_model(
+        est, layout="compact", kernel=kernel)
+    assert kernel == "auto" or model.kernel == kernel
     X = hostile(3000, np.asarray([0.0, 1.0]), seed=9)
     ref = est.get_booster().inplace_predict(X, predict_type="margin")
     ours = model.raw(X).astype(np.float32)
@@ -286,7 +321,8 @@ def test_xgboost_categorical_contributions():
 # ---- scikit-learn HistGradientBoosting -----------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["classifier", "regressor", "multiclass"])
-def test_hist_gradient_boosting_categorical(kind):
+@pytest.mark.parametrize("kernel", ["auto", "quickscorer"])
+def test_hist_gradient_boosting_categorical(kind, kernel):
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
     X, y, rng = _data(11)
@@ -296,7 +332,9 @@ def test_hist_gradient_boosting_categorical(kind):
     est = (HistGradientBoostingRegressor if kind == "regressor" else
            HistGradientBoostingClassifier)(max_iter=25, categorical_features=list(CAT),
                                            random_state=0).fit(X, y)
-    model = compile_model(est)
+    model = compile_model(est) if kernel == "auto" else compile_model(
+        est, layout="compact", kernel=kernel)
+    assert kernel == "auto" or model.kernel == kernel
     Xh = hostile(3000, np.asarray([0.0]), seed=12)
     Xh = np.where(np.isinf(Xh), np.float32(1e9), Xh)  # scikit-learn refuses inf categories
     Xh[:, 3] = np.minimum(np.abs(Xh[:, 3]), 1e9) * np.sign(Xh[:, 3])

@@ -23,12 +23,27 @@ def layouts(model) -> list[str]:
     return ["padded", "compact"] if worker.compile_model(model).max_depth <= 12 else ["compact"]
 
 
-@pytest.fixture(scope="module", params=[(n, lay) for n in XGB for lay in ("padded", "compact")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+def compiled(source, layout: str):
+    """A layout, or "compact-qs": the compact layout scored by QuickScorer (forced)."""
+    if layout == "compact-qs":
+        model = worker.compile_model(source, layout="compact", kernel="quickscorer")
+        assert model.kernel == "quickscorer"
+        return model
+    return worker.compile_model(source, layout=layout, kernel="walk")
+
+
+# QuickScorer takes trees of at most 64 leaves: every model here but the deep ones
+QS_XGB = [n for n in XGB if n != "xgb-deep"]
+QS_SKL = ["gb-binary", "gb-multi", "gb-exponential", "gb-reg", "hgb-binary", "hgb-multi",
+          "hgb-reg"]
+
+
+@pytest.fixture(scope="module", params=[(n, lay) for n in XGB for lay in ("padded", "compact")]
+                + [(n, "compact-qs") for n in QS_XGB], ids=lambda p: f"{p[0]}-{p[1]}")
 def xgb_case(request):
     name, layout = request.param
     booster = M.xgboost_models()[name]
-    return name, booster, worker.compile_model(booster, layout=layout)
+    return name, booster, compiled(booster, layout)
 
 
 def xgb_reference_margin(booster, X):
@@ -67,12 +82,12 @@ def test_xgboost_outputs(xgb_case, n_rows):
         np.testing.assert_allclose(model.predict_margin(X), pred, atol=1e-5, rtol=0)
 
 
-@pytest.fixture(scope="module", params=[(n, lay) for n in SKL for lay in ("auto", "compact")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(n, lay) for n in SKL for lay in ("auto", "compact")]
+                + [(n, "compact-qs") for n in QS_SKL], ids=lambda p: f"{p[0]}-{p[1]}")
 def skl_case(request):
     name, layout = request.param
     est = M.sklearn_models()[name]
-    return name, est, worker.compile_model(est, layout=layout)
+    return name, est, compiled(est, layout)
 
 
 @pytest.mark.parametrize("n_rows", ROWS)
@@ -224,7 +239,7 @@ def test_empty_batch():
     assert len(r) == 0
 
 
-@pytest.mark.parametrize("layout", ["padded", "compact"])
+@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs"])
 @pytest.mark.parametrize("n_rows", [1, 64, 65, 1000])
 def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
     """HGB's "split on NaN" nodes (threshold +inf, NaN right) route every non-NaN value left,
@@ -240,13 +255,13 @@ def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
     thr = np.concatenate([p.nodes["num_threshold"][~p.nodes["is_leaf"].astype(bool)]
                           for it in est._predictors for p in it])
     assert np.isinf(thr).any(), "the model must contain a split on NaN"
-    model = worker.compile_model(est, layout=layout)
+    model = compiled(est, layout)
     Xt = M.hostile_rows(n_rows, np.array([0.0]), seed=n_rows)[:, :4]
     np.testing.assert_allclose(model.predict_proba(Xt),
                                est.predict_proba(M.finite_for_library(Xt)), atol=1e-12)
 
 
-@pytest.mark.parametrize("layout", ["padded", "compact"])
+@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs"])
 @pytest.mark.parametrize("n_rows", [1, 40, 41, 64, 65, 1000])
 def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows, layout):
     """Up to 64 rows (one block, the single-row path): rows are doubled for the
@@ -266,7 +281,7 @@ def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows, layout):
     booster = xgb.train({"objective": "binary:logistic", "max_depth": 5, "seed": 0},
                         xgb.DMatrix(X, label=y), num_boost_round=40)
     thr = M.xgboost_thresholds(booster)
-    model = worker.compile_model(booster, layout=layout)
+    model = compiled(booster, layout)
     Xt = rng.normal(scale=1.5, size=(n_rows, nf)).astype(np.float32)
     pick = rng.random(Xt.shape)
     Xt[pick < 0.25] = rng.choice(thr, size=int((pick < 0.25).sum()))
@@ -320,3 +335,34 @@ def test_doubled_rows_of_order_keys_follow_the_split_rule():
         # missing left a pass-through node)
         want = np.where(np.isnan(x)[:, None], bool(right), x[:, None] > thr[None, :])
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kernel", ["walk", "quickscorer"])
+@pytest.mark.parametrize("kind", ["rf-classifier", "et-regressor"])
+def test_forests_of_at_most_64_leaves_on_both_kernels(kind, kernel):
+    """Random forests with max_leaf_nodes (vector leaves, float64 sums): QuickScorer and the
+    walk against scikit-learn, rows on the thresholds, NaN and infinities included."""
+    from sklearn import ensemble as E
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(2000, M.N_FEATURES))
+    X[rng.random(X.shape) < 0.05] = np.nan
+    y3 = (np.nan_to_num(X[:, 0]) > 0).astype(int) + (np.nan_to_num(X[:, 1]) > 0.5)
+    if kind == "rf-classifier":
+        est = E.RandomForestClassifier(n_estimators=20, max_leaf_nodes=64, random_state=0)
+        est.fit(X, y3)
+    else:
+        est = E.ExtraTreesRegressor(n_estimators=20, max_leaf_nodes=40, random_state=0)
+        est.fit(np.nan_to_num(X), y3 + rng.normal(size=y3.size))
+    model = worker.compile_model(est, layout="compact", kernel=kernel)
+    assert model.kernel == kernel
+    for n_rows in (1, 64, 1500):
+        Xt = M.hostile_rows(n_rows, M.sklearn_thresholds(est), seed=n_rows,
+                            nan=kind == "rf-classifier")
+        Xl = M.finite_for_library(Xt)
+        if kind == "rf-classifier":
+            np.testing.assert_allclose(model.predict_proba(Xt, n_threads=2),
+                                       est.predict_proba(Xl), atol=1e-12, rtol=0)
+        else:
+            np.testing.assert_allclose(model.predict(Xt, n_threads=2), est.predict(Xl),
+                                       atol=1e-12, rtol=1e-12)

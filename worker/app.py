@@ -1065,7 +1065,7 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
                                                      seen=shadow_seen).start()
                 stack.callback(worker.shadow_watcher.stop)
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
-                 source=settings.source.type, sink=settings.sink.type,
+                 kernel=model.kernel, source=settings.source.type, sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)
         t0 = time.perf_counter()
         try:

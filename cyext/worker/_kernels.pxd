@@ -25,6 +25,11 @@ cdef class Forest:
     cdef ModelView view            # borrowed pointers into `arrays`
     cdef readonly dict arrays
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
+    cdef void* qs_tables           # qs.h sw_qs over arrays in qs_arrays (malloc'd), or NULL
+    cdef readonly dict qs_arrays   # worker/model/quickscorer.py tables ({} without)
+    cdef readonly str kernel       # "walk" or "quickscorer"
+    cdef readonly str kernel_reason  # why the other kernel was not taken
+    cdef readonly dict kernel_timings  # auto: us per probe row of each candidate
     cdef readonly bint float32_acc  # leaves and base are float32 (XGBoost) or float64
     cdef readonly double divisor
     cdef const float[:, ::1] leaves32

@@ -112,7 +112,7 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
 
 
 def compile_model(source, layout: str = "auto", check: bool = True,
-                  trust_pickle: bool = False) -> CompiledModel:
+                  trust_pickle: bool = False, kernel: str = "auto") -> CompiledModel:
     """XGBoost Booster/XGBModel/.json/.ubj, LightGBM Booster/LGBMModel/model text file (.txt,
     .lgb), a fitted scikit-learn estimator, or a file of one (.skops; joblib/pickle only with
     ``trust_pickle``: loading those runs code)."""
@@ -123,20 +123,20 @@ def compile_model(source, layout: str = "auto", check: bool = True,
         source = _read_estimator(path, trust_pickle)  # read once, verified against itself
     ens = to_ir(source)
     info, arrays = pack.pack(ens, layout)
-    model = CompiledModel(meta_of(ens, info), arrays)
+    model = CompiledModel(meta_of(ens, info), arrays, kernel=kernel)
     if check and verify(model, source) != 0.0 and ens.accumulate == "float32":
-        model = _calibrate_base(model, source)
+        model = _calibrate_base(model, source, kernel)
     return model
 
 
-def _calibrate_base(model: CompiledModel, source) -> CompiledModel:
+def _calibrate_base(model: CompiledModel, source, kernel: str = "auto") -> CompiledModel:
     """XGBoost derives its float32 base margin with libm; where ours lands one ulp away,
     take the neighbour that reproduces XGBoost's margins to the bit on the probe rows."""
     base = model.arrays["base"]
     for direction in (-np.inf, np.inf):
         arrays = dict(model.arrays)
         arrays["base"] = np.nextafter(base, np.float32(direction)).astype(np.float32)
-        candidate = CompiledModel(model.meta, arrays)
+        candidate = CompiledModel(model.meta, arrays, kernel=kernel)
         if verify(candidate, source) == 0.0:
             return candidate
     return model

@@ -1,0 +1,148 @@
+"""QuickScorer tables for compact models whose trees have at most 64 leaves (walk.h qs).
+
+QuickScorer (Lucchese et al., SIGIR 2015) does not walk trees. Each tree keeps a 64-bit mask of
+the leaves a row can still reach, numbered left to right; a split the row passes to the right
+removes the leaves of its left subtree (an AND with the node's mask), and the row's leaf is the
+lowest bit left. Every split the row goes right at is found feature by feature: numerical
+splits sorted by threshold, a scan from the lowest while the threshold is below the row's value;
+for a missing value the list of the feature's splits that send it right; for a staged
+categorical feature (pack.staged_categories: the row holds the bit index its splits read) the
+list of splits that send that index right. No branch depends on the tree's shape, and the work
+is sequential reads: the walk's weak spot on leaf-wise LightGBM trees (deep, unbalanced, a
+quarter of the splits categorical), measured in bench/NOTES.md "QuickScorer".
+
+Exact by construction: the same rule per split (x > thr on order keys, the thresholds' -0.0 as
++0.0; a missing value where the node key's low bit says; a categorical index by the entry's
+bit), the same leaf per tree, and the leaves added by the kernels in tree order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KEY_LEAF = 0x80000000
+KEY_SPECIAL = 0x40000000
+SP_ZERO = 0x40000000
+SP_N = 0x001FFFFF
+MAX_LEAVES = 64
+ALL = (1 << 64) - 1
+# one split: the order key of its threshold (numerical lists), its tree, the mask that removes
+# its left subtree's leaves
+NODE = np.dtype([("thr", "<u4"), ("tree", "<u4"), ("mask", "<u8")])
+
+
+class NotEligible(Exception):
+    """The model has no QuickScorer tables (the reason says why); the walks score it."""
+
+
+def order_keys(bits: np.ndarray) -> np.ndarray:
+    """walk.h sw_order_key over float32 bits, -0.0 taken as +0.0 (kernels.order_key_nodes)."""
+    b = np.where(bits == 0x80000000, np.uint32(0), bits).astype(np.uint32)
+    return np.where(b >> 31 == 1, ~b, b | np.uint32(0x80000000)).astype(np.uint32)
+
+
+def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarray | None,
+          cat_feat: np.ndarray | None, cat_head: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The tables of walk.h sw_qs for a compact model, or NotEligible."""
+    key = cnodes[:, 0].astype(np.int64)
+    child = cnodes[:, 2].view(np.int32).astype(np.int64)
+    leaf_slot = cnodes[:, 3].view(np.int32)
+    is_leaf = (key & KEY_LEAF) != 0
+    special = ((key & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL)
+    staged = np.full(max(n_features, 1), -1, dtype=np.int64)  # feature -> its header
+    if special.any():
+        if (cnodes[special, 3] == SP_ZERO).any():
+            raise NotEligible("zero-as-missing splits (LightGBM zero_as_missing)")
+        if cats is None or cat_feat is None:
+            raise NotEligible("categorical splits that read unstaged values (a categorical "
+                              "feature that numerical splits read too)")
+        staged[cat_feat] = cat_head
+    n_trees = root.shape[0]
+    leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
+    thr_key = order_keys(cnodes[:, 1])
+    # every internal node: its tree and the mask that removes its left subtree's leaves
+    inner, inner_tree, inner_mask = [], [], []
+    for t in range(n_trees):
+        order, stack = [], [int(root[t])]
+        while stack:  # pre-order, left first: leaves in left-to-right order
+            n = stack.pop()
+            order.append(n)
+            if len(order) > 2 * MAX_LEAVES - 1:
+                raise NotEligible(f"a tree with more than {MAX_LEAVES} leaves (tree {t})")
+            if not is_leaf[n]:
+                c = int(child[n])
+                stack.append(c + 1)
+                stack.append(c)
+        count, first = {}, {}
+        rank = 0
+        for n in order:
+            if is_leaf[n]:
+                first[n] = rank
+                leaf_of[t, rank] = leaf_slot[n]
+                rank += 1
+        for n in reversed(order):
+            if is_leaf[n]:
+                count[n] = 1
+            else:
+                c = int(child[n])
+                count[n] = count[c] + count[c + 1]
+                first[n] = first[c]
+                inner.append(n)
+                inner_tree.append(t)
+                inner_mask.append(ALL & ~(((1 << count[c]) - 1) << first[c]))
+    inner = np.asarray(inner, dtype=np.int64)
+    tree = np.asarray(inner_tree, dtype=np.uint32)
+    mask = np.asarray(inner_mask, dtype=np.uint64)
+    feat = (key[inner] & 0x3FFFFFFF) >> 1
+    sp = special[inner]
+    out = {"qs_leaf": leaf_of}
+    # numerical splits: per feature, by threshold key; and the feature's "NaN goes right" list
+    nm = ~sp
+    order = np.lexsort((thr_key[inner[nm]], feat[nm]))
+    out["qs_num"], out["qs_num_off"] = _table(feat[nm][order], thr_key[inner[nm]][order],
+                                              tree[nm][order], mask[nm][order], n_features)
+    right = nm & ((key[inner] & 1) == 1)
+    order = np.argsort(feat[right], kind="stable")
+    out["qs_nan"], out["qs_nan_off"] = _table(feat[right][order], 0, tree[right][order],
+                                              mask[right][order], n_features)
+    # staged categorical features: per (feature, index), one entry per tree, the AND of the
+    # masks of that tree's splits that send the index right
+    base = np.full(max(n_features, 1), -1, dtype=np.int32)
+    width = np.zeros(max(n_features, 1), dtype=np.int32)
+    lists, trees, masks = [], [], []
+    slots = 0
+    for f in np.flatnonzero(staged >= 0):
+        nb = (int(staged[f]) & SP_N) + 3
+        base[f], width[f] = slots, nb
+        on_f = np.flatnonzero(sp & (feat == f))
+        acc = np.full((nb, n_trees), ALL, dtype=np.uint64)
+        words = (nb + 31) // 32
+        for k in on_f:
+            off = int(cnodes[inner[k], 1])
+            bits = np.unpackbits(cats[off + 1: off + 1 + words].astype("<u4").view(np.uint8),
+                                 bitorder="little")[:nb].astype(bool)
+            acc[bits, tree[k]] &= mask[k]
+        i, t = np.nonzero(acc != np.uint64(ALL))
+        lists.append(slots + i)
+        trees.append(t.astype(np.uint32))
+        masks.append(acc[i, t])
+        slots += nb
+    cat_list = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
+    out["qs_cat"], out["qs_cat_off"] = _table(
+        cat_list, 0, np.concatenate(trees) if trees else np.zeros(0, dtype=np.uint32),
+        np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint64), slots)
+    out["qs_cat_base"], out["qs_cat_width"] = base, width
+    return out
+
+
+def _table(which: np.ndarray, thr, tree: np.ndarray, mask: np.ndarray,
+           n_lists: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries sorted by list (``which``) as one NODE array and offsets (n_lists + 1)."""
+    arr = np.zeros(max(len(tree), 1), dtype=NODE)  # never empty: a pointer to hand out
+    arr["thr"][:len(tree)] = thr
+    arr["tree"][:len(tree)] = tree
+    arr["mask"][:len(tree)] = mask
+    off = np.zeros(n_lists + 1, dtype=np.int32)
+    np.cumsum(np.bincount(np.asarray(which, dtype=np.int64), minlength=n_lists)[:n_lists],
+              out=off[1:])
+    return arr, off
