@@ -414,6 +414,20 @@ def test_rewind_retries_while_the_coordinator_is_away_then_is_fatal():
     assert 2 <= src.consumer.calls <= 3 and src.consumer.sought == []
 
 
+def _unreachable_broker_config(tmp_path, extra: str = ""):
+    """A Kafka worker's config whose broker never answers (port 1)."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parent / "golden" / "fraud-xgb.model"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "source: {type: kafka, topic: in}\n"
+        "sink: {type: kafka, topic: out, dead_letter_topic: dlq}\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1', group_id: g}\n"
+        f"model: {{path: {model}}}\n" + extra + "logging: {progress: false}\n")
+    return cfg
+
+
 def test_sigterm_during_start_up_exits_0(tmp_path):
     # before: handlers came after init_transactions (up to 60 s against an absent
     # coordinator), so SIGTERM killed the process (exit -15), silently
@@ -424,13 +438,7 @@ def test_sigterm_during_start_up_exits_0(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        "source: {type: kafka, topic: in}\n"
-        "sink: {type: kafka, topic: out, dead_letter_topic: dlq}\n"
-        "kafka: {bootstrap_servers: '127.0.0.1:1', group_id: g}\n"
-        f"model: {{path: {root / 'tests' / 'golden' / 'fraud-xgb.model'}}}\n"
-        "logging: {progress: false}\n")
+    cfg = _unreachable_broker_config(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
                             cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(3.0)
@@ -453,14 +461,7 @@ def test_a_stop_during_start_up_whose_unwinding_hangs_still_exits_0_within_the_b
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        "source: {type: kafka, topic: in}\n"
-        "sink: {type: kafka, topic: out, dead_letter_topic: dlq}\n"
-        "kafka: {bootstrap_servers: '127.0.0.1:1', group_id: g}\n"
-        f"model: {{path: {root / 'tests' / 'golden' / 'fraud-xgb.model'}}}\n"
-        "delivery: {stop_timeout_ms: 1000}\n"
-        "logging: {progress: false}\n")
+    cfg = _unreachable_broker_config(tmp_path, "delivery: {stop_timeout_ms: 1000}\n")
     script = f"""
 import os, signal, sys, threading, time
 import worker.app as app
