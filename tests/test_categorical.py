@@ -169,6 +169,21 @@ def test_quickscorer_refuses_what_it_cannot_score_and_auto_says_why():
         compile_model(booster, kernel="fast")
 
 
+def test_quickscorer_tables_stay_bounded_for_huge_category_counts(monkeypatch):
+    # an artifact may declare up to 2^21 categories per feature; the categorical tables
+    # (index x tree cells) are not built past a bound: the walks score such a model
+    from worker.model import quickscorer
+
+    booster = _lgb(LGB_OBJECTIVES[0], "nan", rounds=5, leaves=20)
+    assert compile_model(booster, layout="compact", kernel="quickscorer").kernel == \
+        "quickscorer"
+    monkeypatch.setattr(quickscorer, "MAX_CAT_CELLS", 100)
+    with pytest.raises(ValueError, match="too many categories"):
+        compile_model(booster, layout="compact", kernel="quickscorer")
+    model = compile_model(booster, layout="compact")
+    assert model.kernel == "walk" and "too many categories" in model.kernel_choice["reason"]
+
+
 def test_lightgbm_special_nodes_are_there():
     """The hostile tests above exercise both special kinds (not a vacuous pass)."""
     for missing, kind in (("zero", "zero"), ("nan", "categorical")):

@@ -25,6 +25,7 @@ KEY_SPECIAL = 0x40000000
 SP_ZERO = 0x40000000
 SP_N = 0x001FFFFF
 MAX_LEAVES = 64
+MAX_CAT_CELLS = 4_000_000  # categorical (index, tree) cells built at load (32 MB at most)
 ALL = (1 << 64) - 1
 # one split: the order key of its threshold (numerical lists), its tree, the mask that removes
 # its left subtree's leaves
@@ -109,6 +110,10 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
     # masks of that tree's splits that send the index right
     base = np.full(max(n_features, 1), -1, dtype=np.int32)
     width = np.zeros(max(n_features, 1), dtype=np.int32)
+    cells = int(((staged[staged >= 0] & SP_N) + 3).sum()) * n_trees
+    if cells > MAX_CAT_CELLS:  # the tables would outgrow the model: the walks score it
+        raise NotEligible(f"categorical features with too many categories for its tables "
+                          f"({cells:,} index x tree cells, at most {MAX_CAT_CELLS:,})")
     lists, trees, masks = [], [], []
     slots = 0
     for f in np.flatnonzero(staged >= 0):
