@@ -21,6 +21,7 @@ typedef struct {
     const int32_t *leaf;                            /* n_trees x 64: leaf rank -> slot */
     int64_t n_trees;
     int32_t n_features;
+    int32_t simd;                                   /* 1: 8 rows at once (sw_qs_rows8) */
 } sw_qs;
 
 static inline void sw_qs_apply(const sw_qsnode *e, int32_t k, int32_t end, uint64_t *mk) {
@@ -51,4 +52,78 @@ static inline void sw_qs_row(const sw_qs *q, const float *x, uint64_t *mk, int64
     for (int64_t t = 0; t < T; t++)
         slot[t] = q->leaf[t * 64 + __builtin_ctzll(mk[t] | (1ull << 63))];  /* never 0 */
 }
+
+/* V-QuickScorer (SIMD across rows): up to 8 rows at once, each tree's 8 masks in one 512-bit
+   register's worth of memory (mk[t * 8 + r]). A numerical list is scanned once for the 8
+   rows, while its threshold is below the largest of their keys; each entry ANDs the masks of
+   the rows above it (a compare gives the lane mask). NaN and categorical lists stay per row.
+   x86-64 with AVX-512 F and VL only, asked of the CPU at run time (sw_qs_simd_on); elsewhere
+   and with sw_qs.simd 0, sw_qs_row. */
+#define SW_QS_R 8
+static int sw_qs_simd = -1;   /* the CPU: -1 not asked yet; 0 per row; 1 AVX-512 F and VL */
+static inline int sw_qs_simd_on(void) {
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
+    if (sw_qs_simd < 0) {
+        __builtin_cpu_init();
+        sw_qs_simd = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    }
+    return sw_qs_simd;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
+#include <immintrin.h>
+/* rows x + r * ldx (r < n <= 8): slot[r * n_trees + t]; mk: 8 * n_trees words of scratch */
+__attribute__((target("avx512f,avx512vl")))
+static void sw_qs_rows8(const sw_qs *q, const float *x, int64_t ldx, int32_t n, uint64_t *mk,
+                        int64_t *slot) {
+    const int64_t T = q->n_trees;
+    const __m512i all = _mm512_set1_epi64(-1);
+    for (int64_t t = 0; t < T; t++) _mm512_storeu_si512((void *)(mk + t * SW_QS_R), all);
+    for (int32_t f = 0; f < q->n_features; f++) {
+        const int32_t cb = q->cat_base[f];
+        uint32_t key[SW_QS_R] = {0, 0, 0, 0, 0, 0, 0, 0};   /* rows past n: key 0, never right */
+        uint32_t kmax = 0;
+        for (int32_t r = 0; r < n; r++) {
+            uint32_t b;
+            memcpy(&b, &x[r * ldx + f], sizeof b);
+            if (cb >= 0) {
+                const uint32_t w = (uint32_t)q->cat_width[f];
+                const uint32_t i = b < w ? b : w - 1u;
+                const sw_qsnode *e = q->cat;
+                for (int32_t k = q->cat_off[cb + i]; k < q->cat_off[cb + i + 1]; k++)
+                    mk[(int64_t)e[k].tree * SW_QS_R + r] &= e[k].mask;
+            } else if ((b & 0x7FFFFFFFu) > 0x7F800000u) {   /* NaN: its list, key 0 */
+                const sw_qsnode *e = q->nan;
+                for (int32_t k = q->nan_off[f]; k < q->nan_off[f + 1]; k++)
+                    mk[(int64_t)e[k].tree * SW_QS_R + r] &= e[k].mask;
+            } else {
+                key[r] = b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
+                kmax = key[r] > kmax ? key[r] : kmax;
+            }
+        }
+        if (cb >= 0) continue;
+        const __m256i kv = _mm256_loadu_si256((const __m256i *)key);
+        const sw_qsnode *e = q->num;
+        const int32_t end = q->num_off[f + 1];
+        for (int32_t k = q->num_off[f]; k < end && e[k].thr < kmax; k++) {
+            const __mmask8 m = _mm256_cmplt_epu32_mask(_mm256_set1_epi32((int)e[k].thr), kv);
+            uint64_t *p = mk + (int64_t)e[k].tree * SW_QS_R;
+            const __m512i v = _mm512_loadu_si512((const void *)p);
+            _mm512_storeu_si512((void *)p, _mm512_mask_and_epi64(
+                v, m, v, _mm512_set1_epi64((long long)e[k].mask)));
+        }
+    }
+    for (int32_t r = 0; r < n; r++)
+        for (int64_t t = 0; t < T; t++)
+            slot[r * T + t] = q->leaf[t * 64 + __builtin_ctzll(mk[t * SW_QS_R + r] | (1ull << 63))];
+}
+#else
+static void sw_qs_rows8(const sw_qs *q, const float *x, int64_t ldx, int32_t n, uint64_t *mk,
+                        int64_t *slot) {
+    for (int32_t r = 0; r < n; r++) sw_qs_row(q, x + r * ldx, mk, slot + r * q->n_trees);
+}
+#endif
 #endif

@@ -112,6 +112,17 @@ def _lgb(params, missing="nan", seed=0, rounds=25, leaves=15):
     return lgb.train(p, ds, num_boost_round=rounds)
 
 
+def _compile(source, kernel: str, layout: str = "auto"):
+    """kernel "auto" or "walk", or "quickscorer" / "quickscorer1": QuickScorer forced, 8 rows
+    at once (AVX-512 where the CPU has it) or one row at a time."""
+    if not kernel.startswith("quickscorer"):
+        return compile_model(source, layout=layout, kernel=kernel)
+    model = compile_model(source, layout=layout, kernel="quickscorer")
+    assert model.kernel == "quickscorer"
+    model.forest.quickscorer_simd(kernel == "quickscorer")
+    return model
+
+
 def _lgb_raw(booster, X, divisor):
     return booster.predict(X.astype(np.float64), raw_score=True).reshape(X.shape[0], -1) \
         / divisor
@@ -140,17 +151,17 @@ def test_lightgbm_raw_is_bit_identical(params, missing):
 @pytest.mark.parametrize("params", LGB_OBJECTIVES,
                          ids=lambda p: "-".join(str(v) for v in p.values()))
 @pytest.mark.parametrize("missing", ["nan", "none"])
-@pytest.mark.parametrize("kernel", ["walk", "quickscorer"])
+@pytest.mark.parametrize("kernel", ["walk", "quickscorer", "quickscorer1"])
 def test_lightgbm_compact_kernels_are_bit_identical(params, missing, kernel):
     # leaf-wise trees of up to 48 leaves, deeper than the padded layout takes: both compact
     # kernels, QuickScorer (worker/model/quickscorer.py) and the walk, against LightGBM
     booster = _lgb(params, missing, leaves=48, rounds=15)
-    model = compile_model(booster, layout="compact", kernel=kernel)
-    assert model.kernel == kernel
+    model = _compile(booster, kernel, layout="compact")
     X = hostile(2000, _lgb_thresholds(booster), seed=2)
     assert np.array_equal(model.raw(X, n_threads=2), _lgb_raw(booster, X, model.divisor))
-    assert np.array_equal(model.raw(X[:40], n_threads=1), _lgb_raw(booster, X[:40],
-                                                                     model.divisor))
+    for n in (1, 5, 40):  # the small-batch path, SIMD groups of 8 and their remainders
+        assert np.array_equal(model.raw(X[:n], n_threads=1), _lgb_raw(booster, X[:n],
+                                                                        model.divisor))
 
 
 def test_quickscorer_refuses_what_it_cannot_score_and_auto_says_why():
@@ -162,9 +173,10 @@ def test_quickscorer_refuses_what_it_cannot_score_and_auto_says_why():
     deep = _lgb(LGB_OBJECTIVES[0], "nan", rounds=3, leaves=100)
     with pytest.raises(ValueError, match="more than 64 leaves"):
         compile_model(deep, layout="compact", kernel="quickscorer")
-    with pytest.raises(ValueError, match="padded layout"):
-        compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=3), layout="padded",
-                      kernel="quickscorer")
+    X, y, _ = _data(3)
+    numerical = xgb.train({"max_depth": 3}, xgb.DMatrix(X, label=y), 3)
+    with pytest.raises(ValueError, match="without categorical splits"):
+        compile_model(numerical, layout="padded", kernel="quickscorer")
     with pytest.raises(ValueError, match="unknown kernel"):
         compile_model(booster, kernel="fast")
 
@@ -305,12 +317,14 @@ def _xgb_categorical(strings: bool, objective="binary:logistic", seed=0):
 @pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob",
                                        "reg:squarederror"])
 @pytest.mark.parametrize("strings", [False, True])
-@pytest.mark.parametrize("kernel", ["auto", "quickscorer"])
-def test_xgboost_categorical_margin_is_bit_identical(objective, strings, kernel):
+@pytest.mark.parametrize("kernel, layout", [("walk", "padded"), ("walk", "compact"),
+                                            ("quickscorer", "padded"),
+                                            ("quickscorer1", "padded"),
+                                            ("quickscorer", "compact")])
+def test_xgboost_categorical_margin_is_bit_identical(objective, strings, kernel, layout):
     est = _xgb_categorical(strings, objective)
-    model = compile_model(est) if kernel == "auto" else compile_model(
-        est, layout="compact", kernel=kernel)
-    assert kernel == "auto" or model.kernel == kernel
+    model = _compile(est, kernel, layout)
+    assert model.layout == layout
     X = hostile(3000, np.asarray([0.0, 1.0]), seed=9)
     ref = est.get_booster().inplace_predict(X, predict_type="margin")
     ours = model.raw(X).astype(np.float32)
@@ -336,7 +350,7 @@ def test_xgboost_categorical_contributions():
 # ---- scikit-learn HistGradientBoosting -----------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["classifier", "regressor", "multiclass"])
-@pytest.mark.parametrize("kernel", ["auto", "quickscorer"])
+@pytest.mark.parametrize("kernel", ["walk", "quickscorer", "quickscorer1"])
 def test_hist_gradient_boosting_categorical(kind, kernel):
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
@@ -347,9 +361,7 @@ def test_hist_gradient_boosting_categorical(kind, kernel):
     est = (HistGradientBoostingRegressor if kind == "regressor" else
            HistGradientBoostingClassifier)(max_iter=25, categorical_features=list(CAT),
                                            random_state=0).fit(X, y)
-    model = compile_model(est) if kernel == "auto" else compile_model(
-        est, layout="compact", kernel=kernel)
-    assert kernel == "auto" or model.kernel == kernel
+    model = _compile(est, kernel, "compact" if kernel.startswith("quickscorer") else "auto")
     Xh = hostile(3000, np.asarray([0.0]), seed=12)
     Xh = np.where(np.isinf(Xh), np.float32(1e9), Xh)  # scikit-learn refuses inf categories
     Xh[:, 3] = np.minimum(np.abs(Xh[:, 3]), 1e9) * np.sign(Xh[:, 3])

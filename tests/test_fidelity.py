@@ -24,10 +24,13 @@ def layouts(model) -> list[str]:
 
 
 def compiled(source, layout: str):
-    """A layout, or "compact-qs": the compact layout scored by QuickScorer (forced)."""
-    if layout == "compact-qs":
+    """A layout scored by the walks, or "compact-qs" / "compact-qs1": the compact layout
+    scored by QuickScorer (forced), 8 rows at once (AVX-512, where the CPU has it) or one row
+    at a time."""
+    if layout.startswith("compact-qs"):
         model = worker.compile_model(source, layout="compact", kernel="quickscorer")
         assert model.kernel == "quickscorer"
+        model.forest.quickscorer_simd(layout == "compact-qs")
         return model
     return worker.compile_model(source, layout=layout, kernel="walk")
 
@@ -39,7 +42,8 @@ QS_SKL = ["gb-binary", "gb-multi", "gb-exponential", "gb-reg", "hgb-binary", "hg
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in XGB for lay in ("padded", "compact")]
-                + [(n, "compact-qs") for n in QS_XGB], ids=lambda p: f"{p[0]}-{p[1]}")
+                + [(n, q) for n in QS_XGB for q in ("compact-qs", "compact-qs1")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def xgb_case(request):
     name, layout = request.param
     booster = M.xgboost_models()[name]
@@ -83,7 +87,8 @@ def test_xgboost_outputs(xgb_case, n_rows):
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in SKL for lay in ("auto", "compact")]
-                + [(n, "compact-qs") for n in QS_SKL], ids=lambda p: f"{p[0]}-{p[1]}")
+                + [(n, q) for n in QS_SKL for q in ("compact-qs", "compact-qs1")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def skl_case(request):
     name, layout = request.param
     est = M.sklearn_models()[name]
@@ -239,7 +244,7 @@ def test_empty_batch():
     assert len(r) == 0
 
 
-@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs"])
+@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs", "compact-qs1"])
 @pytest.mark.parametrize("n_rows", [1, 64, 65, 1000])
 def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
     """HGB's "split on NaN" nodes (threshold +inf, NaN right) route every non-NaN value left,
@@ -261,7 +266,7 @@ def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
                                est.predict_proba(M.finite_for_library(Xt)), atol=1e-12)
 
 
-@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs"])
+@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs", "compact-qs1"])
 @pytest.mark.parametrize("n_rows", [1, 40, 41, 64, 65, 1000])
 def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows, layout):
     """Up to 64 rows (one block, the single-row path): rows are doubled for the
@@ -337,7 +342,7 @@ def test_doubled_rows_of_order_keys_follow_the_split_rule():
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("kernel", ["walk", "quickscorer"])
+@pytest.mark.parametrize("kernel", ["walk", "compact-qs", "compact-qs1"])
 @pytest.mark.parametrize("kind", ["rf-classifier", "et-regressor"])
 def test_forests_of_at_most_64_leaves_on_both_kernels(kind, kernel):
     """Random forests with max_leaf_nodes (vector leaves, float64 sums): QuickScorer and the
@@ -354,9 +359,9 @@ def test_forests_of_at_most_64_leaves_on_both_kernels(kind, kernel):
     else:
         est = E.ExtraTreesRegressor(n_estimators=20, max_leaf_nodes=40, random_state=0)
         est.fit(np.nan_to_num(X), y3 + rng.normal(size=y3.size))
-    model = worker.compile_model(est, layout="compact", kernel=kernel)
-    assert model.kernel == kernel
-    for n_rows in (1, 64, 1500):
+    model = compiled(est, "compact" if kernel == "walk" else kernel)
+    assert model.kernel == ("walk" if kernel == "walk" else "quickscorer")
+    for n_rows in (1, 7, 64, 1500):
         Xt = M.hostile_rows(n_rows, M.sklearn_thresholds(est), seed=n_rows,
                             nan=kind == "rf-classifier")
         Xl = M.finite_for_library(Xt)

@@ -50,14 +50,7 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
     leaf_slot = cnodes[:, 3].view(np.int32)
     is_leaf = (key & KEY_LEAF) != 0
     special = ((key & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL)
-    staged = np.full(max(n_features, 1), -1, dtype=np.int64)  # feature -> its header
-    if special.any():
-        if (cnodes[special, 3] == SP_ZERO).any():
-            raise NotEligible("zero-as-missing splits (LightGBM zero_as_missing)")
-        if cats is None or cat_feat is None:
-            raise NotEligible("categorical splits that read unstaged values (a categorical "
-                              "feature that numerical splits read too)")
-        staged[cat_feat] = cat_head
+    staged = _staged(special, cats, cat_feat, cat_head, n_features, cnodes[special, 3])
     n_trees = root.shape[0]
     leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
     thr_key = order_keys(cnodes[:, 1])
@@ -92,17 +85,68 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
                 inner_tree.append(t)
                 inner_mask.append(ALL & ~(((1 << count[c]) - 1) << first[c]))
     inner = np.asarray(inner, dtype=np.int64)
-    tree = np.asarray(inner_tree, dtype=np.uint32)
-    mask = np.asarray(inner_mask, dtype=np.uint64)
-    feat = (key[inner] & 0x3FFFFFFF) >> 1
-    sp = special[inner]
+    return _tables(cnodes[inner, 0].astype(np.int64), cnodes[inner, 1], thr_key[inner],
+                   special[inner], np.asarray(inner_tree, dtype=np.uint32),
+                   np.asarray(inner_mask, dtype=np.uint64), leaf_of, staged, cats, n_features)
+
+
+def build_padded(pnodes: np.ndarray, depth: int, n_features: int, cats: np.ndarray | None,
+                 cat_feat: np.ndarray | None, cat_head: np.ndarray | None
+                 ) -> dict[str, np.ndarray]:
+    """The tables for a padded model (full trees of ``depth`` levels, heap order): leaf
+    ranks are the last level's positions, a node's left subtree the ranks below its left
+    child. Nodes that send nothing right (threshold +inf, missing left: the pass-through
+    nodes of shallower leaves) are left out."""
+    if not 1 <= depth <= 6:
+        raise NotEligible(f"padded depth {depth} (at most 64 leaves: depth 1..6)")
+    ni = (1 << depth) - 1
+    n_trees = pnodes.shape[0] // ni
+    key = pnodes[:, 0].astype(np.int64)
+    special = (key & KEY_SPECIAL) != 0
+    staged = _staged(special, cats, cat_feat, cat_head, n_features,
+                     cats[pnodes[special, 1].astype(np.int64)] if special.any() else None)
+    p = np.arange(n_trees * ni, dtype=np.int64) % ni          # heap index within the tree
+    level = np.floor(np.log2(p + 1)).astype(np.int64)
+    span = np.left_shift(1, depth - level - 1)                  # leaves under either child
+    left = 2 * p + 1                                            # left child's heap index
+    first = (left - ((1 << (level + 1)) - 1)) * span            # its first leaf rank
+    one = np.uint64(1)
+    mask = ~(((one << span.astype(np.uint64)) - one) << first.astype(np.uint64))  # span <= 32
+    keep = special | (pnodes[:, 1] != 0x7F800000) | ((key & 1) == 1)
+    tree = (np.arange(n_trees * ni, dtype=np.int64) // ni).astype(np.uint32)
+    leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
+    leaf_of[:, :1 << depth] = (np.arange(n_trees, dtype=np.int64)[:, None] << depth) \
+        + np.arange(1 << depth)
+    thr_key = order_keys(pnodes[:, 1])
+    return _tables(key[keep], pnodes[keep, 1], thr_key[keep], special[keep], tree[keep],
+                   mask[keep], leaf_of, staged, cats, n_features)
+
+
+def _staged(special, cats, cat_feat, cat_head, n_features, heads) -> np.ndarray:
+    """feature -> the header of its staged categorical splits (-1: none), or NotEligible."""
+    staged = np.full(max(n_features, 1), -1, dtype=np.int64)
+    if special.any():
+        if (heads == SP_ZERO).any():
+            raise NotEligible("zero-as-missing splits (LightGBM zero_as_missing)")
+        if cats is None or cat_feat is None:
+            raise NotEligible("categorical splits that read unstaged values (a categorical "
+                              "feature that numerical splits read too)")
+        staged[cat_feat] = cat_head
+    return staged
+
+
+def _tables(key, thr_bits, thr_key, sp, tree, mask, leaf_of, staged, cats,
+            n_features: int) -> dict[str, np.ndarray]:
+    """The lists of walk.h sw_qs from every split's key, threshold word, tree and mask."""
+    n_trees = leaf_of.shape[0]
+    feat = (key & 0x3FFFFFFF) >> 1
     out = {"qs_leaf": leaf_of}
     # numerical splits: per feature, by threshold key; and the feature's "NaN goes right" list
     nm = ~sp
-    order = np.lexsort((thr_key[inner[nm]], feat[nm]))
-    out["qs_num"], out["qs_num_off"] = _table(feat[nm][order], thr_key[inner[nm]][order],
+    order = np.lexsort((thr_key[nm], feat[nm]))
+    out["qs_num"], out["qs_num_off"] = _table(feat[nm][order], thr_key[nm][order],
                                               tree[nm][order], mask[nm][order], n_features)
-    right = nm & ((key[inner] & 1) == 1)
+    right = nm & ((key & 1) == 1)
     order = np.argsort(feat[right], kind="stable")
     out["qs_nan"], out["qs_nan_off"] = _table(feat[right][order], 0, tree[right][order],
                                               mask[right][order], n_features)
@@ -123,7 +167,7 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
         acc = np.full((nb, n_trees), ALL, dtype=np.uint64)
         words = (nb + 31) // 32
         for k in on_f:
-            off = int(cnodes[inner[k], 1])
+            off = int(thr_bits[k])
             bits = np.unpackbits(cats[off + 1: off + 1 + words].astype("<u4").view(np.uint8),
                                  bitorder="little")[:nb].astype(bool)
             acc[bits, tree[k]] &= mask[k]
