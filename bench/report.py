@@ -165,6 +165,15 @@ def v2_section(res) -> list[str]:
     return L
 
 
+def _kernel(k: dict | None) -> str:
+    """The kernel, why the other was not taken, and the candidates' us per probe row."""
+    if not k:
+        return "walk"
+    us = ", ".join(f"{n} {v:.2f} us" for n, v in (k.get("us_per_row") or {}).items())
+    return k["kernel"] + (f" ({us} per probe row)" if us else "") + (
+        f"; QuickScorer not taken: {k['reason']}" if k.get("reason") else "")
+
+
 def _mb(b):
     return "-" if b is None else f"{b / 2**20:.2f} MB"
 
@@ -199,12 +208,13 @@ def write(res, out: Path, quick: bool = False) -> None:
     L.append("")
     L.append("## Models")
     L.append("")
-    L.append("| model | ours: layout | hot arrays | answer check: max abs diff vs reference |")
-    L.append("|---|---|---|---|")
+    L.append("| model | ours: layout | kernel (chosen at load) | hot arrays | answer check: "
+             "max abs diff vs reference |")
+    L.append("|---|---|---|---|---|")
     for key, r in res["models"].items():
         chk = ", ".join(f"{k} {v:.1e}" for k, v in r["check"].items())
-        L.append(f"| {key}: {r['title']} | {r['ours']} | {_mb(r['hot_bytes'])} | "
-                 f"vs {r['reference']}: {chk} |")
+        L.append(f"| {key}: {r['title']} | {r['ours']} | {_kernel(r.get('kernel'))} | "
+                 f"{_mb(r['hot_bytes'])} | vs {r['reference']}: {chk} |")
     L.append("")
     L.append("## Batch throughput (rows/s, median)")
     L.append("")

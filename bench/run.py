@@ -69,6 +69,7 @@ def main(argv=None) -> int:
         ref = next(e for e in engines if e.name == ("xgboost" if bm.library == "xgboost"
                                                       else "sklearn"))
         r = res["models"][key] = {"title": bm.title, "ours": ours.describe(),
+                                  "kernel": ours.model.kernel_choice,
                                   "shape": {"layout": ours.model.layout,
                                             "n_trees": ours.model.n_trees,
                                             "depth": ours.model.depth},
