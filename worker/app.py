@@ -1067,6 +1067,10 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
                  kernel=model.kernel, source=settings.source.type, sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)
+        if settings.scoring.lazy.mode != "off" and model.kernel != "walk":
+            log.info("the lazy policy walks the trees (QuickScorer, this model's kernel for "
+                     "full evaluation, evaluates every tree at once)",
+                     kernel=model.kernel, lazy=settings.scoring.lazy.mode)
         t0 = time.perf_counter()
         try:
             rc = worker.run()
