@@ -49,7 +49,7 @@ cdef extern from "qs.h":
     void sw_qs_rows8(const sw_qs* q, const float* x, int64_t ldx, int32_t n, uint64_t* mk,
                      int64_t* slot) noexcept nogil
     int sw_qs_simd_on() noexcept nogil
-    enum: SW_QS_R
+    enum: SW_QS_R, SW_QS_ROW, SW_QS_AVX2, SW_QS_AVX512
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -706,16 +706,23 @@ cdef class Forest:
             self.kernel = "walk"
             self.kernel_reason = "QuickScorer was not 10% faster on probe rows"
 
-    def quickscorer_simd(self, object on=None):
-        """Whether QuickScorer scores 8 rows at once (AVX-512, where the CPU has it) or a row
-        at a time; ``on`` sets it (tests score both ways). What is in force; None without
-        QuickScorer."""
+    def quickscorer_simd(self, object mode=None):
+        """How QuickScorer scores: "avx512" or "avx2" (8 rows at once, the best the CPU has
+        by default) or "row" (a row at a time); ``mode`` sets it (True: the best, False:
+        "row"; tests score every way), refusing what the CPU lacks. What is in force; None
+        without QuickScorer."""
         cdef sw_qs* q = <sw_qs*>self.qs_tables
+        names = {SW_QS_ROW: "row", SW_QS_AVX2: "avx2", SW_QS_AVX512: "avx512"}
         if q == NULL:
             return None
-        if on is not None:
-            q.simd = sw_qs_simd_on() if on else 0
-        return bool(q.simd)
+        if mode is not None:
+            best = sw_qs_simd_on()
+            want = best if mode is True else SW_QS_ROW if mode is False else {
+                v: k for k, v in names.items()}.get(mode, -1)
+            if want < 0 or want > best:
+                raise ValueError(f"QuickScorer mode {mode!r}: this CPU has {names[best]}")
+            q.simd = want
+        return names[q.simd]
 
     def _check(self):
         """Every index the kernels follow stays inside its array (run once at load)."""

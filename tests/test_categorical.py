@@ -112,14 +112,18 @@ def _lgb(params, missing="nan", seed=0, rounds=25, leaves=15):
     return lgb.train(p, ds, num_boost_round=rounds)
 
 
+QS_MODES = {"quickscorer": True, "quickscorer1": False, "quickscorer2": "avx2"}
+
+
 def _compile(source, kernel: str, layout: str = "auto"):
-    """kernel "auto" or "walk", or "quickscorer" / "quickscorer1": QuickScorer forced, 8 rows
-    at once (AVX-512 where the CPU has it) or one row at a time."""
-    if not kernel.startswith("quickscorer"):
+    """kernel "auto" or "walk", or QuickScorer forced: "quickscorer" 8 rows at once with the
+    CPU's best (AVX-512 here), "quickscorer2" 8 rows with AVX2, "quickscorer1" a row at a
+    time."""
+    if kernel not in QS_MODES:
         return compile_model(source, layout=layout, kernel=kernel)
     model = compile_model(source, layout=layout, kernel="quickscorer")
     assert model.kernel == "quickscorer"
-    model.forest.quickscorer_simd(kernel == "quickscorer")
+    model.forest.quickscorer_simd(QS_MODES[kernel])
     return model
 
 
@@ -151,7 +155,7 @@ def test_lightgbm_raw_is_bit_identical(params, missing):
 @pytest.mark.parametrize("params", LGB_OBJECTIVES,
                          ids=lambda p: "-".join(str(v) for v in p.values()))
 @pytest.mark.parametrize("missing", ["nan", "none"])
-@pytest.mark.parametrize("kernel", ["walk", "quickscorer", "quickscorer1"])
+@pytest.mark.parametrize("kernel", ["walk", *QS_MODES])
 def test_lightgbm_compact_kernels_are_bit_identical(params, missing, kernel):
     # leaf-wise trees of up to 48 leaves, deeper than the padded layout takes: both compact
     # kernels, QuickScorer (worker/model/quickscorer.py) and the walk, against LightGBM
@@ -179,6 +183,11 @@ def test_quickscorer_refuses_what_it_cannot_score_and_auto_says_why():
         compile_model(numerical, layout="padded", kernel="quickscorer")
     with pytest.raises(ValueError, match="unknown kernel"):
         compile_model(booster, kernel="fast")
+    qs = compile_model(_lgb(LGB_OBJECTIVES[0], "nan", rounds=3), layout="compact",
+                       kernel="quickscorer")
+    with pytest.raises(ValueError, match="QuickScorer mode 'avx1024'"):
+        qs.forest.quickscorer_simd("avx1024")
+    assert qs.forest.quickscorer_simd(False) == "row"
 
 
 def test_quickscorer_tables_stay_bounded_for_huge_category_counts(monkeypatch):
@@ -320,6 +329,7 @@ def _xgb_categorical(strings: bool, objective="binary:logistic", seed=0):
 @pytest.mark.parametrize("kernel, layout", [("walk", "padded"), ("walk", "compact"),
                                             ("quickscorer", "padded"),
                                             ("quickscorer1", "padded"),
+                                            ("quickscorer2", "padded"),
                                             ("quickscorer", "compact")])
 def test_xgboost_categorical_margin_is_bit_identical(objective, strings, kernel, layout):
     est = _xgb_categorical(strings, objective)
@@ -350,7 +360,7 @@ def test_xgboost_categorical_contributions():
 # ---- scikit-learn HistGradientBoosting -----------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["classifier", "regressor", "multiclass"])
-@pytest.mark.parametrize("kernel", ["walk", "quickscorer", "quickscorer1"])
+@pytest.mark.parametrize("kernel", ["walk", *QS_MODES])
 def test_hist_gradient_boosting_categorical(kind, kernel):
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
@@ -361,7 +371,7 @@ def test_hist_gradient_boosting_categorical(kind, kernel):
     est = (HistGradientBoostingRegressor if kind == "regressor" else
            HistGradientBoostingClassifier)(max_iter=25, categorical_features=list(CAT),
                                            random_state=0).fit(X, y)
-    model = _compile(est, kernel, "compact" if kernel.startswith("quickscorer") else "auto")
+    model = _compile(est, kernel, "compact" if kernel in QS_MODES else "auto")
     Xh = hostile(3000, np.asarray([0.0]), seed=12)
     Xh = np.where(np.isinf(Xh), np.float32(1e9), Xh)  # scikit-learn refuses inf categories
     Xh[:, 3] = np.minimum(np.abs(Xh[:, 3]), 1e9) * np.sign(Xh[:, 3])

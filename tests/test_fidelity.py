@@ -23,14 +23,17 @@ def layouts(model) -> list[str]:
     return ["padded", "compact"] if worker.compile_model(model).max_depth <= 12 else ["compact"]
 
 
+QS_MODES = {"compact-qs": True, "compact-qs1": False, "compact-qs2": "avx2"}
+
+
 def compiled(source, layout: str):
-    """A layout scored by the walks, or "compact-qs" / "compact-qs1": the compact layout
-    scored by QuickScorer (forced), 8 rows at once (AVX-512, where the CPU has it) or one row
-    at a time."""
-    if layout.startswith("compact-qs"):
+    """A layout scored by the walks, or the compact layout scored by QuickScorer (forced):
+    "compact-qs" 8 rows at once with the CPU's best (AVX-512 here), "compact-qs2" 8 rows with
+    AVX2, "compact-qs1" one row at a time."""
+    if layout in QS_MODES:
         model = worker.compile_model(source, layout="compact", kernel="quickscorer")
         assert model.kernel == "quickscorer"
-        model.forest.quickscorer_simd(layout == "compact-qs")
+        model.forest.quickscorer_simd(QS_MODES[layout])
         return model
     return worker.compile_model(source, layout=layout, kernel="walk")
 
@@ -42,7 +45,7 @@ QS_SKL = ["gb-binary", "gb-multi", "gb-exponential", "gb-reg", "hgb-binary", "hg
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in XGB for lay in ("padded", "compact")]
-                + [(n, q) for n in QS_XGB for q in ("compact-qs", "compact-qs1")],
+                + [(n, q) for n in QS_XGB for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def xgb_case(request):
     name, layout = request.param
@@ -87,7 +90,7 @@ def test_xgboost_outputs(xgb_case, n_rows):
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in SKL for lay in ("auto", "compact")]
-                + [(n, q) for n in QS_SKL for q in ("compact-qs", "compact-qs1")],
+                + [(n, q) for n in QS_SKL for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def skl_case(request):
     name, layout = request.param
@@ -244,7 +247,7 @@ def test_empty_batch():
     assert len(r) == 0
 
 
-@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs", "compact-qs1"])
+@pytest.mark.parametrize("layout", ["padded", "compact", *QS_MODES])
 @pytest.mark.parametrize("n_rows", [1, 64, 65, 1000])
 def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
     """HGB's "split on NaN" nodes (threshold +inf, NaN right) route every non-NaN value left,
@@ -266,7 +269,7 @@ def test_hist_gradient_boosting_split_on_nan(layout, n_rows):
                                est.predict_proba(M.finite_for_library(Xt)), atol=1e-12)
 
 
-@pytest.mark.parametrize("layout", ["padded", "compact", "compact-qs", "compact-qs1"])
+@pytest.mark.parametrize("layout", ["padded", "compact", *QS_MODES])
 @pytest.mark.parametrize("n_rows", [1, 40, 41, 64, 65, 1000])
 def test_wide_rows_take_every_walk_rule_and_stay_bit_identical(n_rows, layout):
     """Up to 64 rows (one block, the single-row path): rows are doubled for the
@@ -342,7 +345,7 @@ def test_doubled_rows_of_order_keys_follow_the_split_rule():
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("kernel", ["walk", "compact-qs", "compact-qs1"])
+@pytest.mark.parametrize("kernel", ["walk", *QS_MODES])
 @pytest.mark.parametrize("kind", ["rf-classifier", "et-regressor"])
 def test_forests_of_at_most_64_leaves_on_both_kernels(kind, kernel):
     """Random forests with max_leaf_nodes (vector leaves, float64 sums): QuickScorer and the
