@@ -35,7 +35,9 @@ _META_VALUES = [None, -1, 0, 1, 2, 3, 20, 21, 31, 32, 63, 64, 2**40, -(2**40), 1
 def bases() -> dict[str, bytes]:
     """Valid artifacts: the golden XGBoost model (padded, float32, binary), a deep random
     forest (compact, vote), a multiclass XGBoost model (softmax, tree groups), a LightGBM
-    model with categorical and zero-as-missing splits (special nodes, ``cats``)."""
+    model with categorical and zero-as-missing splits (special nodes, ``cats``), and two that
+    load with QuickScorer tables: a compact LightGBM model with staged categorical splits and
+    a padded XGBoost model with partition splits."""
     import lightgbm as lgb
     import xgboost as xgb
     from sklearn.ensemble import RandomForestClassifier
@@ -60,7 +62,19 @@ def bases() -> dict[str, bytes]:
                     "min_data_per_group": 5, "cat_smooth": 1.0, "verbose": -1},
                    lgb.Dataset(Xc, (np.nan_to_num(Xc[:, 0]) + (Xc[:, 4] % 3 == 0) > 0.5)
                                .astype(int), categorical_feature=[4]), 8)
+    lq = lgb.train({"objective": "binary", "num_leaves": 12, "min_data_per_group": 5,
+                    "cat_smooth": 1.0, "verbose": -1},
+                   lgb.Dataset(Xc, (np.nan_to_num(Xc[:, 0]) + (Xc[:, 4] % 3 == 0) > 0.5)
+                               .astype(int), categorical_feature=[4]), 8)
+    xc = xgb.DMatrix(Xc, label=y, enable_categorical=True,
+                     feature_types=["q", "q", "q", "q", "c", "q"])
+    xq = xgb.train({"objective": "binary:logistic", "max_depth": 4, "tree_method": "hist",
+                    "max_cat_to_onehot": 1}, xc, 6)
+    qs = {"lightgbm-quickscorer": worker.compile_model(lq, layout="compact",
+                                                       kernel="quickscorer"),
+          "xgb-categorical-quickscorer": worker.compile_model(xq, kernel="quickscorer")}
     return {
+        **{k: m.to_bytes() for k, m in qs.items()},
         "lightgbm-categorical": worker.compile_model(lg).to_bytes(),
         "golden": GOLDEN_MODEL.read_bytes(),
         "rf-compact": worker.compile_model(rf, layout="compact").to_bytes(),
