@@ -1,4 +1,5 @@
-"""QuickScorer tables for compact models whose trees have at most 64 leaves (walk.h qs).
+"""QuickScorer tables for compact models whose trees have at most 64 leaves and padded models
+with categorical splits (cyext/qs.h).
 
 QuickScorer (Lucchese et al., SIGIR 2015) does not walk trees. Each tree keeps a 64-bit mask of
 the leaves a row can still reach, numbered left to right; a split the row passes to the right
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-KEY_LEAF = 0x80000000
-KEY_SPECIAL = 0x40000000
-SP_ZERO = 0x40000000
-SP_N = 0x001FFFFF
+from .. import _kernels
+from .ir import SP_INT, SP_TRUNC, SP_ZERO
+from .pack import KEY_LEAF, KEY_SPECIAL
+
+SP_N = ~(SP_INT | SP_TRUNC)  # a staged header's category count (ir.py entries)
 MAX_LEAVES = 64
 MAX_CAT_CELLS = 4_000_000  # categorical (index, tree) cells built at load (32 MB at most)
 ALL = (1 << 64) - 1
@@ -34,12 +36,6 @@ NODE = np.dtype([("thr", "<u4"), ("tree", "<u4"), ("mask", "<u8")])
 
 class NotEligible(Exception):
     """The model has no QuickScorer tables (the reason says why); the walks score it."""
-
-
-def order_keys(bits: np.ndarray) -> np.ndarray:
-    """walk.h sw_order_key over float32 bits, -0.0 taken as +0.0 (kernels.order_key_nodes)."""
-    b = np.where(bits == 0x80000000, np.uint32(0), bits).astype(np.uint32)
-    return np.where(b >> 31 == 1, ~b, b | np.uint32(0x80000000)).astype(np.uint32)
 
 
 def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarray | None,
@@ -53,7 +49,7 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
     staged = _staged(special, cats, cat_feat, cat_head, n_features, cnodes[special, 3])
     n_trees = root.shape[0]
     leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
-    thr_key = order_keys(cnodes[:, 1])
+    thr_key = _kernels.order_key_nodes(cnodes)[:, 1]
     # every internal node: its tree and the mask that removes its left subtree's leaves
     inner, inner_tree, inner_mask = [], [], []
     for t in range(n_trees):
@@ -117,7 +113,7 @@ def build_padded(pnodes: np.ndarray, depth: int, n_features: int, cats: np.ndarr
     leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
     leaf_of[:, :1 << depth] = (np.arange(n_trees, dtype=np.int64)[:, None] << depth) \
         + np.arange(1 << depth)
-    thr_key = order_keys(pnodes[:, 1])
+    thr_key = _kernels.order_key_nodes(pnodes)[:, 1]
     return _tables(key[keep], pnodes[keep, 1], thr_key[keep], special[keep], tree[keep],
                    mask[keep], leaf_of, staged, cats, n_features)
 
