@@ -569,6 +569,13 @@ class KafkaSink:
         err = exc.args[0] if exc.args else None
         return not isinstance(err, KafkaError) or err.code() not in MESSAGE_ERRORS
 
+    def _left_open(self, exc: KafkaException) -> TransactionAborted:
+        """Exiting with the broker away: the open transaction is left to the broker."""
+        log.warning("stopping with a transaction open: the broker aborts it (at "
+                    "transaction.timeout.ms, or when this transactional id starts "
+                    "again); nothing of it was committed")
+        return TransactionAborted(str(exc.args[0]))
+
     def _abort(self, source: KafkaSource, exc: KafkaException) -> TransactionAborted:
         log.warning("transaction aborted", error=str(exc.args[0]))
         if self.stopping():  # exiting with the broker away: a short try, then leave it
@@ -577,29 +584,32 @@ class KafkaSink:
                     self._blocking(self.producer.abort_transaction, 2, bound_s=5)
             except KafkaException:
                 pass
-            log.warning("stopping with a transaction open: the broker aborts it (at "
-                        "transaction.timeout.ms, or when this transactional id starts "
-                        "again); nothing of it was committed")
-            return TransactionAborted(str(exc.args[0]))
+            return self._left_open(exc)
         if not isinstance(exc, ProducerStuck):
             try:
                 self._blocking(self.producer.abort_transaction, 60, bound_s=75)
             except ProducerStuck as stuck:
                 exc = stuck
             except KafkaException as abort_exc:
+                if self.stopping():  # the stop came during the abort
+                    return self._left_open(abort_exc)
                 raise FatalKafkaError(f"abort failed: {abort_exc}") from abort_exc
         if isinstance(exc, ProducerStuck):
-            self._replace_producer(exc)
+            # a stop that came during the abort ends its wait (ProducerStuck): no new
+            # producer then, the stop exits and the broker aborts the transaction
+            if self.stopping() or not self._replace_producer(exc):
+                return self._left_open(exc)
             source.rewind()
             return TransactionAborted(str(exc.args[0]))
         source.rewind()
         return TransactionAborted(str(exc.args[0]), self._take_refused(), self._retriable(exc))
 
-    def _replace_producer(self, stuck: ProducerStuck) -> None:
+    def _replace_producer(self, stuck: ProducerStuck) -> bool:
         """A producer stuck in a transactional call is left to its thread; a new one with
         the same transactional id takes over. Its registration fences the old one and makes
         the coordinator abort the old one's open transaction, so nothing of it is committed;
-        the batch is read again from the committed offsets."""
+        the batch is read again from the committed offsets. False: a stop came while the new
+        one waited for its coordinator (the worker exits; nothing was committed)."""
         log.error("a transactional call is stuck: the producer is replaced (the new one "
                   "fences it; its open transaction is aborted, the batch comes again)",
                   call=stuck.call, waited_s=round(stuck.waited_s, 1))
@@ -612,8 +622,11 @@ class KafkaSink:
             # the broker was away a moment ago: wait for its coordinator, as at start
             self._init_transactions(max(120.0, self.stuck_after_s))
         except (KafkaException, StartupError) as exc:
+            if self.stopping():
+                return False
             raise FatalKafkaError(f"the producer that replaced a stuck one cannot start: "
                                   f"{exc}") from exc
+        return True
 
     def send(self, source: KafkaSource, batch: list[Record], outputs: list[Record],
              dead: list[Record]) -> KafkaDelivery:
