@@ -27,13 +27,28 @@ Deeper trees (d <= QUAD_MAX_D) take quadrature: w(s, d) is the Beta integral of
 t^s (1-t)^(d-1-s) over [0, 1], so the sum above is the integral of prod_{i != j}
 (z_i (1 - t) + o_i t), a polynomial of degree d - 1 that ceil(d/2) Gauss-Legendre points give
 exactly: O(d^2 / 2) multiplications a leaf, no division. Algorithm 2 serves the rest.
+
+Trees with one value per leaf take the same integrals node by node instead (the sharing of
+Linear TreeSHAP, Yu et al. 2022, in quadrature form; MODE_LINEAR): going down, each node
+carries P, the product of its path's factors z_j (1 - t) + o_j t at the tree's quadrature
+points (a feature met again on the path has its factor replaced by the merged one); coming
+back up, each child edge returns S, the sum of v P over the leaves below it, and the edge's
+feature gets (o - z) times the integral of S / (its factor) over the leaves whose last split
+on that feature is this edge (S minus the S of the deeper edges splitting on it). O(Q) a node
+and tree, Q = ceil(d / 2) for the tree's largest d, against O(d^2 / 2) a leaf. Up to NR rows
+walk a tree together (the recursion, nodes and covers shared; only the path followed differs
+between them), their Q x NR values in arrays the compiler vectorises.
+
+Which mode a tree takes by default (measured, bench/NOTES.md): leaf tables where they fit
+(shallow trees: a row alone costs least there), else MODE_LINEAR (one value per leaf), else
+quadrature leaf by leaf, else Algorithm 2.
 """
 
 cimport cython
 from cython.parallel cimport parallel, prange
 from libc.math cimport isnan
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -52,6 +67,16 @@ cdef enum:
     MODE_RECURSIVE = 0              # Algorithm 2
     MODE_TABLE = 1
     MODE_QUADRATURE = 2
+    MODE_LINEAR = 3
+    MODE_AUTO = 4                   # tables, else linear, else quadrature, else Algorithm 2
+    LINEAR_MAX_DEPTH = 64           # a tree's depth for MODE_LINEAR (its recursion's frames)
+    NR = 16                         # rows that walk a MODE_LINEAR tree together
+    FRAME_ARRAYS = 6
+
+# Explainer(mode=): the evaluation each tree takes where it can (the rest as _tables says)
+MODES = {"auto": MODE_AUTO, "linear": MODE_LINEAR, "linear-rows": MODE_LINEAR, "table": MODE_TABLE,
+         "quadrature": MODE_QUADRATURE, "recursive": MODE_RECURSIVE}
+
 
 cpdef enum Method:
     METHOD_TREESHAP = 0
@@ -101,6 +126,30 @@ ctypedef struct Trees:
     const uint8_t* small        # per tree: 1 when its patterns use these masks
     const uint64_t* feat_nodes
     const uint64_t* feat_right
+    # MODE_LINEAR
+    const double* zfrac         # per node: its cover over its parent's (roots: 1)
+    const uint8_t* tree_q       # per tree: its quadrature points (ceil(d / 2), largest d)
+    const uint8_t* tree_zero    # per tree: a node with zero cover (MODE_LINEAR row by row)
+
+
+# A thread's MODE_LINEAR scratch, for up to NR rows walking a tree together (block_node): per
+# feature, the merged factor of the path walked so far (z 1, o every row, acc NULL: not on the
+# path; o a mask of the rows following the path) and the S accumulator of the deepest edge on
+# the path splitting on it (the S of deeper edges on the same feature goes there); the frames
+# (FRAME_ARRAYS arrays of Q x nr values a depth) live in ``arena``.
+ctypedef struct Block:
+    const float* xs[NR]          # the rows
+    double* phis[NR]             # and their attributions (of the tree's output)
+    int32_t nr                   # how many (<= NR)
+    double* z
+    uint32_t* o
+    double** acc
+    int32_t** acc_used
+    int32_t* used                # per depth: its own accumulator was written
+    double* arena
+    const double* tq
+    const double* wq
+    int32_t Q
 
 
 cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
@@ -300,6 +349,117 @@ cdef void quadrature_leaf(const Trees* T, int64_t l, int32_t d, int64_t mask, do
             phi[o * out_stride + T.feat[g0 + k]] += v * (ok - T.leaf_z[g0 + k]) * acc[k]
 
 
+cdef void block_node(const Trees* T, int64_t base, int64_t node, const float** xs,
+                     double** phis, Block* s, int32_t depth, const double* P,
+                     double* D) noexcept nogil:
+    """MODE_LINEAR below ``node`` (module docstring) for s.nr <= NR rows at once, given P,
+    the product of the factors on the path to it (Q x nr values, rows inner): D = sum over
+    the leaves below of v times the factors below ``node``, so that their S is P D; each
+    split's feature gets its edges' shares in ``phis``. An edge's share needs S / F, its
+    merged factor: P_parent D_child when F is the edge's own factor, divided by the factor
+    it replaces when the feature was met before on the path, and minus own / F, the S of
+    deeper edges on the same feature (their leaves are theirs). The tree's nodes, covers and
+    recursion are shared by the rows; only the path followed (o, a bit a row) differs. An
+    edge whose merged factor is zero for every row (zero cover, path not followed) has S = 0
+    and shares 0: skipped; a tree with a zero cover goes a row at a time (block_tree)."""
+    cdef int64_t g = base + node, c
+    cdef int32_t f = T.feature[g], q, r, side, Q = s.Q, i, n = s.Q * s.nr, W = s.nr
+    cdef double* Pc = s.arena + <int64_t>depth * FRAME_ARRAYS * NR * s.Q
+    cdef double* Dc = Pc + n
+    cdef double* F = Dc + n
+    cdef double* R = F + n
+    cdef double* inv = R + n
+    cdef double* own = inv + n
+    cdef double a[NR]
+    cdef double om[NR]
+    cdef double zp, zm, v
+    cdef uint32_t op, right = 0, follow
+    cdef int32_t* up_used
+    cdef double* up
+    cdef const double* tq = s.tq
+    cdef const double* wq = s.wq
+    if f < 0:
+        v = T.value[g]
+        for i in range(n):
+            D[i] = v
+        return
+    for i in range(n):
+        D[i] = 0.0
+    for r in range(W):
+        if next_node(T, base, node, xs[r]) == T.child[2 * g + 1]:
+            right |= (<uint32_t>1) << r
+    zp, op, up, up_used = s.z[f], s.o[f], s.acc[f], s.acc_used[f]
+    if up != NULL:
+        for q in range(Q):
+            for r in range(W):
+                inv[q * W + r] = 1.0 / (zp + (((op >> r) & 1) - zp) * tq[q])
+    for side in range(2):
+        c = T.child[2 * g + side]
+        zm = zp * T.zfrac[base + c]
+        follow = op & (right if side else ~right)
+        if zm == 0.0 and (follow & ((<uint32_t>1 << W) - 1)) == 0:
+            continue
+        for r in range(W):
+            om[r] = <double>((follow >> r) & 1)
+        for q in range(Q):
+            for r in range(W):
+                F[q * W + r] = zm + (om[r] - zm) * tq[q]
+        if up == NULL:
+            for i in range(n):
+                R[i] = F[i]
+        else:
+            for i in range(n):
+                R[i] = F[i] * inv[i]
+        for i in range(n):
+            Pc[i] = P[i] * R[i]
+        s.z[f], s.o[f], s.acc[f], s.acc_used[f] = zm, follow, own, &s.used[depth]
+        s.used[depth] = 0
+        block_node(T, base, c, xs, phis, s, depth + 1, Pc, Dc)
+        for r in range(W):
+            a[r] = 0.0
+        if up == NULL:
+            for q in range(Q):
+                for r in range(W):
+                    a[r] += wq[q] * P[q * W + r] * Dc[q * W + r]
+        else:
+            for q in range(Q):
+                for r in range(W):
+                    a[r] += wq[q] * P[q * W + r] * Dc[q * W + r] * inv[q * W + r]
+        if s.used[depth]:
+            for q in range(Q):
+                for r in range(W):
+                    a[r] -= wq[q] * own[q * W + r] / F[q * W + r]
+        for r in range(W):
+            phis[r][f] += (om[r] - zm) * a[r]
+        if up != NULL:
+            if not up_used[0]:
+                up_used[0] = 1
+                for i in range(n):
+                    up[i] = 0.0
+            for i in range(n):
+                up[i] += Pc[i] * Dc[i]
+        for i in range(n):
+            D[i] += R[i] * Dc[i]
+    s.z[f], s.o[f], s.acc[f], s.acc_used[f] = zp, op, up, up_used
+
+
+cdef void block_tree(const Trees* T, int64_t t, Block* s) noexcept nogil:
+    """One MODE_LINEAR tree for the ``s.nr`` rows of ``s``."""
+    cdef int32_t Q = T.tree_q[t], i
+    cdef int64_t base = <int64_t>Q * (Q - 1) // 2
+    cdef double* P
+    cdef double* D
+    if Q == 0:
+        return
+    s.Q, s.tq, s.wq = Q, T.gl_t + base, T.gl_w + base
+    # P and D of the root: the two arrays after the deepest frame
+    P = s.arena + <int64_t>(LINEAR_MAX_DEPTH + 1) * FRAME_ARRAYS * NR * Q
+    D = P + NR * Q
+    for i in range(s.nr * Q):
+        P[i] = 1.0
+    block_node(T, T.start[t], 0, s.xs, s.phis, s, 0, P, D)
+
+
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
                  int32_t out_stride) noexcept nogil:
     cdef int64_t node = 0, nxt
@@ -320,15 +480,20 @@ cdef class Explainer:
     cdef int64_t n_trees, max_nodes
     cdef readonly int64_t tabled  # trees explained by their leaf tables
     cdef readonly int64_t quadrature  # trees explained leaf by leaf by quadrature
+    cdef readonly int64_t linear  # trees explained node by node by quadrature
     cdef int32_t max_depth
     cdef double divisor
     cdef object _keep
     cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
 
     def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor,
-                 bint leaf_modes=True):
+                 str mode="auto"):
         """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays.
-        ``leaf_modes`` False: every tree by Algorithm 2 (tests hold it to the libraries too)."""
+        ``mode``: the TreeSHAP evaluation each tree takes where it can (``MODES``; "auto" the
+        fastest measured, others for tests, which hold each to the libraries; "linear-rows":
+        MODE_LINEAR a row at a time, as trees with a zero cover take it)."""
+        if mode not in MODES:
+            raise ValueError(f"unknown TreeSHAP mode {mode!r} ({', '.join(MODES)})")
         start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
         feature = np.ascontiguousarray(arrays["x_feature"], dtype=np.int32)
         threshold = np.ascontiguousarray(arrays["x_threshold"], dtype=np.float32)
@@ -344,11 +509,24 @@ cdef class Explainer:
         mean = value.copy()
         depth = np.zeros(feature.shape[0], dtype=np.int32)
         self.max_depth = _means(start, feature, child, cover, mean, depth, width)
-        tables = _tables(start, feature, child, cover, value)
-        if not leaf_modes:
-            tables["mode"][:] = MODE_RECURSIVE
+        tables = _tables(start, feature, child, cover, value, MODES[mode])
+        zfrac = np.ones(feature.shape[0], dtype=np.float64)
+        for t in range(self.n_trees):  # each child's cover over its parent's
+            lo, hi = int(start[t]), int(start[t + 1])
+            inner = lo + np.flatnonzero(feature[lo:hi] >= 0)
+            for side in range(2):
+                kids = lo + child[inner, side]
+                zfrac[kids] = cover[kids] / cover[inner]
         self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
-                      tables)
+                      tables, zfrac)
+        self.T.zfrac = <const double*><Py_ssize_t>zfrac.ctypes.data
+        self.T.tree_q = <const uint8_t*><Py_ssize_t>tables["tree_q"].ctypes.data
+        tree_zero = np.zeros(max(self.n_trees, 1), dtype=np.uint8)
+        for t in range(self.n_trees):
+            tree_zero[t] = mode == "linear-rows" or \
+                bool((zfrac[int(start[t]):int(start[t + 1])] == 0).any())
+        self._keep = self._keep + (tree_zero,)
+        self.T.tree_zero = <const uint8_t*><Py_ssize_t>tree_zero.ctypes.data
         tb = tables
         self.T.table_leaf = <const int64_t*><Py_ssize_t>tb["table_leaf"].ctypes.data
         self.T.mode = <const uint8_t*><Py_ssize_t>tb["mode"].ctypes.data
@@ -371,6 +549,7 @@ cdef class Explainer:
         self.max_nodes = int(np.max(np.diff(start)))
         self.tabled = int(np.sum(tb["mode"][:self.n_trees] == MODE_TABLE))
         self.quadrature = int(np.sum(tb["mode"][:self.n_trees] == MODE_QUADRATURE))
+        self.linear = int(np.sum(tb["mode"][:self.n_trees] == MODE_LINEAR))
         self.T.start = <const int64_t*><Py_ssize_t>start.ctypes.data
         self.T.feature = <const int32_t*><Py_ssize_t>feature.ctypes.data
         self.T.threshold = <const float*><Py_ssize_t>threshold.ctypes.data
@@ -411,6 +590,9 @@ cdef class Explainer:
         cdef int64_t scratch = (self.max_depth + 2) * (self.max_depth + 3) // 2 + 1
         cdef PathElement* path
         cdef uint8_t* right
+        cdef Block* blo  # (a pointer: assigned in the parallel block, so thread-private)
+        cdef int64_t r2, step
+        cdef int32_t j
         cdef int failed[1]
         cdef double* phi
         cdef double[:, :, ::1] out
@@ -426,9 +608,22 @@ cdef class Explainer:
         with nogil, parallel(num_threads=max(n_threads, 1)):
             path = <PathElement*>malloc(scratch * sizeof(PathElement))
             right = <uint8_t*>malloc(self.max_nodes + 1)
-            if path == NULL or right == NULL:
+            blo = <Block*>calloc(1, sizeof(Block))
+            if blo != NULL:
+                blo.z = <double*>malloc((nf + 1) * sizeof(double))
+                blo.o = <uint32_t*>malloc((nf + 1) * sizeof(uint32_t))
+                blo.acc = <double**>malloc((nf + 1) * sizeof(double*))
+                blo.acc_used = <int32_t**>malloc((nf + 1) * sizeof(int32_t*))
+                blo.used = <int32_t*>malloc((LINEAR_MAX_DEPTH + 2) * sizeof(int32_t))
+                blo.arena = <double*>malloc(<int64_t>(LINEAR_MAX_DEPTH + 2) * FRAME_ARRAYS * NR
+                                            * QUAD_MAX_Q * sizeof(double))
+            if path == NULL or right == NULL or blo == NULL or blo.z == NULL or \
+                    blo.o == NULL or blo.acc == NULL or blo.acc_used == NULL or \
+                    blo.used == NULL or blo.arena == NULL:
                 failed[0] = 1
             else:
+                for j in range(nf + 1):
+                    blo.z[j], blo.o[j], blo.acc[j], blo.acc_used[j] = 1.0, 0xFFFFFFFF, NULL, NULL
                 # trees outer, rows inner within a block: one tree's nodes and leaf tables
                 # stay in cache while the block's rows walk it (the tables of a model are
                 # megabytes; row by row, every leaf's lookup missed L2)
@@ -439,6 +634,18 @@ cdef class Explainer:
                         o = self.T.group[t]
                         if o < 0:
                             o = 0  # vector leaves: every output, from output 0 on
+                        if method == METHOD_TREESHAP and self.T.mode[t] == MODE_LINEAR:
+                            # NR rows at a time; a row at a time on a tree with a zero cover
+                            step = 1 if self.T.tree_zero[t] else NR
+                            r = r0
+                            while r < r1:
+                                blo.nr = <int32_t>min(step, r1 - r)
+                                for r2 in range(blo.nr):
+                                    blo.xs[r2] = &X[r + r2, 0]
+                                    blo.phis[r2] = &out[r + r2, o, 0]
+                                block_tree(&self.T, t, blo)
+                                r += step
+                            continue
                         for r in range(r0, r1):
                             phi = &out[r, o, 0]
                             if method == METHOD_TREESHAP and \
@@ -451,6 +658,14 @@ cdef class Explainer:
                                 saabas(&self.T, self.T.start[t], &X[r, 0], phi, stride)
             free(path)
             free(right)
+            if blo != NULL:
+                free(blo.z)
+                free(blo.o)
+                free(blo.acc)
+                free(blo.acc_used)
+                free(blo.used)
+                free(blo.arena)
+            free(blo)
         if failed[0]:
             raise MemoryError("no memory for the attribution scratch")
         result[:, :, :nf] /= self.divisor
@@ -501,12 +716,12 @@ cdef int64_t _walk_leaves(int64_t lo, const int32_t[::1] feature,
                           int64_t leaf0, int64_t* out) noexcept:
     """The sizes of one tree (root ``lo``), depth first: out[0] the largest number of
     distinct features on a leaf's path, out[1] the leaves, out[2] the path entries, out[3]
-    the table doubles (sum of 2^d d, saturating). Returns the next leaf id (``stamp`` marks
+    the table doubles (sum of 2^d d, saturating), out[4] the deepest leaf's depth. Returns the next leaf id (``stamp`` marks
     the features seen per leaf id)."""
     cdef int64_t top = 0, node, depth, i, f, leaf = leaf0, d
     st_node[0], st_depth[0] = lo, 0
     top = 1
-    out[0] = out[1] = out[2] = out[3] = 0
+    out[0] = out[1] = out[2] = out[3] = out[4] = 0
     while top > 0:
         top -= 1
         node, depth = st_node[top], st_depth[top]
@@ -521,6 +736,7 @@ cdef int64_t _walk_leaves(int64_t lo, const int32_t[::1] feature,
             out[0] = max(out[0], d)
             out[1] += 1
             out[2] += depth
+            out[4] = max(out[4], depth)
             if d <= TABLE_MAX_D:
                 out[3] += (<int64_t>1 << d) * d
             else:
@@ -534,15 +750,19 @@ cdef int64_t _walk_leaves(int64_t lo, const int32_t[::1] feature,
 
 
 def _tables(const int64_t[::1] start, const int32_t[::1] feature,
-            const int32_t[:, ::1] child, const double[::1] cover, const double[:, ::1] value):
-    """Each tree's leaves with their paths, and its mode: leaf tables (every leaf at most
-    TABLE_MAX_D distinct path features, while the model's tables stay under
-    TABLE_MAX_DOUBLES), else quadrature (at most QUAD_MAX_D, while the path entries stay under
-    QUAD_MAX_ENTRIES), else Algorithm 2. Typed loops: a forest of deep trees has millions of
-    path entries."""
+            const int32_t[:, ::1] child, const double[::1] cover, const double[:, ::1] value,
+            int32_t prefer):
+    """Each tree's leaves with their paths, and its mode: ``prefer`` where the tree allows it
+    (MODE_LINEAR: one value per leaf, depth <= LINEAR_MAX_DEPTH, at most QUAD_MAX_D distinct
+    path features; MODE_AUTO: tables where they fit, else MODE_LINEAR), else leaf tables (every leaf at most TABLE_MAX_D distinct path features,
+    while the model's tables stay under TABLE_MAX_DOUBLES), else quadrature (at most
+    QUAD_MAX_D, while the path entries stay under QUAD_MAX_ENTRIES), else Algorithm 2.
+    ``prefer`` MODE_RECURSIVE: every tree by Algorithm 2. Typed loops: a forest of deep trees
+    has millions of path entries."""
     cdef int64_t t, lo, n, node, depth, top, i, k, f, e, lf, ff, tb_at, leaf_id = 0
     cdef int64_t n_tab = 0, n_entries = 0, d, node_next
-    cdef int64_t stats[4]
+    cdef bint tabled
+    cdef int64_t stats[5]
     cdef int64_t n_trees = start.shape[0] - 1
     cdef int64_t max_nodes = int(np.max(np.diff(start))) if n_trees else 1
     cdef int64_t nfs = int(np.max(feature)) + 2 if feature.shape[0] else 2
@@ -560,6 +780,7 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
     cdef uint8_t[::1] mode_v, small_v
     table_leaf = np.zeros(start.shape[0], dtype=np.int64)
     mode = np.zeros(max(n_trees, 1), dtype=np.uint8)
+    tree_q = np.zeros(max(n_trees, 1), dtype=np.uint8)
     small = np.zeros(max(n_trees, 1), dtype=np.uint8)
     mode_v, small_v = mode, small
     parts = []  # per tree with leaves: its arrays
@@ -568,7 +789,20 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
         lo, n = start[t], start[t + 1] - start[t]
         leaf_id = _walk_leaves(lo, feature, child, st_node, st_depth, path_n, stamp, leaf_id,
                                stats)
-        if stats[0] <= TABLE_MAX_D and n_tab + stats[3] <= TABLE_MAX_DOUBLES:
+        tree_q[t] = (stats[0] + 1) // 2 if stats[0] <= QUAD_MAX_D else 0
+        if prefer == MODE_RECURSIVE:
+            table_leaf[t + 1] = n_leaves_total
+            continue
+        tabled = stats[0] <= TABLE_MAX_D and n_tab + stats[3] <= TABLE_MAX_DOUBLES
+        if (prefer == MODE_LINEAR or (prefer == MODE_AUTO and not tabled)) and \
+                value.shape[1] == 1 and stats[4] <= LINEAR_MAX_DEPTH and stats[0] <= QUAD_MAX_D:
+            mode_v[t] = MODE_LINEAR
+            table_leaf[t + 1] = n_leaves_total  # no leaf arrays: node by node
+            continue
+        if prefer == MODE_QUADRATURE and stats[0] <= QUAD_MAX_D and \
+                n_entries + stats[2] <= QUAD_MAX_ENTRIES:
+            mode_v[t] = MODE_QUADRATURE
+        elif tabled:
             mode_v[t] = MODE_TABLE
         elif stats[0] <= QUAD_MAX_D and n_entries + stats[2] <= QUAD_MAX_ENTRIES:
             mode_v[t] = MODE_QUADRATURE
@@ -651,7 +885,7 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
              "path_node", "path_bit", "feat", "leaf_z", "feat_nodes", "feat_right", "table")
     dtypes = (np.int64, np.int32, np.int32, np.int64, np.int64, np.int64, np.int64, np.int32,
               np.int32, np.float64, np.uint64, np.uint64, np.float64)
-    out = {"table_leaf": table_leaf, "mode": mode, "small": small,
+    out = {"table_leaf": table_leaf, "mode": mode, "small": small, "tree_q": tree_q,
            "gl_t": np.asarray(gl_t, dtype=np.float64),
            "gl_w": np.asarray(gl_w, dtype=np.float64)}
     for j, (name, dt) in enumerate(zip(names, dtypes)):

@@ -301,10 +301,20 @@ def test_the_run_counts_explained_rows(tmp_path):
     assert pa.types.is_list(pa.ipc.open_stream(first.value).schema.field("reason_feature").type)
 
 
-@pytest.mark.parametrize("name", ["xgb-binary-logistic", "xgb-deep", "xgb-multi-softprob"])
-def test_recursive_treeshap_is_xgboosts_too(name):
-    # Algorithm 2 serves trees with more than 64 distinct features on a path: held to the
-    # library on the test models by turning the leaf modes off
+MODES = ["recursive", "table", "quadrature", "linear", "linear-rows"]
+
+
+def _mode_counts(ex) -> dict:
+    return {"table": ex.tabled, "quadrature": ex.quadrature, "linear": ex.linear}
+
+
+@pytest.mark.parametrize("name", XGB)
+@pytest.mark.parametrize("mode", MODES)
+def test_each_treeshap_mode_is_xgboosts(name, mode):
+    # every evaluation a tree can take, forced where the tree allows it, held to the library
+    # (Algorithm 2 serves trees with more than 64 distinct features on a path; node by node
+    # by quadrature the trees with one value per leaf, NR rows at a time or, on a tree with a
+    # zero cover, a row at a time)
     import xgboost as xgb
 
     from worker import _explain
@@ -312,13 +322,51 @@ def test_recursive_treeshap_is_xgboosts_too(name):
     booster = M.xgboost_models()[name]
     model = worker.compile_model(booster)
     ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
-                            float(model.divisor), leaf_modes=False)
-    assert ex.tabled == 0 and ex.quadrature == 0
-    X = M.hostile_rows(200, M.xgboost_thresholds(booster), seed=13)
-    ours = ex.contributions(X, int(_explain.Method.METHOD_TREESHAP), 2)
-    ours = ours[:, 0, :] if model.n_outputs == 1 else ours
+                            float(model.divisor), mode=mode)
+    counts = _mode_counts(ex)
+    if mode == "recursive":
+        assert sum(counts.values()) == 0
+    else:
+        assert counts[mode.split("-")[0]] > 0, counts
+    X = M.hostile_rows(203, M.xgboost_thresholds(booster), seed=13)  # blocks and a remainder
+    full = ex.contributions(X, int(_explain.Method.METHOD_TREESHAP), 2)
+    np.testing.assert_array_equal(ex.contributions(X[5:6], 0, 1)[0], full[5])  # a row alone
+    ours = full[:, 0, :] if model.n_outputs == 1 else full
     ref = booster.predict(xgb.DMatrix(M.finite_for_library(X),
                                       feature_names=booster.feature_names), pred_contribs=True)
     np.testing.assert_allclose(ours, ref, atol=_tolerance(model.raw(X)), rtol=0)
+
+
+@pytest.mark.parametrize("name", SKLEARN)
+@pytest.mark.parametrize("mode", ["linear", "linear-rows", "quadrature"])
+def test_each_treeshap_mode_is_shaps(name, mode):
+    import shap
+
+    from worker import _explain
+
+    est = M.sklearn_models()[name]
+    model = worker.compile_model(est)
+    ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                            float(model.divisor), mode=mode)
+    X = M.hostile_rows(75, M.sklearn_thresholds(est), seed=14,
+                       nan=name.startswith(("rf", "et")), inf=False)
+    ours = ex.contributions(X, int(_explain.Method.METHOD_TREESHAP), 1)
+    ref = np.asarray(shap.TreeExplainer(est, feature_perturbation="tree_path_dependent")
+                     .shap_values(X.astype(np.float64), check_additivity=False))
+    if ref.ndim == 2:
+        ref = ref[:, :, None]
+    if ref.shape[-1] != ours.shape[1]:  # a binary forest: shap explains both classes
+        ref = ref[:, :, -ours.shape[1]:]
+    np.testing.assert_allclose(ours[:, :, :-1], np.transpose(ref, (0, 2, 1)),
+                               atol=_tolerance(model.raw(X)), rtol=0)
+
+
+def test_the_default_takes_tables_for_shallow_trees_and_linear_for_deeper_ones():
+    model = worker.compile_model(M.xgboost_models()["xgb-deep"])
+    X = M.hostile_rows(20, M.xgboost_thresholds(M.xgboost_models()["xgb-deep"]), seed=15)
     model.contributions(X[:1])
-    assert model._explainer.tabled + model._explainer.quadrature == model.n_trees  # default
+    ex = model._explainer
+    assert ex.tabled > 0 and ex.linear > 0 and ex.tabled + ex.linear == model.n_trees
+    with pytest.raises(ValueError, match="unknown TreeSHAP mode"):
+        from worker import _explain
+        _explain.Explainer(model.arrays, model.n_features, model.n_outputs, 1.0, mode="fast")
