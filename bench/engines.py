@@ -54,11 +54,17 @@ class Ours(Engine):
 
     def describe(self) -> str:
         m = self.model
-        return f"{m.layout} layout, depth {m.depth or m.max_depth}, {m.n_trees} trees"
+        nb = m.forest.compact_node_bytes
+        nodes = f", {nb}-byte nodes" if nb else ""
+        return f"{m.layout} layout{nodes}, depth {m.depth or m.max_depth}, {m.n_trees} trees"
 
     def hot_bytes(self) -> int:
+        """The bytes the batch walks read: nodes (8-byte compact nodes where in force), roots,
+        leaf values."""
         a = self.model.arrays
-        return int(sum(a[k].nbytes for k in ("pnodes", "cnodes", "root", "leaves") if k in a))
+        nodes = a["cnodes"].nbytes // 2 if self.model.forest.compact_node_bytes == 8 else \
+            sum(a[k].nbytes for k in ("pnodes", "cnodes") if k in a)
+        return int(nodes + sum(a[k].nbytes for k in ("root", "leaves") if k in a))
 
     @property
     def load_snippet(self):

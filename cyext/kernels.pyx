@@ -25,7 +25,7 @@ from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, plan_wide,
                     SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
-                  sw_cwalk_q_for, WIDE, PLAN_WIDE,
+                  sw_cwalk_q_for, sw_scwalk_q_for, WIDE, PLAN_WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats)
 
@@ -176,6 +176,32 @@ def order_key_nodes(object pnodes):
     return q
 
 
+def small_key_nodes(object qcnodes):
+    """Order-key compact nodes (``order_key_nodes`` of cnodes: key, threshold key, left child,
+    leaf slot) in 8 bytes a node for walk.h's sw_scwalk_q, or None where a value does not fit:
+    key = leaf bit | (left child - node) << 16 | 2f + right, threshold = its key, a leaf's
+    0xFF800000 | its slot. From arrays the structure check passed: children after their node,
+    leaves pointing at themselves."""
+    q = np.asarray(qcnodes, dtype=np.uint32)
+    n = q.shape[0]
+    if n == 0 or n >= 2**31:
+        return None
+    key = q[:, 0].astype(np.int64)
+    leaf = (key & 0x80000000) != 0
+    delta = q[:, 2].astype(np.int64) - np.arange(n, dtype=np.int64)
+    slot = q[:, 3].astype(np.int64)
+    read = key & 0x7FFFFFFF
+    if (key[~leaf] & 0x40000000).any() or (delta[~leaf] < 1).any() or \
+            (delta[~leaf] > 0x7FFF).any() or (delta[leaf] != 0).any() or \
+            (read[~leaf] > 0xFFFF).any() or (slot[leaf] > 0x7FFFFF).any() or \
+            (q[~leaf, 1] > 0xFF800000).any():
+        return None
+    out = np.empty((n, 2), dtype=np.uint32)
+    out[:, 0] = np.where(leaf, 0x80000000, (delta << 16) | read).astype(np.uint32)
+    out[:, 1] = np.where(leaf, 0xFF800000 | slot, q[:, 1]).astype(np.uint32)
+    return out
+
+
 def split_row_keys(const float[::1] x):
     """The doubled row of order keys the SPLIT walks read (walk.h sw_split_row), for tests:
     keys[2f + right] is the key x[f] compares with, NaN staged as 0 (right 0) or 0xFFFFFFFF."""
@@ -267,6 +293,10 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
     cdef sw_cwalk_fn cwalk_n = sw_cwalk_fn_for(SW_RULE_NAN)
     cdef sw_cwalk_fn cwalk_q = sw_cwalk_q_for(SW_RULE_SPLIT)
     cdef sw_cwalk_fn cwalk_qf = sw_cwalk_q_for(SW_RULE_FINITE)
+    cdef const void* qc = m.qcnodes
+    if m.sqcnodes != NULL:  # the same walks over 8-byte nodes
+        cwalk_q, cwalk_qf, qc = sw_scwalk_q_for(SW_RULE_SPLIT), sw_scwalk_q_for(SW_RULE_FINITE), \
+            m.sqcnodes
     cdef bint keyed = m.qcnodes != NULL and xx != NULL and not padded and \
         n * 2 * nf <= xx_cap
     ni = (<int64_t>1 << m.depth) - 1
@@ -300,7 +330,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                 for r in range(n):
                     if keyed:
                         (cwalk_q if rules[r] == SW_RULE_SPLIT else cwalk_qf)(
-                            m.qcnodes, m.root + t, rx[r], slot)
+                            qc, m.root + t, rx[r], slot)
                     elif rules[r] == SW_RULE_FINITE:
                         cwalk_f(m.cnodes, m.root + t, rx[r], slot)
                     else:
@@ -565,6 +595,8 @@ cdef class Forest:
                 self.view.cat_staged = 1
         self.view.qnodes = NULL
         self.view.qcnodes = NULL
+        self.view.sqcnodes = NULL
+        self.sqnodes = None
         if layout == "padded" and self.view.cats == NULL \
                 and self.view.pnodes != <const PNode*>1:  # special nodes: spwalk reads pnodes
             self.qnodes = order_key_nodes(a["pnodes"])
@@ -574,6 +606,8 @@ cdef class Forest:
             self.qnodes = order_key_nodes(a["cnodes"])
             nodes = self.qnodes
             self.view.qcnodes = <const CNode*>&nodes[0, 0]
+            self.sqnodes = small_key_nodes(self.qnodes)
+            self.small_nodes(True)
         self.float32_acc = a["leaves"].dtype == np.float32
         if self.float32_acc:
             self.leaves32 = a["leaves"]
@@ -723,6 +757,27 @@ cdef class Forest:
                 raise ValueError(f"QuickScorer mode {mode!r}: this CPU has {names[best]}")
             q.simd = want
         return names[q.simd]
+
+    def small_nodes(self, bint on):
+        """Whether the compact walks over order keys read 8-byte nodes (``small_key_nodes``:
+        the default where they fit) or the 16-byte ones (tests score both). The node size in
+        force: 8, 16, or None for a padded model or one with special nodes."""
+        cdef const uint32_t[:, ::1] nodes
+        if self.view.qcnodes == NULL:
+            return None
+        self.view.sqcnodes = NULL
+        if on and self.sqnodes is not None:
+            nodes = self.sqnodes
+            self.view.sqcnodes = <const PNode*>&nodes[0, 0]
+        return 8 if self.view.sqcnodes != NULL else 16
+
+    @property
+    def compact_node_bytes(self):
+        """Bytes a node the compact walks read (8 or 16); None for a padded model or one with
+        special nodes."""
+        if self.view.qcnodes == NULL:
+            return None
+        return 8 if self.view.sqcnodes != NULL else 16
 
     def _check(self):
         """Every index the kernels follow stays inside its array (run once at load)."""

@@ -31,6 +31,8 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const CNode* cnodes       # compact: all nodes of all trees
     const CNode* qcnodes      # the same with order-key thresholds (walk.h sw_cwalk_q); NULL
                               # for padded models and models with special nodes
+    const PNode* sqcnodes     # qcnodes in 8 bytes a node (walk.h sw_scwalk_q) where they fit;
+                              # else NULL
     const int64_t* root       # compact: global node index of each tree's root
     const int32_t* group      # output column each tree adds to (-1: every column)
     int32_t depth             # padded depth (0 for compact)

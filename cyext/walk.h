@@ -164,6 +164,37 @@ SW_DEF_CWALK(sw_qcnode, uint32_t, SW_CIDX_F, SW_QGT, sw_cwalk_qf)
 static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_cwalk_q : sw_cwalk_qf;
 }
+/* The same walks over 8-byte nodes (sw_qnode; ModelView.sqcnodes, built at load from qcnodes
+   where every value fits, kernels.small_key_nodes): key = leaf bit 31 | (left child - node)
+   << 16 | 2f + right (< 2^16); thr = the threshold's order key, a leaf's 0xFF800000 | its slot
+   (>= every key a row holds at its slot 0, so a leaf stays put). Half the bytes of a deep
+   forest, read by the same compare. */
+#define SW_SC_DELTA(key) (((key) >> 16) & 0x7FFFu)
+#define SW_SCIDX_Q(key) ((key) & 0xFFFFu)
+#define SW_SCIDX_F(key) (((key) & 0xFFFFu) >> 1)
+#define SW_SC_SLOT(thr) ((thr) & 0x7FFFFFu)
+#define SW_DEF_SCWALK(IDX, NAME)                                                            \
+static void NAME(const void *vnodes, const int64_t *root, const float *vx, int64_t *slot) { \
+    const sw_qnode *c = (const sw_qnode *)vnodes;                                           \
+    const uint32_t *x = (const uint32_t *)vx;                                               \
+    const sw_qnode *nd[SW_CW];                                                              \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root[j];           \
+    for (;;) {                                                                              \
+        uint32_t all = SW_KEY_LEAF;                                                         \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
+        if (all) break;                                                                     \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
+            const uint32_t key = nd[j]->key;                                                \
+            nd[j] += SW_SC_DELTA(key) + (uint32_t)(nd[j]->thr < x[IDX(key)]);               \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = SW_SC_SLOT(nd[j]->thr); \
+}
+SW_DEF_SCWALK(SW_SCIDX_Q, sw_scwalk_q)
+SW_DEF_SCWALK(SW_SCIDX_F, sw_scwalk_qf)
+static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
+    return rule == SW_RULE_SPLIT ? sw_scwalk_q : sw_scwalk_qf;
+}
 static const sw_cwalk_fn sw_cwalk_tab[2] = {sw_cwalk_n, sw_cwalk_f};
 static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
 

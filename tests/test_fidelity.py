@@ -29,7 +29,14 @@ QS_MODES = {"compact-qs": True, "compact-qs1": False, "compact-qs2": "avx2"}
 def compiled(source, layout: str):
     """A layout scored by the walks, or the compact layout scored by QuickScorer (forced):
     "compact-qs" 8 rows at once with the CPU's best (AVX-512 here), "compact-qs2" 8 rows with
-    AVX2, "compact-qs1" one row at a time."""
+    AVX2, "compact-qs1" one row at a time. "compact" walks 8-byte nodes where they fit (every
+    model here), "compact16" the 16-byte ones."""
+    if layout == "compact16":
+        model = worker.compile_model(source, layout="compact", kernel="walk")
+        assert model.forest.compact_node_bytes in (8, None)  # None: special nodes
+        model.forest.small_nodes(False)
+        assert model.forest.compact_node_bytes in (16, None)
+        return model
     if layout in QS_MODES:
         model = worker.compile_model(source, layout="compact", kernel="quickscorer")
         assert model.kernel == "quickscorer"
@@ -44,7 +51,8 @@ QS_SKL = ["gb-binary", "gb-multi", "gb-exponential", "gb-reg", "hgb-binary", "hg
           "hgb-reg"]
 
 
-@pytest.fixture(scope="module", params=[(n, lay) for n in XGB for lay in ("padded", "compact")]
+@pytest.fixture(scope="module", params=[(n, lay) for n in XGB
+                                        for lay in ("padded", "compact", "compact16")]
                 + [(n, q) for n in QS_XGB for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def xgb_case(request):
@@ -89,7 +97,8 @@ def test_xgboost_outputs(xgb_case, n_rows):
         np.testing.assert_allclose(model.predict_margin(X), pred, atol=1e-5, rtol=0)
 
 
-@pytest.fixture(scope="module", params=[(n, lay) for n in SKL for lay in ("auto", "compact")]
+@pytest.fixture(scope="module", params=[(n, lay) for n in SKL
+                                        for lay in ("auto", "compact", "compact16")]
                 + [(n, q) for n in QS_SKL for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def skl_case(request):
@@ -374,3 +383,37 @@ def test_forests_of_at_most_64_leaves_on_both_kernels(kind, kernel):
         else:
             np.testing.assert_allclose(model.predict(Xt, n_threads=2), est.predict(Xl),
                                        atol=1e-12, rtol=1e-12)
+
+
+def test_small_compact_nodes_hold_what_the_walks_need_or_are_not_made():
+    """8-byte compact nodes (kernels.small_key_nodes) from a real model: each node's child,
+    row slot, threshold and leaf slot read back; a model whose values do not fit (a child
+    farther than 2^15 - 1 nodes, a row slot past 2^16, special nodes, a leaf slot past 2^23)
+    keeps the 16-byte nodes."""
+    from worker._kernels import order_key_nodes, small_key_nodes
+
+    model = worker.compile_model(M.sklearn_models()["rf-binary"], layout="compact")
+    q = order_key_nodes(model.arrays["cnodes"])
+    s = small_key_nodes(q)
+    leaf = (q[:, 0] & 0x80000000) != 0
+    assert model.forest.compact_node_bytes == 8 and leaf.any() and (~leaf).any()
+    idx = np.arange(q.shape[0])
+    np.testing.assert_array_equal(((s[~leaf, 0] >> 16) & 0x7FFF) + idx[~leaf], q[~leaf, 2])
+    np.testing.assert_array_equal(s[~leaf, 0] & 0xFFFF, q[~leaf, 0])
+    np.testing.assert_array_equal(s[~leaf, 1], q[~leaf, 1])
+    np.testing.assert_array_equal(s[leaf, 0], np.uint32(0x80000000))
+    np.testing.assert_array_equal(s[leaf, 1] & 0x7FFFFF, q[leaf, 3])
+    assert (s[leaf, 1] >= np.uint32(0xFF800000)).all()  # >= key(+inf): a leaf stays put
+    inner = int(np.flatnonzero(~leaf)[0])
+    for lie in ("far child", "wide row", "special", "many leaves"):
+        bad = q.copy()
+        if lie == "far child":
+            bad[inner, 2] = inner + 0x8000
+        elif lie == "wide row":
+            bad[inner, 0] = 0x10000
+        elif lie == "special":
+            bad[inner, 0] |= 0x40000000
+        else:
+            bad[np.flatnonzero(leaf)[0], 3] = 0x800000
+        assert small_key_nodes(bad) is None, lie
+    assert model.forest.small_nodes(False) == 16 and model.forest.small_nodes(True) == 8

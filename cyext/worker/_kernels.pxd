@@ -25,6 +25,7 @@ cdef class Forest:
     cdef ModelView view            # borrowed pointers into `arrays`
     cdef readonly dict arrays
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
+    cdef object sqnodes            # qnodes of a compact model in 8 bytes a node, or None
     cdef void* qs_tables           # qs.h sw_qs over arrays in qs_arrays (malloc'd), or NULL
     cdef readonly dict qs_arrays   # worker/model/quickscorer.py tables ({} without)
     cdef readonly str kernel       # "walk" or "quickscorer"
