@@ -132,7 +132,8 @@ static inline sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) {
 #define SW_CW 16
 typedef void (*sw_cwalk_fn)(const void *nodes, const int64_t *root, const float *x,
                             int64_t *slot);
-#define SW_DEF_CWALK(NODE, ROW, IDX, RULE, NAME)                                            \
+/* NEXT(c, n, x, key): the node a chain standing on n steps to; SLOT(n): a leaf's slot */
+#define SW_DEF_CWALK_G(NODE, ROW, NEXT, SLOT, NAME)                                         \
 static void NAME(const void *vnodes, const int64_t *root, const float *vx, int64_t *slot) { \
     const NODE *c = (const NODE *)vnodes;                                                   \
     const ROW *x = (const ROW *)vx;                                                         \
@@ -142,16 +143,18 @@ static void NAME(const void *vnodes, const int64_t *root, const float *vx, int64
         uint32_t all = SW_KEY_LEAF;                                                         \
         _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
         if (all) break;                                                                     \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
-            const uint32_t key = nd[j]->key;                                                \
-            const ROW v = x[IDX(key)];                                                      \
-            nd[j] = c + nd[j]->child + RULE(v, key, nd[j]->thr);                            \
-        }                                                                                   \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++)                            \
+            nd[j] = NEXT(c, nd[j], x, nd[j]->key);                                          \
     }                                                                                       \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = nd[j]->leaf;         \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = SLOT(nd[j]);         \
 }
-SW_DEF_CWALK(sw_cnode, float, SW_CIDX_F, SW_STEP, sw_cwalk_n)
-SW_DEF_CWALK(sw_cnode, float, SW_CIDX_F, SW_GT, sw_cwalk_f)
+#define SW_CSLOT(n) ((n)->leaf)
+#define SW_CNEXT_N(c, n, x, key) \
+    ((c) + (n)->child + SW_STEP((x)[SW_CIDX_F(key)], key, (n)->thr))
+#define SW_CNEXT_F(c, n, x, key) \
+    ((c) + (n)->child + SW_GT((x)[SW_CIDX_F(key)], key, (n)->thr))
+SW_DEF_CWALK_G(sw_cnode, float, SW_CNEXT_N, SW_CSLOT, sw_cwalk_n)
+SW_DEF_CWALK_G(sw_cnode, float, SW_CNEXT_F, SW_CSLOT, sw_cwalk_f)
 /* Compact walks over order keys (ModelView.qcnodes): SPLIT reads a doubled row of keys
    (sw_split_row), FINITE a row of keys (sw_key_row). A leaf (threshold +inf, key 0 plus the
    leaf bit) reads slot 0, never above key(+inf), and stays put. A task takes one of the two
@@ -159,8 +162,12 @@ SW_DEF_CWALK(sw_cnode, float, SW_CIDX_F, SW_GT, sw_cwalk_f)
    cache cost more than the step saves (measured on model C). */
 #define SW_QGT(v, key, thr) ((uint32_t)((thr) < (v)))
 #define SW_CIDX_Q(key) ((key) & 0x7FFFFFFFu)
-SW_DEF_CWALK(sw_qcnode, uint32_t, SW_CIDX_Q, SW_QGT, sw_cwalk_q)
-SW_DEF_CWALK(sw_qcnode, uint32_t, SW_CIDX_F, SW_QGT, sw_cwalk_qf)
+#define SW_CNEXT_Q(c, n, x, key) \
+    ((c) + (n)->child + SW_QGT((x)[SW_CIDX_Q(key)], key, (n)->thr))
+#define SW_CNEXT_QF(c, n, x, key) \
+    ((c) + (n)->child + SW_QGT((x)[SW_CIDX_F(key)], key, (n)->thr))
+SW_DEF_CWALK_G(sw_qcnode, uint32_t, SW_CNEXT_Q, SW_CSLOT, sw_cwalk_q)
+SW_DEF_CWALK_G(sw_qcnode, uint32_t, SW_CNEXT_QF, SW_CSLOT, sw_cwalk_qf)
 static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_cwalk_q : sw_cwalk_qf;
 }
@@ -173,25 +180,13 @@ static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
 #define SW_SCIDX_Q(key) ((key) & 0xFFFFu)
 #define SW_SCIDX_F(key) (((key) & 0xFFFFu) >> 1)
 #define SW_SC_SLOT(thr) ((thr) & 0x7FFFFFu)
-#define SW_DEF_SCWALK(IDX, NAME)                                                            \
-static void NAME(const void *vnodes, const int64_t *root, const float *vx, int64_t *slot) { \
-    const sw_qnode *c = (const sw_qnode *)vnodes;                                           \
-    const uint32_t *x = (const uint32_t *)vx;                                               \
-    const sw_qnode *nd[SW_CW];                                                              \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root[j];           \
-    for (;;) {                                                                              \
-        uint32_t all = SW_KEY_LEAF;                                                         \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
-        if (all) break;                                                                     \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
-            const uint32_t key = nd[j]->key;                                                \
-            nd[j] += SW_SC_DELTA(key) + (uint32_t)(nd[j]->thr < x[IDX(key)]);               \
-        }                                                                                   \
-    }                                                                                       \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = SW_SC_SLOT(nd[j]->thr); \
-}
-SW_DEF_SCWALK(SW_SCIDX_Q, sw_scwalk_q)
-SW_DEF_SCWALK(SW_SCIDX_F, sw_scwalk_qf)
+#define SW_SCNEXT_Q(c, n, x, key) \
+    ((n) + SW_SC_DELTA(key) + SW_QGT((x)[SW_SCIDX_Q(key)], key, (n)->thr))
+#define SW_SCNEXT_F(c, n, x, key) \
+    ((n) + SW_SC_DELTA(key) + SW_QGT((x)[SW_SCIDX_F(key)], key, (n)->thr))
+#define SW_SCSLOT(n) SW_SC_SLOT((n)->thr)
+SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_Q, SW_SCSLOT, sw_scwalk_q)
+SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_F, SW_SCSLOT, sw_scwalk_qf)
 static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_scwalk_q : sw_scwalk_qf;
 }
