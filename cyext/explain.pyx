@@ -74,8 +74,8 @@ cdef enum:
     FRAME_ARRAYS = 6
 
 # Explainer(mode=): the evaluation each tree takes where it can (the rest as _tables says)
-MODES = {"auto": MODE_AUTO, "linear": MODE_LINEAR, "linear-rows": MODE_LINEAR, "table": MODE_TABLE,
-         "quadrature": MODE_QUADRATURE, "recursive": MODE_RECURSIVE}
+MODES = {"auto": MODE_AUTO, "linear": MODE_LINEAR, "linear-rows": MODE_LINEAR,
+         "table": MODE_TABLE, "quadrature": MODE_QUADRATURE, "recursive": MODE_RECURSIVE}
 
 
 cpdef enum Method:
@@ -146,7 +146,8 @@ ctypedef struct Block:
     double** acc
     int32_t** acc_used
     int32_t* used                # per depth: its own accumulator was written
-    double* arena
+    double* arena                # frames (depths 0..frames-1), then the root's P and D
+    int32_t frames
     const double* tq
     const double* wq
     int32_t Q
@@ -349,9 +350,8 @@ cdef void quadrature_leaf(const Trees* T, int64_t l, int32_t d, int64_t mask, do
             phi[o * out_stride + T.feat[g0 + k]] += v * (ok - T.leaf_z[g0 + k]) * acc[k]
 
 
-cdef void block_node(const Trees* T, int64_t base, int64_t node, const float** xs,
-                     double** phis, Block* s, int32_t depth, const double* P,
-                     double* D) noexcept nogil:
+cdef void block_node(const Trees* T, int64_t base, int64_t node, Block* s, int32_t depth,
+                     const double* P, double* D) noexcept nogil:
     """MODE_LINEAR below ``node`` (module docstring) for s.nr <= NR rows at once, given P,
     the product of the factors on the path to it (Q x nr values, rows inner): D = sum over
     the leaves below of v times the factors below ``node``, so that their S is P D; each
@@ -364,7 +364,7 @@ cdef void block_node(const Trees* T, int64_t base, int64_t node, const float** x
     and shares 0: skipped; a tree with a zero cover goes a row at a time (block_tree)."""
     cdef int64_t g = base + node, c
     cdef int32_t f = T.feature[g], q, r, side, Q = s.Q, i, n = s.Q * s.nr, W = s.nr
-    cdef double* Pc = s.arena + <int64_t>depth * FRAME_ARRAYS * NR * s.Q
+    cdef double* Pc = s.arena + <int64_t>depth * FRAME_ARRAYS * NR * Q
     cdef double* Dc = Pc + n
     cdef double* F = Dc + n
     cdef double* R = F + n
@@ -386,7 +386,7 @@ cdef void block_node(const Trees* T, int64_t base, int64_t node, const float** x
     for i in range(n):
         D[i] = 0.0
     for r in range(W):
-        if next_node(T, base, node, xs[r]) == T.child[2 * g + 1]:
+        if next_node(T, base, node, s.xs[r]) == T.child[2 * g + 1]:
             right |= (<uint32_t>1) << r
     zp, op, up, up_used = s.z[f], s.o[f], s.acc[f], s.acc_used[f]
     if up != NULL:
@@ -414,7 +414,7 @@ cdef void block_node(const Trees* T, int64_t base, int64_t node, const float** x
             Pc[i] = P[i] * R[i]
         s.z[f], s.o[f], s.acc[f], s.acc_used[f] = zm, follow, own, &s.used[depth]
         s.used[depth] = 0
-        block_node(T, base, c, xs, phis, s, depth + 1, Pc, Dc)
+        block_node(T, base, c, s, depth + 1, Pc, Dc)
         for r in range(W):
             a[r] = 0.0
         if up == NULL:
@@ -430,7 +430,7 @@ cdef void block_node(const Trees* T, int64_t base, int64_t node, const float** x
                 for r in range(W):
                     a[r] -= wq[q] * own[q * W + r] / F[q * W + r]
         for r in range(W):
-            phis[r][f] += (om[r] - zm) * a[r]
+            s.phis[r][f] += (om[r] - zm) * a[r]
         if up != NULL:
             if not up_used[0]:
                 up_used[0] = 1
@@ -453,11 +453,11 @@ cdef void block_tree(const Trees* T, int64_t t, Block* s) noexcept nogil:
         return
     s.Q, s.tq, s.wq = Q, T.gl_t + base, T.gl_w + base
     # P and D of the root: the two arrays after the deepest frame
-    P = s.arena + <int64_t>(LINEAR_MAX_DEPTH + 1) * FRAME_ARRAYS * NR * Q
+    P = s.arena + <int64_t>s.frames * FRAME_ARRAYS * NR * Q
     D = P + NR * Q
     for i in range(s.nr * Q):
         P[i] = 1.0
-    block_node(T, T.start[t], 0, s.xs, s.phis, s, 0, P, D)
+    block_node(T, T.start[t], 0, s, 0, P, D)
 
 
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
@@ -481,6 +481,7 @@ cdef class Explainer:
     cdef readonly int64_t tabled  # trees explained by their leaf tables
     cdef readonly int64_t quadrature  # trees explained leaf by leaf by quadrature
     cdef readonly int64_t linear  # trees explained node by node by quadrature
+    cdef int32_t lin_frames, lin_q  # MODE_LINEAR's scratch: frames (deepest leaf + 1), points
     cdef int32_t max_depth
     cdef double divisor
     cdef object _keep
@@ -522,9 +523,9 @@ cdef class Explainer:
         self.T.zfrac = <const double*><Py_ssize_t>zfrac.ctypes.data
         self.T.tree_q = <const uint8_t*><Py_ssize_t>tables["tree_q"].ctypes.data
         tree_zero = np.zeros(max(self.n_trees, 1), dtype=np.uint8)
-        for t in range(self.n_trees):
-            tree_zero[t] = mode == "linear-rows" or \
-                bool((zfrac[int(start[t]):int(start[t + 1])] == 0).any())
+        if self.n_trees:  # a tree's smallest cover fraction is 0
+            tree_zero[:self.n_trees] = (np.minimum.reduceat(zfrac, start[:-1]) == 0) | \
+                (mode == "linear-rows")
         self._keep = self._keep + (tree_zero,)
         self.T.tree_zero = <const uint8_t*><Py_ssize_t>tree_zero.ctypes.data
         tb = tables
@@ -550,6 +551,9 @@ cdef class Explainer:
         self.tabled = int(np.sum(tb["mode"][:self.n_trees] == MODE_TABLE))
         self.quadrature = int(np.sum(tb["mode"][:self.n_trees] == MODE_QUADRATURE))
         self.linear = int(np.sum(tb["mode"][:self.n_trees] == MODE_LINEAR))
+        lin = tb["mode"][:self.n_trees] == MODE_LINEAR
+        self.lin_q = int(tb["tree_q"][:self.n_trees][lin].max()) if self.linear else 0
+        self.lin_frames = min(self.max_depth, LINEAR_MAX_DEPTH) + 1
         self.T.start = <const int64_t*><Py_ssize_t>start.ctypes.data
         self.T.feature = <const int32_t*><Py_ssize_t>feature.ctypes.data
         self.T.threshold = <const float*><Py_ssize_t>threshold.ctypes.data
@@ -591,6 +595,7 @@ cdef class Explainer:
         cdef PathElement* path
         cdef uint8_t* right
         cdef Block* blo  # (a pointer: assigned in the parallel block, so thread-private)
+        cdef bint linear = method == METHOD_TREESHAP and self.linear > 0
         cdef int64_t r2, step
         cdef int32_t j
         cdef int failed[1]
@@ -609,21 +614,24 @@ cdef class Explainer:
             path = <PathElement*>malloc(scratch * sizeof(PathElement))
             right = <uint8_t*>malloc(self.max_nodes + 1)
             blo = <Block*>calloc(1, sizeof(Block))
-            if blo != NULL:
+            if blo != NULL and linear:  # sized at load: frames to the deepest leaf, points
+                blo.frames = self.lin_frames
                 blo.z = <double*>malloc((nf + 1) * sizeof(double))
                 blo.o = <uint32_t*>malloc((nf + 1) * sizeof(uint32_t))
                 blo.acc = <double**>malloc((nf + 1) * sizeof(double*))
                 blo.acc_used = <int32_t**>malloc((nf + 1) * sizeof(int32_t*))
-                blo.used = <int32_t*>malloc((LINEAR_MAX_DEPTH + 2) * sizeof(int32_t))
-                blo.arena = <double*>malloc(<int64_t>(LINEAR_MAX_DEPTH + 2) * FRAME_ARRAYS * NR
-                                            * QUAD_MAX_Q * sizeof(double))
-            if path == NULL or right == NULL or blo == NULL or blo.z == NULL or \
-                    blo.o == NULL or blo.acc == NULL or blo.acc_used == NULL or \
-                    blo.used == NULL or blo.arena == NULL:
+                blo.used = <int32_t*>malloc(blo.frames * sizeof(int32_t))
+                blo.arena = <double*>malloc(<int64_t>(blo.frames + 1) * FRAME_ARRAYS * NR
+                                            * self.lin_q * sizeof(double))
+            if path == NULL or right == NULL or blo == NULL or linear and (
+                    blo.z == NULL or blo.o == NULL or blo.acc == NULL or
+                    blo.acc_used == NULL or blo.used == NULL or blo.arena == NULL):
                 failed[0] = 1
             else:
-                for j in range(nf + 1):
-                    blo.z[j], blo.o[j], blo.acc[j], blo.acc_used[j] = 1.0, 0xFFFFFFFF, NULL, NULL
+                if linear:
+                    for j in range(nf + 1):
+                        blo.z[j], blo.o[j], blo.acc[j], blo.acc_used[j] = \
+                            1.0, 0xFFFFFFFF, NULL, NULL
                 # trees outer, rows inner within a block: one tree's nodes and leaf tables
                 # stay in cache while the block's rows walk it (the tables of a model are
                 # megabytes; row by row, every leaf's lookup missed L2)
@@ -716,8 +724,8 @@ cdef int64_t _walk_leaves(int64_t lo, const int32_t[::1] feature,
                           int64_t leaf0, int64_t* out) noexcept:
     """The sizes of one tree (root ``lo``), depth first: out[0] the largest number of
     distinct features on a leaf's path, out[1] the leaves, out[2] the path entries, out[3]
-    the table doubles (sum of 2^d d, saturating), out[4] the deepest leaf's depth. Returns the next leaf id (``stamp`` marks
-    the features seen per leaf id)."""
+    the table doubles (sum of 2^d d, saturating), out[4] the deepest leaf's depth. Returns
+    the next leaf id (``stamp`` marks the features seen per leaf id)."""
     cdef int64_t top = 0, node, depth, i, f, leaf = leaf0, d
     st_node[0], st_depth[0] = lo, 0
     top = 1
@@ -754,8 +762,9 @@ def _tables(const int64_t[::1] start, const int32_t[::1] feature,
             int32_t prefer):
     """Each tree's leaves with their paths, and its mode: ``prefer`` where the tree allows it
     (MODE_LINEAR: one value per leaf, depth <= LINEAR_MAX_DEPTH, at most QUAD_MAX_D distinct
-    path features; MODE_AUTO: tables where they fit, else MODE_LINEAR), else leaf tables (every leaf at most TABLE_MAX_D distinct path features,
-    while the model's tables stay under TABLE_MAX_DOUBLES), else quadrature (at most
+    path features; MODE_AUTO: tables where they fit, else MODE_LINEAR), else leaf tables
+    (every leaf at most TABLE_MAX_D distinct path features, while the model's tables stay
+    under TABLE_MAX_DOUBLES), else quadrature (at most
     QUAD_MAX_D, while the path entries stay under QUAD_MAX_ENTRIES), else Algorithm 2.
     ``prefer`` MODE_RECURSIVE: every tree by Algorithm 2. Typed loops: a forest of deep trees
     has millions of path entries."""
