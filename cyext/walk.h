@@ -149,10 +149,11 @@ static void NAME(const void *vnodes, const int64_t *root, const float *vx, int64
     _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = SLOT(nd[j]);         \
 }
 #define SW_CSLOT(n) ((n)->leaf)
-#define SW_CNEXT_N(c, n, x, key) \
-    ((c) + (n)->child + SW_STEP((x)[SW_CIDX_F(key)], key, (n)->thr))
-#define SW_CNEXT_F(c, n, x, key) \
-    ((c) + (n)->child + SW_GT((x)[SW_CIDX_F(key)], key, (n)->thr))
+/* a 16-byte node's step: its left child, plus one when the rule sends the row right */
+#define SW_CCHILD(c, n, x, key, IDX, RULE) \
+    ((c) + (n)->child + RULE((x)[IDX(key)], key, (n)->thr))
+#define SW_CNEXT_N(c, n, x, key) SW_CCHILD(c, n, x, key, SW_CIDX_F, SW_STEP)
+#define SW_CNEXT_F(c, n, x, key) SW_CCHILD(c, n, x, key, SW_CIDX_F, SW_GT)
 SW_DEF_CWALK_G(sw_cnode, float, SW_CNEXT_N, SW_CSLOT, sw_cwalk_n)
 SW_DEF_CWALK_G(sw_cnode, float, SW_CNEXT_F, SW_CSLOT, sw_cwalk_f)
 /* Compact walks over order keys (ModelView.qcnodes): SPLIT reads a doubled row of keys
@@ -162,10 +163,8 @@ SW_DEF_CWALK_G(sw_cnode, float, SW_CNEXT_F, SW_CSLOT, sw_cwalk_f)
    cache cost more than the step saves (measured on model C). */
 #define SW_QGT(v, key, thr) ((uint32_t)((thr) < (v)))
 #define SW_CIDX_Q(key) ((key) & 0x7FFFFFFFu)
-#define SW_CNEXT_Q(c, n, x, key) \
-    ((c) + (n)->child + SW_QGT((x)[SW_CIDX_Q(key)], key, (n)->thr))
-#define SW_CNEXT_QF(c, n, x, key) \
-    ((c) + (n)->child + SW_QGT((x)[SW_CIDX_F(key)], key, (n)->thr))
+#define SW_CNEXT_Q(c, n, x, key) SW_CCHILD(c, n, x, key, SW_CIDX_Q, SW_QGT)
+#define SW_CNEXT_QF(c, n, x, key) SW_CCHILD(c, n, x, key, SW_CIDX_F, SW_QGT)
 SW_DEF_CWALK_G(sw_qcnode, uint32_t, SW_CNEXT_Q, SW_CSLOT, sw_cwalk_q)
 SW_DEF_CWALK_G(sw_qcnode, uint32_t, SW_CNEXT_QF, SW_CSLOT, sw_cwalk_qf)
 static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
@@ -180,10 +179,11 @@ static inline sw_cwalk_fn sw_cwalk_q_for(int rule) {
 #define SW_SCIDX_Q(key) ((key) & 0xFFFFu)
 #define SW_SCIDX_F(key) (((key) & 0xFFFFu) >> 1)
 #define SW_SC_SLOT(thr) ((thr) & 0x7FFFFFu)
-#define SW_SCNEXT_Q(c, n, x, key) \
-    ((n) + SW_SC_DELTA(key) + SW_QGT((x)[SW_SCIDX_Q(key)], key, (n)->thr))
-#define SW_SCNEXT_F(c, n, x, key) \
-    ((n) + SW_SC_DELTA(key) + SW_QGT((x)[SW_SCIDX_F(key)], key, (n)->thr))
+/* an 8-byte node's step: the child's distance from the node in its key */
+#define SW_SCCHILD(n, x, key, IDX) \
+    ((n) + SW_SC_DELTA(key) + SW_QGT((x)[IDX(key)], key, (n)->thr))
+#define SW_SCNEXT_Q(c, n, x, key) SW_SCCHILD(n, x, key, SW_SCIDX_Q)
+#define SW_SCNEXT_F(c, n, x, key) SW_SCCHILD(n, x, key, SW_SCIDX_F)
 #define SW_SCSLOT(n) SW_SC_SLOT((n)->thr)
 SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_Q, SW_SCSLOT, sw_scwalk_q)
 SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_F, SW_SCSLOT, sw_scwalk_qf)
