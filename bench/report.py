@@ -166,11 +166,16 @@ def v2_section(res) -> list[str]:
 
 
 def _kernel(k: dict | None) -> str:
-    """The kernel, why the other was not taken, and the candidates' us per probe row."""
+    """The layout and kernel, how they were chosen, each candidate's us per probe row, and
+    why a kernel was not a candidate."""
     if not k:
         return "walk"
-    us = ", ".join(f"{n} {v:.2f} us" for n, v in (k.get("us_per_row") or {}).items())
-    return k["kernel"] + (f" ({us} per probe row)" if us else "") + (
+    us = ", ".join(f"{n} {v:.3f}" for n, v in (k.get("us_per_row") or {}).items())
+    head = (f"{k['layout']} {k['kernel']}" if "layout" in k else k["kernel"]) + (
+        f", {k['by']}" if k.get("by") else "")
+    nots = "; ".join(f"{n}: {r}" for n, r in (k.get("not_candidates") or {}).items())
+    return head + (f" (us per probe row: {us})" if us else "") + (
+        f"; not candidates: {nots}" if nots else
         f"; QuickScorer not taken: {k['reason']}" if k.get("reason") else "")
 
 
@@ -208,8 +213,8 @@ def write(res, out: Path, quick: bool = False) -> None:
     L.append("")
     L.append("## Models")
     L.append("")
-    L.append("| model | ours: layout | kernel (chosen at load) | hot arrays | answer check: "
-             "max abs diff vs reference |")
+    L.append("| model | ours: layout | layout and kernel (chosen when compiled, 1 thread) | "
+             "hot arrays | answer check: max abs diff vs reference |")
     L.append("|---|---|---|---|---|")
     for key, r in res["models"].items():
         chk = ", ".join(f"{k} {v:.1e}" for k, v in r["check"].items())

@@ -104,5 +104,5 @@ def test_model_files(tmp_path):
         worker.compile_model(tmp_path / "rf.joblib")
     with pytest.warns(UserWarning, match="runs code from the file"):
         a = worker.compile_model(tmp_path / "rf.joblib", trust_pickle=True)
-    b = worker.compile_model(tmp_path / "rf.skops")
+    b = worker.compile_model(tmp_path / "rf.skops", layout=a.layout, kernel=a.kernel)
     assert a.model_id == b.model_id

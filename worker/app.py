@@ -1065,7 +1065,9 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
                                                      seen=shadow_seen).start()
                 stack.callback(worker.shadow_watcher.stop)
         log.info("worker started", model_id=model.model_id[:12], model=settings.model.path,
-                 kernel=model.kernel, source=settings.source.type, sink=settings.sink.type,
+                 layout=model.layout, kernel=model.kernel,
+                 chosen=model.kernel_choice["by"], source=settings.source.type,
+                 sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)
         if settings.scoring.lazy.mode != "off" and model.kernel != "walk":
             log.info("the lazy policy walks the trees (QuickScorer, this model's kernel for "

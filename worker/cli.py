@@ -61,10 +61,14 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Where to write the compiled model artifact.")
-@click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto")
+@click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto",
+              help="Node layout; auto times every layout the model allows on probe rows and "
+                   "keeps the fastest (stored in the artifact).")
+@click.option("--kernel", type=click.Choice(["auto", "walk", "quickscorer"]), default="auto",
+              help="Full-evaluation kernel; auto: measured with the layout.")
 @click.option("--trust-pickle", is_flag=True,
               help="Allow a joblib/pickle source: loading one runs code from the file.")
-def compile_cmd(source: str, output: str, layout: str, trust_pickle: bool) -> None:
+def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle: bool) -> None:
     """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb) or a
     scikit-learn estimator file (.skops, read with an allow-list of tree-ensemble types;
     joblib/pickle only with --trust-pickle) into a data-only model artifact."""
@@ -77,13 +81,20 @@ def compile_cmd(source: str, output: str, layout: str, trust_pickle: bool) -> No
         click.echo(f"warning: --trust-pickle: loading {source} runs code from the file",
                    err=True)
     try:
-        model = compile_model(source, layout=layout, trust_pickle=trust_pickle)
+        model = compile_model(source, layout=layout, trust_pickle=trust_pickle, kernel=kernel)
     except UnsupportedModelError as exc:
         raise click.ClickException(f"cannot compile {source}: {exc}") from None
+    except ValueError as exc:  # a forced layout or kernel the model cannot take
+        if layout == kernel == "auto":
+            raise
+        raise click.ClickException(f"cannot compile {source} as asked: {exc}") from None
     model_id = model.save(output)
+    c = model.kernel_choice
+    timed = ", ".join(f"{k} {v:.3g} us" for k, v in c["us_per_row"].items())
     click.echo(f"{output}: {model.kind} ({model.source}, {model.objective or model.task}), "
                f"{model.n_trees} trees, {model.work_total} work units, {model.n_features} "
-               f"features, layout {model.layout}, model id {model_id}")
+               f"features, layout {model.layout}, kernel {model.kernel} ({c['by']}"
+               + (f"; per probe row: {timed}" if timed else "") + f"), model id {model_id}")
 
 
 @main.command("score")

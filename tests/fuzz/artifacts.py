@@ -25,10 +25,16 @@ _I64 = [-(2**63), -2, -1, 0, 1, 2, 7, 8, 100, 2**31, 2**62]
 _I32 = [-(2**31), -2, -1, 0, 1, 2, 3, 2**31 - 1]
 _F = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e308, -1e308, 3.4e38]
 _META = ["task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
-         "layout", "depth", "max_depth", "accumulate", "objective", "source", "kind", "notes"]
+         "layout", "depth", "max_depth", "accumulate", "objective", "source", "kind", "notes",
+         "layout_choice"]
 _META_VALUES = [None, -1, 0, 1, 2, 3, 20, 21, 31, 32, 63, 64, 2**40, -(2**40), 1.5, float("nan"),
                 "padded", "compact", "softmax", "vote", "sigmoid", "multiclass", "regression",
-                "float32", "float64", "", [], ["a"], {}, True]
+                "float32", "float64", "", [], ["a"], {}, True,
+                # the compile's layout choice, naming a kernel the model may not take
+                {"layout": "padded", "kernel": "quickscorer"},
+                {"layout": "compact", "kernel": "quickscorer"},
+                {"layout": "compact", "kernel": "walk", "us_per_row": {"x": "fast"}},
+                {"layout": "padded", "kernel": "walk", "not_candidates": [1]}]
 
 
 @cache

@@ -1,7 +1,10 @@
 """The compiled-model file: data only, versioned, checksummed. Loading never executes code.
 
 Layout: ``MAGIC`` | u32 format version | u64 header length | UTF-8 JSON header | array bytes
-(each 64-byte aligned) | 32-byte SHA-256 of everything before it. The SHA-256 is the model id.
+(each 64-byte aligned) | 32-byte SHA-256 of everything before it. The SHA-256 is the model id,
+except that the compile's measurements (``meta.layout_choice``: the candidates' timings on the
+machine that compiled it) are left out of the id: the id is the trailer the same artifact would
+have without them, so one model compiled twice to the same layout keeps its id.
 """
 
 from __future__ import annotations
@@ -33,7 +36,30 @@ def format_version(path: str | Path) -> int | None:
     return struct.unpack_from("<I", head, len(MAGIC))[0]
 
 
+MEASURED = "layout_choice"  # meta key outside the model id (see the module docstring)
+
+
+def _head(meta: dict, specs: list) -> bytes:
+    header = json.dumps({"meta": meta, "arrays": specs}, sort_keys=True).encode()
+    return MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(header)) + header
+
+
+def _model_id(meta: dict, specs: list, data, digest: bytes) -> str:
+    """The trailer digest, or for an artifact with measurements the digest it would have
+    without them."""
+    if MEASURED not in meta:
+        return digest.hex()
+    h = hashlib.sha256(_head({k: v for k, v in meta.items() if k != MEASURED}, specs))
+    h.update(data)
+    return h.hexdigest()
+
+
 def dumps(meta: dict, arrays: dict[str, np.ndarray]) -> bytes:
+    return dumps_with_id(meta, arrays)[0]
+
+
+def dumps_with_id(meta: dict, arrays: dict[str, np.ndarray]) -> tuple[bytes, str]:
+    """The artifact's bytes and its model id."""
     specs, chunks, offset = [], [], 0
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
@@ -48,9 +74,10 @@ def dumps(meta: dict, arrays: dict[str, np.ndarray]) -> bytes:
                       "nbytes": a.nbytes})
         chunks.append(a.tobytes())
         offset += a.nbytes
-    header = json.dumps({"meta": meta, "arrays": specs}, sort_keys=True).encode()
-    body = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(header)) + header + b"".join(chunks)
-    return body + hashlib.sha256(body).digest()
+    data = b"".join(chunks)
+    body = _head(meta, specs) + data
+    digest = hashlib.sha256(body).digest()
+    return body + digest, _model_id(meta, specs, data, digest)
 
 
 def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray], str]:
@@ -84,7 +111,8 @@ def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray]
         if name in arrays:
             raise ArtifactError(f"{what}: array {name!r} stored twice")
         arrays[name] = arr
-    return header["meta"], arrays, digest.hex()
+    return header["meta"], arrays, _model_id(header["meta"], header["arrays"],
+                                             memoryview(body)[base:], digest)
 
 
 def _array(spec, body: bytes, base: int, what: str) -> tuple[str, np.ndarray]:
@@ -118,7 +146,7 @@ def save(path: str | Path, meta: dict, arrays: dict[str, np.ndarray]) -> str:
     import os
     import tempfile
 
-    data = dumps(meta, arrays)
+    data, model_id = dumps_with_id(meta, arrays)
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -133,7 +161,7 @@ def save(path: str | Path, meta: dict, arrays: dict[str, np.ndarray]) -> str:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return data[-32:].hex()
+    return model_id
 
 
 def load(path: str | Path) -> tuple[dict, dict[str, np.ndarray], str]:

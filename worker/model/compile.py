@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from . import artifact, lightgbm_loader, pack, sklearn_loader, xgboost_loader
+from . import layout as layouts
 from .compiled import CompiledModel
 from .ir import Ensemble, UnsupportedModelError
 
@@ -115,18 +116,61 @@ def compile_model(source, layout: str = "auto", check: bool = True,
                   trust_pickle: bool = False, kernel: str = "auto") -> CompiledModel:
     """XGBoost Booster/XGBModel/.json/.ubj, LightGBM Booster/LGBMModel/model text file (.txt,
     .lgb), a fitted scikit-learn estimator, or a file of one (.skops; joblib/pickle only with
-    ``trust_pickle``: loading those runs code)."""
+    ``trust_pickle``: loading those runs code).
+
+    ``layout`` (auto, padded, compact) and ``kernel`` (auto, walk, quickscorer): "auto" times
+    every candidate the model allows on probe rows and keeps the fastest (worker/model/
+    layout.py); the choice and the timings are stored in the artifact (``meta.layout_choice``,
+    ``CompiledModel.kernel_choice``). Forcing both skips the measurement."""
     if isinstance(source, (str, Path)) and not _library_source(source):
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"model source {path} does not exist")
         source = _read_estimator(path, trust_pickle)  # read once, verified against itself
     ens = to_ir(source)
-    info, arrays = pack.pack(ens, layout)
-    model = CompiledModel(meta_of(ens, info), arrays, kernel=kernel)
+    model = chosen(ens, layout, kernel)
     if check and verify(model, source) != 0.0 and ens.accumulate == "float32":
         model = _calibrate_base(model, source, kernel)
     return model
+
+
+def chosen(ens: Ensemble, layout: str = "auto", kernel: str = "auto") -> CompiledModel:
+    """The model packed and scored as measured fastest (or as forced), its choice recorded."""
+    if layout not in ("auto", "padded", "compact"):
+        raise ValueError(f"unknown layout {layout!r} (auto, padded or compact)")
+    if kernel not in ("auto", "walk", "quickscorer"):
+        raise ValueError(f"unknown kernel {kernel!r} (auto, walk or quickscorer)")
+    kernels = ["walk", "quickscorer"] if kernel == "auto" else [kernel]
+    built, refused = {}, {}
+    for lay in layouts.layouts(ens, layout):
+        info, arrays = pack.pack(ens, lay)
+        meta = meta_of(ens, info)
+        for k in kernels:
+            try:
+                built[layouts.name(lay, k)] = (meta, arrays, CompiledModel(meta, arrays,
+                                                                          kernel=k))
+            except ValueError as exc:
+                if k != "quickscorer" or not str(exc).startswith("kernel quickscorer"):
+                    raise
+                refused[layouts.name(lay, k)] = str(exc).removeprefix("kernel quickscorer: ")
+    if not built:  # only a forced QuickScorer can leave nothing
+        raise ValueError("kernel quickscorer: " + "; ".join(refused.values()))
+    choice = {"by": "forced", "us_per_row": {}, "not_candidates": refused}
+    if len(built) > 1 or layout == "auto" or kernel == "auto":
+        X = layouts.probe_rows(ens)
+        timings = layouts.measure({k: v[2] for k, v in built.items()}, X)
+        fallback = layouts.name(*layouts.default(ens, layout))
+        pick = layouts.choose(timings, fallback)
+        choice.update(
+            by="only candidate" if len(built) == 1 else "measured" if pick != fallback
+            else f"default (no candidate {layouts.MARGIN:.0%} faster)",
+            us_per_row=timings, probe_rows=int(X.shape[0]), machine=layouts.machine())
+    else:
+        pick = next(iter(built))
+    meta, arrays, _ = built[pick]
+    lay, k = pick.split(" ")
+    meta = {**meta, artifact.MEASURED: {"layout": lay, "kernel": k, **choice}}
+    return CompiledModel(meta, arrays, kernel=k)
 
 
 def _calibrate_base(model: CompiledModel, source, kernel: str = "auto") -> CompiledModel:

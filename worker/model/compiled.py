@@ -39,11 +39,24 @@ class CompiledModel:
         self._category_sets = category_sets(self.categories) if self.categories else {}
         self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
         self.n_trees = int(arrays["tree_group"].shape[0])
-        self.forest = _kernels.Forest(arrays, self.layout, int(self.depth), int(self.n_features),
-                                      int(self.n_outputs), float(self.divisor), kernel)
+        # the kernel measured fastest when the model was compiled (meta.layout_choice, checked
+        # by structure.check); an artifact without that record measures at load
+        self.layout_choice = dict(self.meta.get(artifact.MEASURED) or {})
+        stored = self.layout_choice.get("kernel", "auto") if kernel == "auto" else kernel
+        args = (arrays, self.layout, int(self.depth), int(self.n_features),
+                int(self.n_outputs), float(self.divisor))
+        self._kernel_note = ""
+        try:
+            self.forest = _kernels.Forest(*args, stored)
+        except ValueError as exc:
+            if kernel != "auto" or not str(exc).startswith("kernel quickscorer"):
+                raise
+            # stored by a build whose QuickScorer took more than this one's does: the walks
+            self.forest = _kernels.Forest(*args, "walk")
+            self._kernel_note = f"the stored choice, QuickScorer, is refused: {exc}"
         self.policy_cache: dict = {}  # tables the lazy policies build once per model
         self._explainer = None  # _explain.Explainer, built on the first attribution
-        self.model_id = model_id or artifact.dumps(self.meta, self.arrays)[-32:].hex()
+        self.model_id = model_id or artifact.dumps_with_id(self.meta, self.arrays)[1]
 
     @property
     def kernel(self) -> str:
@@ -54,10 +67,26 @@ class CompiledModel:
 
     @property
     def kernel_choice(self) -> dict:
-        """How the kernel was chosen: the reason the other was not taken and, when both were
-        candidates, each one's microseconds per probe row on this machine."""
-        return {"kernel": self.forest.kernel, "reason": self.forest.kernel_reason,
-                "us_per_row": dict(self.forest.kernel_timings)}
+        """How the layout and kernel were chosen. Compiled by this version: ``by`` (measured,
+        default, only candidate, forced), each candidate's microseconds per probe row on the
+        compiling ``machine``, and ``not_candidates`` with the reason each was not one. An
+        older artifact: the kernel measured at load (``us_per_row`` on this machine) and the
+        reason the other was not taken."""
+        c = self.layout_choice
+        reason = self._kernel_note or self.forest.kernel_reason
+        if not reason and self.forest.kernel == "walk" and c:
+            # why this layout's QuickScorer was not taken: not a candidate, or slower
+            refused = (c.get("not_candidates") or {}).get(f"{self.layout} quickscorer")
+            timed = f"{self.layout} quickscorer" in (c.get("us_per_row") or {})
+            reason = refused or ("measured slower on probe rows" if timed else "")
+        out = {"layout": self.layout, "kernel": self.forest.kernel,
+               "by": c.get("by", "measured at load" if self.forest.kernel_timings else "rule"),
+               "reason": reason,
+               "us_per_row": dict(c.get("us_per_row") or self.forest.kernel_timings)}
+        for key in ("not_candidates", "machine", "probe_rows"):
+            if key in c:
+                out[key] = c[key]
+        return out
 
     # ---- persistence -------------------------------------------------------------------
     def to_bytes(self) -> bytes:

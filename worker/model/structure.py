@@ -50,6 +50,25 @@ def _array(arrays: dict, name: str, dtype, ndim: int, shape: tuple | None = None
     return a
 
 
+def _layout_choice(c, layout: str) -> None:
+    """The compile's record of its layout and kernel choice (worker/model/layout.py): the
+    kernel it names is the one loading takes, so it must be one the kernels know."""
+    if not isinstance(c, dict):
+        _fail("meta.layout_choice", "not a mapping")
+    if c.get("layout") != layout:
+        _fail("meta.layout_choice.layout", f"{c.get('layout')!r}, the model's layout is "
+              f"{layout!r}")
+    if c.get("kernel") not in ("walk", "quickscorer"):
+        _fail("meta.layout_choice.kernel", f"{c.get('kernel')!r}, expected walk or quickscorer")
+    for key in ("us_per_row", "not_candidates"):
+        v = c.get(key, {})
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            _fail(f"meta.layout_choice.{key}", "not a mapping of candidate names")
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+               for t in c.get("us_per_row", {}).values()):
+        _fail("meta.layout_choice.us_per_row", "a timing that is not a number")
+
+
 def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Raise ArtifactError unless the kernels can walk this model safely."""
     if not isinstance(meta, dict):
@@ -68,6 +87,8 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     layout = meta["layout"]
     if layout not in LAYOUTS:
         _fail("meta.layout", f"{layout!r}, expected padded or compact")
+    if "layout_choice" in meta:
+        _layout_choice(meta["layout_choice"], layout)
     nf = _int(meta, "n_features", 1, MAX_FEATURES - 1)
     G = _int(meta, "n_outputs", 1, 1 << 16)
     depth = _int(meta, "depth", 0, MAX_PADDED_DEPTH if layout == "padded" else 0)

@@ -1,0 +1,194 @@
+"""The layout and kernel chosen at compile time by measurement (worker/model/layout.py): every
+candidate timed, the choice and the timings stored in the artifact's header and taken at load,
+`--layout`/`--kernel` forcing one, the timings outside the model id, a hostile record refused."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import worker
+from tests import models as M
+from worker.model import artifact
+from worker.model import compile as C
+from worker.model import layout as L
+
+
+def _header(data: bytes) -> dict:
+    start = len(artifact.MAGIC) + 12
+    _version, hlen = struct.unpack_from("<IQ", data, len(artifact.MAGIC))
+    return json.loads(data[start:start + hlen])
+
+
+def _xgb():
+    return M.xgboost_models()["xgb-binary-logistic"]  # depth 4: padded and compact, QuickScorer
+
+
+def test_every_candidate_is_timed_and_the_choice_is_stored_and_taken_at_load(tmp_path):
+    model = worker.compile_model(_xgb())
+    c = model.kernel_choice
+    assert set(c["us_per_row"]) == {"padded walk", "compact walk", "compact quickscorer"}
+    assert all(t > 0 for t in c["us_per_row"].values())
+    assert c["probe_rows"] == 2 * L.PROBE_ROWS and "CPUs" in c["machine"]
+    # the default stays unless another candidate was at least MARGIN faster
+    picked = f"{model.layout} {model.kernel}"
+    t = c["us_per_row"]
+    if picked != "padded walk":
+        assert t[picked] <= (1 - L.MARGIN) * t["padded walk"] and c["by"] == "measured"
+    else:
+        assert min(t.values()) > (1 - L.MARGIN) * t["padded walk"] and c["by"].startswith("def")
+    path = tmp_path / "m.model"
+    model.save(path)
+    stored = _header(path.read_bytes())["meta"]["layout_choice"]
+    assert (stored["layout"], stored["kernel"]) == (model.layout, model.kernel)
+    assert stored["us_per_row"] == c["us_per_row"]
+    loaded = worker.load_model(path)
+    assert (loaded.layout, loaded.kernel) == (model.layout, model.kernel)
+    assert loaded.forest.kernel_timings == {}  # taken from the header, not measured again
+    assert loaded.kernel_choice["us_per_row"] == c["us_per_row"]
+    X = M.hostile_rows(300, np.array([0.0, 1.0]), seed=4)
+    np.testing.assert_array_equal(loaded.raw(X), model.raw(X))
+
+
+@pytest.mark.parametrize("fastest", ["padded walk", "compact walk", "compact quickscorer"])
+def test_the_measured_fastest_is_taken_when_clearly_faster(monkeypatch, fastest):
+    """Timings decided by the test (the machine cannot be told to make a kernel slow): the
+    candidate 30% faster is taken; one only 5% faster leaves the default."""
+    def fake(models, X, **kw):
+        assert set(models) == {"padded walk", "compact walk", "compact quickscorer"}
+        assert X.shape == (2 * L.PROBE_ROWS, M.N_FEATURES)
+        return {k: 0.7 if k == fastest else 1.0 for k in models}
+
+    monkeypatch.setattr(L, "measure", fake)
+    model = worker.compile_model(_xgb())
+    assert f"{model.layout} {model.kernel}" == fastest
+    assert model.kernel_choice["by"] == ("measured" if fastest != "padded walk" else
+                                         "default (no candidate 15% faster)")
+    monkeypatch.setattr(L, "measure", lambda models, X, **kw: {
+        k: 0.95 if k == fastest else 1.0 for k in models})
+    kept = worker.compile_model(_xgb())
+    assert (kept.layout, kept.kernel) == ("padded", "walk")
+    # whichever was taken, the scores are XGBoost's
+    X = M.hostile_rows(200, np.array([0.0, 1.0]), seed=5)
+    from worker.model import xgboost_loader
+
+    ref = xgboost_loader.reference_margin(_xgb(), X)
+    np.testing.assert_allclose(model.raw(X), ref, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(model.raw(X), kept.raw(X))
+
+
+def test_forcing_both_skips_the_measurement_and_forcing_one_measures_the_other(monkeypatch):
+    calls = []
+    real = L.measure
+    monkeypatch.setattr(L, "measure", lambda models, X, **kw: calls.append(set(models))
+                        or real(models, X, rounds=1, least_s=0.0))
+    forced = worker.compile_model(_xgb(), layout="compact", kernel="quickscorer")
+    assert (forced.layout, forced.kernel) == ("compact", "quickscorer") and calls == []
+    assert forced.kernel_choice["by"] == "forced" and forced.kernel_choice["us_per_row"] == {}
+    worker.compile_model(_xgb(), layout="compact")
+    assert calls[-1] == {"compact walk", "compact quickscorer"}
+    worker.compile_model(_xgb(), kernel="walk")
+    assert calls[-1] == {"padded walk", "compact walk"}
+    deep = M.sklearn_models()["rf-multi"]  # deeper than the padded layout's candidates
+    m = worker.compile_model(deep)
+    assert calls[-1] == {"compact walk"} and m.kernel_choice["by"] == "only candidate"
+    assert "more than 64 leaves" in m.kernel_choice["not_candidates"]["compact quickscorer"]
+    with pytest.raises(ValueError, match="more than 64 leaves"):
+        worker.compile_model(deep, kernel="quickscorer")
+
+
+def test_the_timings_stay_out_of_the_model_id():
+    """Two compiles of one model to one layout differ in their timings (new bytes, a new
+    trailer) but keep their id; a different layout is different content."""
+    a = worker.compile_model(_xgb(), layout="padded", kernel="walk")
+    b = worker.compile_model(_xgb(), layout="padded")  # walk measured against QuickScorer
+    assert b.kernel == "walk" or b.kernel_choice["by"] == "measured"
+    if b.kernel == "walk":
+        assert a.to_bytes() != b.to_bytes() and a.model_id == b.model_id
+    # the id is the trailer of the same artifact without its measurements
+    bare = {k: v for k, v in a.meta.items() if k != "layout_choice"}
+    assert artifact.dumps(bare, a.arrays)[-32:].hex() == a.model_id
+    _meta, _arrays, loaded_id = artifact.loads(a.to_bytes())
+    assert loaded_id == a.model_id != a.to_bytes()[-32:].hex()
+    c = worker.compile_model(_xgb(), layout="compact", kernel="walk")
+    assert c.model_id != a.model_id
+
+
+def _with_choice(model, **choice) -> bytes:
+    meta = {**model.meta, "layout_choice": {**model.meta["layout_choice"], **choice}}
+    return artifact.dumps(meta, model.arrays)
+
+
+@pytest.mark.parametrize("choice, field", [
+    ({"kernel": "simd9000"}, "meta.layout_choice.kernel"),
+    ({"kernel": None}, "meta.layout_choice.kernel"),
+    ({"layout": "compact"}, "meta.layout_choice.layout"),
+    ({"us_per_row": {"padded walk": "fast"}}, "meta.layout_choice.us_per_row"),
+    ({"us_per_row": [1.0]}, "meta.layout_choice.us_per_row"),
+    ({"not_candidates": "none"}, "meta.layout_choice.not_candidates"),
+])
+def test_a_hostile_choice_record_is_refused_by_name(tmp_path, choice, field):
+    model = worker.compile_model(_xgb(), layout="padded", kernel="walk")
+    path = tmp_path / "m.model"
+    path.write_bytes(_with_choice(model, **choice))
+    with pytest.raises(worker.ArtifactError, match=field.replace(".", r"\.")):
+        worker.load_model(path)
+    meta = {**model.meta, "layout_choice": "padded"}
+    path.write_bytes(artifact.dumps(meta, model.arrays))
+    with pytest.raises(worker.ArtifactError, match=r"meta\.layout_choice: not a mapping"):
+        worker.load_model(path)
+
+
+def test_a_stored_kernel_the_model_cannot_take_falls_back_to_the_walks(tmp_path):
+    """A record naming QuickScorer for a model whose trees have more than 64 leaves (written
+    by hand: no compile makes it) loads with the walks and says why."""
+    model = worker.compile_model(M.sklearn_models()["rf-multi"])
+    path = tmp_path / "m.model"
+    path.write_bytes(_with_choice(model, kernel="quickscorer"))
+    loaded = worker.load_model(path)
+    assert loaded.kernel == "walk"
+    assert "stored choice" in loaded.kernel_choice["reason"]
+    assert "more than 64 leaves" in loaded.kernel_choice["reason"]
+    X = M.hostile_rows(100, np.array([0.0, 1.0]), seed=6)
+    np.testing.assert_array_equal(loaded.raw(X), model.raw(X))
+
+
+def test_probe_rows_take_both_sides_of_every_threshold():
+    ens = C.to_ir(_xgb())
+    X = L.probe_rows(ens, n=512)
+    assert X.shape == (1024, ens.n_features) and X.dtype == np.float32
+    assert not np.isnan(X[:512]).any() and 0.02 < np.isnan(X[512:]).mean() < 0.08
+    for t in ens.trees[:20]:
+        for i in np.flatnonzero(t.feature >= 0):
+            col = X[:512, t.feature[i]]
+            assert (col > t.threshold[i]).any() and (col <= t.threshold[i]).any()
+
+
+def test_compile_cli_forces_and_reports_the_choice(tmp_path):
+    src = tmp_path / "m.json"
+    _xgb().save_model(src)
+    out = tmp_path / "m.model"
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "worker.cli", "compile", str(src), "-o",
+                               str(out), *args], capture_output=True, text=True, timeout=120)
+
+    p = run("--layout", "compact", "--kernel", "quickscorer")
+    assert p.returncode == 0, p.stderr
+    assert "layout compact, kernel quickscorer (forced)" in p.stdout
+    assert worker.load_model(out).kernel == "quickscorer"
+    p = run()
+    assert p.returncode == 0 and "per probe row: padded walk" in p.stdout
+    skl = tmp_path / "rf.skops"
+    import skops.io as sio
+    sio.dump(M.sklearn_models()["rf-multi"], skl)
+    p = subprocess.run([sys.executable, "-m", "worker.cli", "compile", str(skl), "-o",
+                        str(out), "--kernel", "quickscorer"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and "more than 64 leaves" in p.stderr
+    assert "Traceback" not in p.stderr
