@@ -9,7 +9,9 @@ from swtypes cimport ModelView, PNode, BLOCK_ROWS, INTERLEAVE
 from walk cimport sw_walk_fn
 
 cdef enum:
-    COMPACT_ROWS = 1024       # rows per task for compact models (see kernels.task_rows)
+    COMPACT_ROWS = 1024       # rows per task for compact models (see kernels.task_rows) ...
+    ROWS_WALK_ROWS = 2048     # ... and for those whose rows walk each tree together
+    ROWS_WALK_MIN = 256       # fewer rows in a task walk 16 trees a row instead
     SPLIT_FLOATS = 16384      # eval_trees' stack buffer for doubled rows (64 KB: 64 rows
                               # of up to 128 features)
     PLAN_ROWS = 512           # rows per task for padded models whose rows are doubled ...

@@ -190,6 +190,28 @@ SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_F, SW_SCSLOT, sw_scwalk_qf)
 static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_scwalk_q : sw_scwalk_qf;
 }
+/* The rows walk: SW_CW rows walk one tree of 8-byte nodes together (chain j reads row
+   xs[j]); ROWS reads doubled rows of keys (SPLIT), ROWS_F rows of keys (FINITE). A tree's
+   nodes stay in L1/L2 while a task's rows pass through it (kernels.pyx eval_rest). */
+#define SW_DEF_RWALK(IDX, NAME)                                                             \
+static void NAME(const void *vnodes, int64_t root, const uint32_t *const *xs,               \
+                 int64_t *slot) {                                                           \
+    const sw_qnode *c = (const sw_qnode *)vnodes;                                           \
+    const sw_qnode *nd[SW_CW];                                                              \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root;              \
+    for (;;) {                                                                              \
+        uint32_t all = SW_KEY_LEAF;                                                         \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
+        if (all) break;                                                                     \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
+            uint32_t key = nd[j]->key;                                                      \
+            nd[j] = SW_SCCHILD(nd[j], xs[j], key, IDX);                                     \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = SW_SCSLOT(nd[j]);    \
+}
+SW_DEF_RWALK(SW_SCIDX_Q, sw_scwalk_rows)
+SW_DEF_RWALK(SW_SCIDX_F, sw_scwalk_rows_f)
 static const sw_cwalk_fn sw_cwalk_tab[2] = {sw_cwalk_n, sw_cwalk_f};
 static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
 

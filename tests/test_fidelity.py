@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import worker
 from tests import models as M
 
-ROWS = [1, 63, 64, 65, 129, 1000]
+ROWS = [1, 63, 64, 65, 129, 1000, 2500]  # 2500: a full task of rows walking each tree together
 XGB = [
     "xgb-binary-logistic", "xgb-binary-logitraw", "xgb-reg-squarederror", "xgb-reg-logistic",
     "xgb-multi-softprob", "xgb-multi-softmax", "xgb-parallel-tree", "xgb-deep"]
@@ -30,7 +30,14 @@ def compiled(source, layout: str):
     """A layout scored by the walks, or the compact layout scored by QuickScorer (forced):
     "compact-qs" 8 rows at once with the CPU's best (AVX-512 here), "compact-qs2" 8 rows with
     AVX2, "compact-qs1" one row at a time. "compact" walks 8-byte nodes where they fit (every
-    model here), "compact16" the 16-byte ones."""
+    model here), a large task's rows each tree together; "compact-trees" 16 trees a row over
+    the same nodes; "compact16" the 16-byte ones."""
+    if layout == "compact-trees":  # large tasks walk 16 trees a row, not 16 rows a tree
+        model = worker.compile_model(source, layout="compact", kernel="walk")
+        assert model.forest.rows_walk() in (True, None)  # None: special nodes
+        model.forest.rows_walk(False)
+        assert model.forest.rows_walk() in (False, None)
+        return model
     if layout == "compact16":
         model = worker.compile_model(source, layout="compact", kernel="walk")
         assert model.forest.compact_node_bytes in (8, None)  # None: special nodes
@@ -52,7 +59,8 @@ QS_SKL = ["gb-binary", "gb-multi", "gb-exponential", "gb-reg", "hgb-binary", "hg
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in XGB
-                                        for lay in ("padded", "compact", "compact16")]
+                                        for lay in ("padded", "compact", "compact-trees",
+                                                    "compact16")]
                 + [(n, q) for n in QS_XGB for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def xgb_case(request):
@@ -98,7 +106,8 @@ def test_xgboost_outputs(xgb_case, n_rows):
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in SKL
-                                        for lay in ("auto", "compact", "compact16")]
+                                        for lay in ("auto", "compact", "compact-trees",
+                                                    "compact16")]
                 + [(n, q) for n in QS_SKL for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def skl_case(request):
