@@ -279,19 +279,15 @@ cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, in
 cdef inline void rows_tree(const ModelView* m, const acc_t* leaves, int64_t t,
                            const float* const* rx, const int32_t* order, int32_t k0, int32_t k1,
                            acc_t* acc, bint split) noexcept nogil:
-    """Tree t for the rows at positions k0..k1 (rx[k] staged for row order[k]), 16 at a time;
-    the last group's spare chains walk its last row again and are not added."""
-    cdef const uint32_t* xs[WIDE]
-    cdef int64_t slot[WIDE]
-    cdef int32_t k = k0, j, used
-    while k < k1:
-        for j in range(WIDE):
-            xs[j] = <const uint32_t*>rx[min(k + j, k1 - 1)]
-        (sw_scwalk_rows if split else sw_scwalk_rows_f)(m.sqcnodes, m.root[t], xs, slot)
-        used = min(<int32_t>WIDE, k1 - k)
-        for j in range(used):
-            add_leaf(m, leaves, t, slot[j], acc + order[k + j] * m.n_outputs)
-        k += WIDE
+    """Tree t for the rows at positions k0..k1 (rx[k] staged for row order[k])."""
+    cdef int64_t slots[ROWS_WALK_ROWS]
+    cdef int32_t k
+    if k1 <= k0:
+        return
+    (sw_scwalk_rows if split else sw_scwalk_rows_f)(
+        m.sqcnodes, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots)
+    for k in range(k0, k1):
+        add_leaf(m, leaves, t, slots[k - k0], acc + order[k] * m.n_outputs)
 
 
 cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
@@ -333,13 +329,13 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
         elif keyed and n >= ROWS_WALK_MIN and rows_walk(m):
-            # Deep forests of 8-byte nodes: tree by tree, 16 of the task's rows walk it at
-            # once (walk.h sw_scwalk_rows), so one tree's nodes stay in L1/L2 while the rows
-            # pass, where 16 trees of one row spread a walk over 16 trees' nodes (on model C,
-            # callgrind with a 48 KB L1 and 1 MB L2: 35% fewer L1 misses and 59% fewer L2
-            # misses a row; bench/NOTES.md). Rows without NaN first, as keys; then the others,
-            # doubled; order[k] is the row at position k. A row's leaves are still added in
-            # tree order.
+            # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 16 at a time
+            # (walk.h sw_scwalk_rows, a finished chain taking the next row), so one tree's
+            # nodes stay in L1/L2 while the rows pass, where 16 trees of one row spread a walk
+            # over 16 trees' nodes (model C, callgrind with a 48 KB L1 and 1 MB L2: 35% fewer
+            # L1 misses and 59% fewer L2 misses a row; bench/NOTES.md). Rows without NaN
+            # first, as keys; then the others, doubled; order[k] is the row at position k. A
+            # row's leaves are still added in tree order.
             nfin = 0
             for r in range(n):
                 rules[r] = sw_row_finite(X + r * ldx, nf)

@@ -190,25 +190,44 @@ SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_F, SW_SCSLOT, sw_scwalk_qf)
 static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_scwalk_q : sw_scwalk_qf;
 }
-/* The rows walk: SW_CW rows walk one tree of 8-byte nodes together (chain j reads row
-   xs[j]); ROWS reads doubled rows of keys (SPLIT), ROWS_F rows of keys (FINITE). A tree's
-   nodes stay in L1/L2 while a task's rows pass through it (kernels.pyx eval_rest). */
-#define SW_DEF_RWALK(IDX, NAME)                                                             \
-static void NAME(const void *vnodes, int64_t root, const uint32_t *const *xs,               \
-                 int64_t *slot) {                                                           \
-    const sw_qnode *c = (const sw_qnode *)vnodes;                                           \
+/* The rows walk: n rows (rx[0..n), rows of order keys) through one tree of 8-byte nodes, 16
+   chains, one row a chain; a chain that reaches a leaf stores its row's slot in slots[] and
+   starts the next row at the root, so no chain waits for the deepest path of a group. The
+   tree's nodes stay in L1/L2 while a task's rows pass through it (kernels.pyx eval_rest).
+   ROWS reads doubled rows (SPLIT), ROWS_F rows of keys (FINITE). */
+#define SW_DEF_RWALK(IDX, NAME)                                                                \
+static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, int32_t n,    \
+                 int64_t *slots) {                                                          \
+    const sw_qnode *top = (const sw_qnode *)vnodes + root;                                  \
     const sw_qnode *nd[SW_CW];                                                              \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) nd[j] = c + root;              \
-    for (;;) {                                                                              \
-        uint32_t all = SW_KEY_LEAF;                                                         \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) all &= nd[j]->key;         \
-        if (all) break;                                                                     \
+    const uint32_t *x[SW_CW];                                                               \
+    int32_t row[SW_CW];                                                                     \
+    int32_t next = 0, done = 0;                                                             \
+    for (int j = 0; j < SW_CW; j++) {                                                       \
+        row[j] = next < n ? next++ : n;                                                     \
+        x[j] = rx[row[j] < n ? row[j] : n - 1];                                             \
+        nd[j] = top;                                                                        \
+    }                                                                                       \
+    while (done < n) {                                                                      \
         _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
             uint32_t key = nd[j]->key;                                                      \
-            nd[j] = SW_SCCHILD(nd[j], xs[j], key, IDX);                                     \
+            if (__builtin_expect(key & SW_KEY_LEAF, 0)) {                                   \
+                if (row[j] < n) {                                                           \
+                    slots[row[j]] = SW_SCSLOT(nd[j]);                                       \
+                    done++;                                                                 \
+                    if (next < n) {                                                         \
+                        row[j] = next;                                                      \
+                        x[j] = rx[next++];                                                  \
+                        nd[j] = top;                                                        \
+                    } else {                                                                \
+                        row[j] = n;                                                         \
+                    }                                                                       \
+                }                                                                           \
+            } else {                                                                        \
+                nd[j] = SW_SCCHILD(nd[j], x[j], key, IDX);                                  \
+            }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) slot[j] = SW_SCSLOT(nd[j]);    \
 }
 SW_DEF_RWALK(SW_SCIDX_Q, sw_scwalk_rows)
 SW_DEF_RWALK(SW_SCIDX_F, sw_scwalk_rows_f)
