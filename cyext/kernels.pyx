@@ -276,16 +276,17 @@ cdef void eval_trees(const ModelView* m, const acc_t* leaves, const float* X, in
     eval_rest(m, leaves, X, ldx, n, t0, t1, acc)
 
 
-cdef inline void rows_tree(const ModelView* m, const acc_t* leaves, int64_t t,
+cdef inline void rows_tree(const ModelView* m, const void* qc, const acc_t* leaves, int64_t t,
                            const float* const* rx, const int32_t* order, int32_t k0, int32_t k1,
                            acc_t* acc, bint split) noexcept nogil:
-    """Tree t for the rows at positions k0..k1 (rx[k] staged for row order[k])."""
+    """Tree t of the 8-byte nodes qc for the rows at positions k0..k1 (rx[k] staged for row
+    order[k])."""
     cdef int64_t slots[ROWS_WALK_ROWS]
     cdef int32_t k
     if k1 <= k0:
         return
     (sw_scwalk_rows if split else sw_scwalk_rows_f)(
-        m.sqcnodes, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots)
+        qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots)
     for k in range(k0, k1):
         add_leaf(m, leaves, t, slots[k - k0], acc + order[k] * m.n_outputs)
 
@@ -310,9 +311,10 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
     cdef sw_cwalk_fn cwalk_q = sw_cwalk_q_for(SW_RULE_SPLIT)
     cdef sw_cwalk_fn cwalk_qf = sw_cwalk_q_for(SW_RULE_FINITE)
     cdef const void* qc = m.qcnodes
-    if m.sqcnodes != NULL:  # the same walks over 8-byte nodes
+    cdef const void* sqc = m.sqcnodes  # read once: Forest.small_nodes may switch it
+    if sqc != NULL:  # the same walks over 8-byte nodes
         cwalk_q, cwalk_qf, qc = sw_scwalk_q_for(SW_RULE_SPLIT), sw_scwalk_q_for(SW_RULE_FINITE), \
-            m.sqcnodes
+            sqc
     cdef bint keyed = m.qcnodes != NULL and xx != NULL and not padded and \
         n * 2 * nf <= xx_cap
     ni = (<int64_t>1 << m.depth) - 1
@@ -328,7 +330,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                                slot)
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
-        elif keyed and n >= ROWS_WALK_MIN and rows_walk(m):
+        elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m):
             # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 16 at a time
             # (walk.h sw_scwalk_rows, a finished chain taking the next row), so one tree's
             # nodes stay in L1/L2 while the rows pass, where 16 trees of one row spread a walk
@@ -357,8 +359,8 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                     sw_split_row(X + r * ldx, nf, xx + used)
                     used += 2 * nf
             while t < t1:
-                rows_tree(m, leaves, t, rx, order, 0, nfin, acc, False)
-                rows_tree(m, leaves, t, rx, order, nfin, n, acc, True)
+                rows_tree(m, sqc, leaves, t, rx, order, 0, nfin, acc, False)
+                rows_tree(m, sqc, leaves, t, rx, order, nfin, n, acc, True)
                 t += 1
         elif t + WIDE <= t1:
             for r in range(n):
@@ -573,7 +575,7 @@ cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, d
             acc = NULL
         for b in prange(n_blocks, schedule="static"):
             if acc == NULL:
-                failed = 1
+                failed += 1  # a reduction: every thread's failure counts, not the last one's
             else:
                 r0 = b * rows
                 r1 = min(r0 + rows, n_rows)
@@ -583,7 +585,7 @@ cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, d
         free(buf)
         free(plan)
         free(xx)
-    return -failed
+    return -1 if failed else 0
 
 
 cdef class Forest:

@@ -49,7 +49,11 @@ def compiled(source, layout: str):
         assert model.kernel == "quickscorer"
         model.forest.quickscorer_simd(QS_MODES[layout])
         return model
-    return worker.compile_model(source, layout=layout, kernel="walk")
+    model = worker.compile_model(source, layout=layout, kernel="walk")
+    if layout == "compact" and model.forest.compact_node_bytes == 8:
+        # large tasks take the rows walk where 2,048 doubled rows fit a task's buffer
+        assert model.forest.rows_walk() is (True if model.n_features <= 64 else None)
+    return model
 
 
 # QuickScorer takes trees of at most 64 leaves: every model here but the deep ones

@@ -105,17 +105,18 @@ def test_forcing_both_skips_the_measurement_and_forcing_one_measures_the_other(m
 def test_the_timings_stay_out_of_the_model_id():
     """Two compiles of one model to one layout differ in their timings (new bytes, a new
     trailer) but keep their id; a different layout is different content."""
-    a = worker.compile_model(_xgb(), layout="padded", kernel="walk")
-    b = worker.compile_model(_xgb(), layout="padded")  # walk measured against QuickScorer
-    assert b.kernel == "walk" or b.kernel_choice["by"] == "measured"
-    if b.kernel == "walk":
-        assert a.to_bytes() != b.to_bytes() and a.model_id == b.model_id
+    a = worker.compile_model(_xgb(), layout="compact", kernel="walk")
+    b = worker.compile_model(_xgb(), layout="compact", kernel="walk")
+    assert a.meta["layout_choice"]["by"] == "forced"
+    b.meta["layout_choice"]["us_per_row"] = {"compact walk": 0.5}  # as a measured compile has
+    b = worker.CompiledModel(b.meta, b.arrays)
+    assert a.to_bytes() != b.to_bytes() and a.model_id == b.model_id
     # the id is the trailer of the same artifact without its measurements
     bare = {k: v for k, v in a.meta.items() if k != "layout_choice"}
     assert artifact.dumps(bare, a.arrays)[-32:].hex() == a.model_id
     _meta, _arrays, loaded_id = artifact.loads(a.to_bytes())
     assert loaded_id == a.model_id != a.to_bytes()[-32:].hex()
-    c = worker.compile_model(_xgb(), layout="compact", kernel="walk")
+    c = worker.compile_model(_xgb(), layout="padded", kernel="walk")
     assert c.model_id != a.model_id
 
 
@@ -142,6 +143,34 @@ def test_a_hostile_choice_record_is_refused_by_name(tmp_path, choice, field):
     path.write_bytes(artifact.dumps(meta, model.arrays))
     with pytest.raises(worker.ArtifactError, match=r"meta\.layout_choice: not a mapping"):
         worker.load_model(path)
+
+
+def test_a_header_nested_too_deep_is_refused_as_an_artifact_error(tmp_path):
+    """json.loads reads a little deeper than json.dumps writes back, and the model id is
+    hashed over the header written again without the choice record: a hostile header at
+    either depth loads or is an ArtifactError, never a RecursionError."""
+    import hashlib
+
+    model = worker.compile_model(_xgb(), layout="padded", kernel="walk")
+    data = model.to_bytes()
+    start = len(artifact.MAGIC) + 12
+    hlen = struct.unpack_from("<Q", data, len(artifact.MAGIC) + 4)[0]
+    text = data[start:start + hlen].decode()
+    notes = '"notes": ' + json.dumps(model.meta["notes"])
+    assert notes in text
+    outcomes = set()
+    for depth in (900, 985, 991, 995, 2000, 100_000):
+        h = text.replace(notes, '"notes": ' + "[" * depth + "]" * depth).encode()
+        body = artifact.MAGIC + struct.pack("<IQ", artifact.FORMAT_VERSION, len(h)) + h + \
+            data[start + hlen:-32]
+        path = tmp_path / "m.model"
+        path.write_bytes(body + hashlib.sha256(body).digest())
+        try:
+            worker.load_model(path)
+            outcomes.add("loaded")
+        except worker.ArtifactError as exc:
+            outcomes.add("nested too deep" if "nested too deep" in str(exc) else "refused")
+    assert outcomes == {"loaded", "nested too deep"}
 
 
 def test_a_stored_kernel_the_model_cannot_take_falls_back_to_the_walks(tmp_path):

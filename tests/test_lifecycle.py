@@ -70,6 +70,25 @@ def test_the_watcher_swaps_in_a_verified_artifact_and_refuses_the_rest(tmp_path,
         w.stop()
 
 
+def test_a_new_kernel_choice_for_the_same_model_is_swapped_in(tmp_path, models):
+    """The kernel choice is outside the model id: the same model compiled again with another
+    kernel keeps its id, and the watcher still hands it over (same scores, other speed)."""
+    src = M.xgboost_models()["xgb-binary-logistic"]
+    walk = worker.compile_model(src, layout="compact", kernel="walk")
+    qs = worker.compile_model(src, layout="compact", kernel="quickscorer")
+    assert walk.model_id == qs.model_id
+    path = tmp_path / "fraud.model"
+    walk.save(path)
+    w = ModelWatcher(str(path), worker.load_model(path), _settings(path), Metrics()).start()
+    try:
+        qs.save(path)
+        _wait(lambda: w._ready is not None)
+        got = w.take()
+        assert got.kernel == "quickscorer" and got.model_id == walk.model_id
+    finally:
+        w.stop()
+
+
 def test_a_model_reading_other_features_is_refused_unless_allowed(tmp_path, models):
     path = tmp_path / "fraud.model"
     models["a"].save(path)

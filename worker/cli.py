@@ -84,10 +84,8 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
         model = compile_model(source, layout=layout, trust_pickle=trust_pickle, kernel=kernel)
     except UnsupportedModelError as exc:
         raise click.ClickException(f"cannot compile {source}: {exc}") from None
-    except ValueError as exc:  # a forced layout or kernel the model cannot take
-        if layout == kernel == "auto":
-            raise
-        raise click.ClickException(f"cannot compile {source} as asked: {exc}") from None
+    except ValueError as exc:  # e.g. a forced layout or kernel the model cannot take
+        raise click.ClickException(f"cannot compile {source}: {exc}") from None
     model_id = model.save(output)
     c = model.kernel_choice
     timed = ", ".join(f"{k} {v:.3g} us" for k, v in c["us_per_row"].items())

@@ -120,8 +120,9 @@ class ModelWatcher:
                 candidate = load_model(self.path)
             except (ArtifactError, OSError, ValueError) as exc:
                 raise ModelRefused("unreadable", str(exc).splitlines()[0]) from None
-            if candidate.model_id == self.running_id:
-                return  # the same artifact, rewritten
+            if candidate.model_id == self.running_id and \
+                    candidate.kernel == getattr(self._running, "kernel", candidate.kernel):
+                return  # the same artifact, rewritten (a new kernel choice is a swap)
             verify(candidate, self._running, self.settings)
             # warm up: the kernels' first batch, off the loop
             warm = np.zeros((256, candidate.n_features), dtype=np.float32)

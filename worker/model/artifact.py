@@ -102,6 +102,8 @@ def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray]
         header = json.loads(body[start:start + hlen])
     except (ValueError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{what}: header is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ArtifactError(f"{what}: header is nested too deep") from None
     if not isinstance(header, dict) or not isinstance(header.get("meta"), dict) \
             or not isinstance(header.get("arrays"), list):
         raise ArtifactError(f"{what}: header lacks its 'meta' mapping or 'arrays' list")
@@ -111,8 +113,11 @@ def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray]
         if name in arrays:
             raise ArtifactError(f"{what}: array {name!r} stored twice")
         arrays[name] = arr
-    return header["meta"], arrays, _model_id(header["meta"], header["arrays"],
-                                             memoryview(body)[base:], digest)
+    try:
+        model_id = _model_id(header["meta"], header["arrays"], memoryview(body)[base:], digest)
+    except RecursionError:  # json.loads took a depth json.dumps cannot write back
+        raise ArtifactError(f"{what}: header is nested too deep") from None
+    return header["meta"], arrays, model_id
 
 
 def _array(spec, body: bytes, base: int, what: str) -> tuple[str, np.ndarray]:
