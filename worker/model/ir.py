@@ -130,7 +130,8 @@ class Ensemble:
 def float32_at_or_below(t: np.ndarray) -> np.ndarray:
     """Largest float32 not above each float64 threshold (exact for ``x <= t`` with float32 x)."""
     t = np.asarray(t, dtype=np.float64)
-    t32 = t.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, stepped back below
+        t32 = t.astype(np.float32)
     up = t32.astype(np.float64) > t
     t32[up] = np.nextafter(t32[up], np.float32(-np.inf))
     return t32
