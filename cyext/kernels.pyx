@@ -334,8 +334,8 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
             # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 16 at a time
             # (walk.h sw_scwalk_rows, a finished chain taking the next row), so one tree's
             # nodes stay in L1/L2 while the rows pass, where 16 trees of one row spread a walk
-            # over 16 trees' nodes (model C, callgrind with a 48 KB L1 and 1 MB L2: 35% fewer
-            # L1 misses and 59% fewer L2 misses a row; bench/NOTES.md). Rows without NaN
+            # over 16 trees' nodes (model C, callgrind with a 48 KB L1 and 1 MB L2, per row:
+            # L1 misses 1,083 -> 641, L2 misses 118 -> 49; bench/NOTES.md). Rows without NaN
             # first, as keys; then the others, doubled; order[k] is the row at position k. A
             # row's leaves are still added in tree order.
             nfin = 0
@@ -491,7 +491,8 @@ cdef inline bint rows_walk(const ModelView* m) noexcept nogil:
 
 cdef inline int64_t task_rows(const ModelView* m) noexcept nogil:
     # Compact (deep) models outgrow L2: 1024 rows walk each group of trees while it is cached
-    # (measured 2.3x rows/s on model C, a 9 MB random forest, over 64-row blocks). Padded
+    # (measured 2.3x rows/s on model C, a 9 MB random forest, over 64-row blocks), or, with
+    # the rows walk (rows_walk), 2,048 rows walk each tree while it is cached. Padded
     # models with doubled rows walk each group of 12 trees over up to 512 rows, the group's
     # nodes in L1 and the doubled rows (at most 256 KB) streaming from L2 (bench/NOTES.md
     # "Kernel v2": B +19%, A +1%); the others keep 64-row blocks.
