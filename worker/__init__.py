@@ -15,6 +15,12 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
 
+# Set by `scoring-worker`'s first signal handler (worker.cli) when SIGTERM/SIGINT comes while
+# the modules load. That handler raises SystemExit, but CPython can lose an exception raised
+# by a signal handler (seen here: a stop at 0.3 s, delivered while the import system compiled
+# a module, and the worker then started and ran), so the run's start-up reads this too.
+stop_requested_while_loading = False
+
 
 def __getattr__(name: str):
     module = _PUBLIC.get(name)

@@ -957,6 +957,8 @@ def run(settings: Settings, summary: bool = True) -> int:
                                           settings.delivery.stop_timeout_ms / 1000
                                           + EXIT_MARGIN_S)
         try:
+            if sys.modules[__package__].stop_requested_while_loading:  # its SystemExit was lost
+                raise _StopDuringStartup
             return _run(settings, summary, signals)
         except _StopDuringStartup:
             log.info("stopped during start-up")
@@ -1037,6 +1039,8 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
                 return _startup_error(f"metrics.host/port ({settings.metrics.host}:"
                                       f"{settings.metrics.port})", exc)
             stack.callback(server.shutdown)
+        if signals.pending:  # a stop whose _StopDuringStartup was lost (as above): end here
+            raise _StopDuringStartup
         progress = stack.enter_context(_progress(settings, source))
         worker = Worker(settings, model, source, sink, metrics, progress)
 

@@ -9,16 +9,33 @@ from pathlib import Path
 
 def _stopped_while_loading(*_args):
     sys.stderr.write("stopped during start-up\n")
+    sys.modules[__package__ or "worker"].stop_requested_while_loading = True
     raise SystemExit(0)
+
+
+def _stop_lost_quietly(unraisable) -> None:
+    # a signal handler runs wherever the main thread is, inside a weakref callback of the
+    # import system too, where CPython reports its SystemExit as "Exception ignored" and goes
+    # on; the stop is not lost (the run's start-up reads the flag above), so neither is a
+    # traceback printed for it
+    if unraisable.exc_type is SystemExit and \
+            sys.modules[__package__ or "worker"].stop_requested_while_loading:
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def _handle_stops_while_loading() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, _stopped_while_loading)
+    sys.unraisablehook = _stop_lost_quietly
 
 
 # Run as the command (not imported by a test): a SIGTERM/SIGINT from the first line of
 # start-up exits 0 (Kubernetes stops starting pods during every rolling update); the run loop
 # installs its own handling once the modules are loaded.
 if __name__ == "__main__" or Path(sys.argv[0]).name == "scoring-worker":
-    for _sig in (signal.SIGTERM, signal.SIGINT):
-        if signal.getsignal(_sig) in (signal.SIG_DFL, signal.default_int_handler):
-            signal.signal(_sig, _stopped_while_loading)
+    _handle_stops_while_loading()
 
 import time  # noqa: E402
 
