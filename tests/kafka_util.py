@@ -55,12 +55,13 @@ def produce_inputs(bootstrap: str, topic: str, n_messages: int, rows: int,
 
 def write_config(path: Path, bootstrap: str, model: Path, source: str, sink: str, dlq: str,
                  group: str, mode: str = "exactly_once", metrics_port: int = 0,
-                 **delivery) -> Path:
+                 client: dict | None = None, **delivery) -> Path:
     cfg = {
         "source": {"type": "kafka", "topic": source},
         "sink": {"type": "kafka", "topic": sink, "dead_letter_topic": dlq},
         "kafka": {"bootstrap_servers": bootstrap, "group_id": group,
-                  "client": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000}},
+                  "client": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000,
+                             **(client or {})}},
         "model": {"path": str(model)},
         "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
         "delivery": {"mode": mode, "max_wait_ms": 20, **delivery},
