@@ -331,7 +331,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
         elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m):
-            # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 16 at a time
+            # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 8 at a time
             # (walk.h sw_scwalk_rows, a finished chain taking the next row), so one tree's
             # nodes stay in L1/L2 while the rows pass, where 16 trees of one row spread a walk
             # over 16 trees' nodes (model C, callgrind with a 48 KB L1 and 1 MB L2, per row:
@@ -838,7 +838,7 @@ cdef class Forest:
         return 8 if self.view.sqcnodes != NULL else 16
 
     def rows_walk(self, object on=None):
-        """Whether a deep forest's tasks walk each tree with 16 rows at once (the default
+        """Whether a deep forest's tasks walk each tree with 8 rows at once (the default
         where it applies: 8-byte compact nodes, no special nodes) or 16 trees a row (tests
         score both; ``on`` sets it). What is in force; None where it does not apply."""
         if on is not None:

@@ -190,43 +190,55 @@ SW_DEF_CWALK_G(sw_qnode, uint32_t, SW_SCNEXT_F, SW_SCSLOT, sw_scwalk_qf)
 static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
     return rule == SW_RULE_SPLIT ? sw_scwalk_q : sw_scwalk_qf;
 }
-/* The rows walk: n rows (rx[0..n), rows of order keys) through one tree of 8-byte nodes, 16
+/* The rows walk: n rows (rx[0..n), rows of order keys) through one tree of 8-byte nodes, 8
    chains, one row a chain; a chain that reaches a leaf stores its row's slot in slots[] and
    starts the next row at the root, so no chain waits for the deepest path of a group. The
    tree's nodes stay in L1/L2 while a task's rows pass through it (kernels.pyx eval_rest).
-   ROWS reads doubled rows (SPLIT), ROWS_F rows of keys (FINITE). */
+   Each chain's node, row pointer and row number are locals, so gcc keeps the nodes and most
+   row pointers in registers: 16 chains in arrays (the loop, branching at each leaf, was not
+   unrolled) kept them in memory, a load and a store a step more (callgrind on C: 40.4k -> 28.4k
+   instructions a row, the same cache misses; bench/NOTES.md "Rows walk"). Fewer than 8 rows
+   walk one after another. ROWS reads doubled rows (SPLIT), ROWS_F rows of keys (FINITE). */
+#define SW_RW 8
+#define SW_RINIT(j) const sw_qnode *nd##j = top; const uint32_t *x##j = rx[j]; int32_t row##j = j;
+#define SW_RSTEP(j, IDX)                                                                     \
+    {                                                                                       \
+        const uint32_t key = nd##j->key;                                                    \
+        if (__builtin_expect(key & SW_KEY_LEAF, 0)) {                                       \
+            if (row##j < n) {                                                               \
+                slots[row##j] = SW_SCSLOT(nd##j);                                           \
+                done++;                                                                     \
+                if (next < n) {                                                             \
+                    row##j = next;                                                          \
+                    x##j = rx[next++];                                                      \
+                    nd##j = top;                                                            \
+                } else {                                                                    \
+                    row##j = n;  /* stands on its leaf until the others are done */         \
+                }                                                                           \
+            }                                                                               \
+        } else {                                                                            \
+            nd##j = SW_SCCHILD(nd##j, x##j, key, IDX);                                      \
+        }                                                                                   \
+    }
 #define SW_DEF_RWALK(IDX, NAME)                                                                \
 static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, int32_t n,    \
                  int64_t *slots) {                                                          \
     const sw_qnode *top = (const sw_qnode *)vnodes + root;                                  \
-    const sw_qnode *nd[SW_CW];                                                              \
-    const uint32_t *x[SW_CW];                                                               \
-    int32_t row[SW_CW];                                                                     \
-    int32_t next = 0, done = 0;                                                             \
-    for (int j = 0; j < SW_CW; j++) {                                                       \
-        row[j] = next < n ? next++ : n;                                                     \
-        x[j] = rx[row[j] < n ? row[j] : n - 1];                                             \
-        nd[j] = top;                                                                        \
-    }                                                                                       \
-    while (done < n) {                                                                      \
-        _Pragma("GCC unroll 16") for (int j = 0; j < SW_CW; j++) {                          \
-            uint32_t key = nd[j]->key;                                                      \
-            if (__builtin_expect(key & SW_KEY_LEAF, 0)) {                                   \
-                if (row[j] < n) {                                                           \
-                    slots[row[j]] = SW_SCSLOT(nd[j]);                                       \
-                    done++;                                                                 \
-                    if (next < n) {                                                         \
-                        row[j] = next;                                                      \
-                        x[j] = rx[next++];                                                  \
-                        nd[j] = top;                                                        \
-                    } else {                                                                \
-                        row[j] = n;                                                         \
-                    }                                                                       \
-                }                                                                           \
-            } else {                                                                        \
-                nd[j] = SW_SCCHILD(nd[j], x[j], key, IDX);                                  \
-            }                                                                               \
+    if (n < SW_RW) {                                                                        \
+        for (int32_t r = 0; r < n; r++) {                                                   \
+            const sw_qnode *nd = top;                                                       \
+            uint32_t key;                                                                   \
+            while (!((key = nd->key) & SW_KEY_LEAF)) nd = SW_SCCHILD(nd, rx[r], key, IDX);  \
+            slots[r] = SW_SCSLOT(nd);                                                       \
         }                                                                                   \
+        return;                                                                             \
+    }                                                                                       \
+    SW_RINIT(0) SW_RINIT(1) SW_RINIT(2) SW_RINIT(3)                                         \
+    SW_RINIT(4) SW_RINIT(5) SW_RINIT(6) SW_RINIT(7)                                         \
+    int32_t next = SW_RW, done = 0;                                                         \
+    while (done < n) {                                                                      \
+        SW_RSTEP(0, IDX) SW_RSTEP(1, IDX) SW_RSTEP(2, IDX) SW_RSTEP(3, IDX)                 \
+        SW_RSTEP(4, IDX) SW_RSTEP(5, IDX) SW_RSTEP(6, IDX) SW_RSTEP(7, IDX)                 \
     }                                                                                       \
 }
 SW_DEF_RWALK(SW_SCIDX_Q, sw_scwalk_rows)

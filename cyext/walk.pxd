@@ -18,7 +18,7 @@ cdef extern from "walk.h":
     void sw_key_row(const float* x, int n, float* k) noexcept nogil      # k: n order keys
     sw_cwalk_fn sw_cwalk_q_for(int rule) noexcept nogil  # order-key compact walk, SPLIT/FINITE
     sw_cwalk_fn sw_scwalk_q_for(int rule) noexcept nogil  # the same over 8-byte nodes (sqcnodes)
-    # n rows through one tree of 8-byte nodes, 16 chains refilled from the rows: doubled rows
+    # n rows through one tree of 8-byte nodes, 8 chains refilled from the rows: doubled rows
     # (SPLIT) / rows of keys (FINITE); slots[i]: row i's leaf slot
     void sw_scwalk_rows(const void* nodes, int64_t root, const uint32_t* const* rx, int32_t n,
                         int64_t* slots) noexcept nogil

@@ -88,6 +88,29 @@ def test_xgboost_margin_bit_identical(xgb_case, n_rows, n_threads):
     np.testing.assert_array_equal(ours, ref)
 
 
+def short_runs(thresholds, few: str, seed: int, nan=True) -> np.ndarray:
+    """2,500 hostile rows of which only 3 hold a missing value ("nan") or only 3 hold none
+    ("dense"): a task's two runs of the rows walk (rows without NaN, then rows with NaN) with
+    fewer rows than the walk has chains."""
+    dense = M.hostile_rows(2500, thresholds, seed=seed, nan=False)
+    missing = M.hostile_rows(2500, thresholds, seed=seed + 1, nan=nan)
+    if nan:
+        missing[np.arange(2500), np.arange(2500) % missing.shape[1]] = np.nan
+    rows = np.random.default_rng(seed).choice(2500, size=3, replace=False)
+    X = dense.copy() if few == "nan" else missing.copy()
+    X[rows] = (missing if few == "nan" else dense)[rows]
+    return X
+
+
+@pytest.mark.parametrize("few", ["nan", "dense"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_xgboost_runs_shorter_than_the_walk(xgb_case, few, n_threads):
+    name, booster, model = xgb_case
+    X = short_runs(M.xgboost_thresholds(booster), few, seed=11)
+    ref = np.asarray(xgb_reference_margin(booster, X), dtype=np.float64).reshape(len(X), -1)
+    np.testing.assert_array_equal(model.raw(X, n_threads=n_threads), ref)
+
+
 @pytest.mark.parametrize("n_rows", [1, 65, 1000])
 def test_xgboost_outputs(xgb_case, n_rows):
     name, booster, model = xgb_case
@@ -139,6 +162,19 @@ def test_sklearn_matches_library(skl_case, n_rows, n_threads):
     else:
         ref = est.predict(Xl)
         np.testing.assert_allclose(model.predict(X, n_threads=n_threads), ref, atol=1e-5,
+                                   rtol=1e-7)
+
+
+@pytest.mark.parametrize("few", ["nan", "dense"])
+def test_sklearn_runs_shorter_than_the_walk(skl_case, few):
+    name, est, model = skl_case
+    X = short_runs(M.sklearn_thresholds(est), few, seed=13, nan=name not in NAN_REJECTED)
+    Xl = M.finite_for_library(X)
+    if hasattr(est, "predict_proba"):
+        np.testing.assert_allclose(model.predict_proba(X, n_threads=2), est.predict_proba(Xl),
+                                   atol=1e-5, rtol=0)
+    else:
+        np.testing.assert_allclose(model.predict(X, n_threads=2), est.predict(Xl), atol=1e-5,
                                    rtol=1e-7)
 
 
