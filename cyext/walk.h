@@ -194,30 +194,32 @@ static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
    chains, one row a chain; a chain that reaches a leaf stores its row's slot in slots[] and
    starts the next row at the root, so no chain waits for the deepest path of a group. The
    tree's nodes stay in L1/L2 while a task's rows pass through it (kernels.pyx eval_rest).
-   Each chain's node, row pointer and row number are locals, so gcc keeps the nodes and most
-   row pointers in registers: 16 chains in arrays (the loop, branching at each leaf, was not
-   unrolled) kept them in memory, a load and a store a step more (callgrind on C: 40.4k -> 28.4k
-   instructions a row, the same cache misses; bench/NOTES.md "Rows walk"). Fewer than 8 rows
-   walk one after another. ROWS reads doubled rows (SPLIT), ROWS_F rows of keys (FINITE). */
+   Each chain's node index, row pointer and row number are locals, so gcc keeps the nodes and
+   most row pointers in registers: 16 chains in arrays (the loop, branching at each leaf, was
+   not unrolled) kept them in memory, a load and a store a step more; and a 64-bit node index
+   (not a pointer) makes the step's child a compare and an add-with-carry of the child's
+   distance (12 instructions a step; callgrind on C: 40.4k -> 28.4k -> 24.2k instructions a
+   row, the same cache misses; bench/NOTES.md "Rows walk"). Fewer than 8 rows walk one after
+   another. ROWS reads doubled rows (SPLIT), ROWS_F rows of keys (FINITE). */
 #define SW_RW 8
-#define SW_RINIT(j) const sw_qnode *nd##j = top; const uint32_t *x##j = rx[j]; int32_t row##j = j;
+#define SW_RINIT(j) uint64_t q##j = 0; const uint32_t *x##j = rx[j]; int32_t row##j = j;
 #define SW_RSTEP(j, IDX)                                                                     \
     {                                                                                       \
-        const uint32_t key = nd##j->key;                                                    \
+        const uint32_t key = top[q##j].key;                                                 \
         if (__builtin_expect(key & SW_KEY_LEAF, 0)) {                                       \
             if (row##j < n) {                                                               \
-                slots[row##j] = SW_SCSLOT(nd##j);                                           \
+                slots[row##j] = SW_SC_SLOT(top[q##j].thr);                                  \
                 done++;                                                                     \
                 if (next < n) {                                                             \
                     row##j = next;                                                          \
                     x##j = rx[next++];                                                      \
-                    nd##j = top;                                                            \
+                    q##j = 0;                                                               \
                 } else {                                                                    \
                     row##j = n;  /* stands on its leaf until the others are done */         \
                 }                                                                           \
             }                                                                               \
         } else {                                                                            \
-            nd##j = SW_SCCHILD(nd##j, x##j, key, IDX);                                      \
+            q##j += (uint64_t)SW_SC_DELTA(key) + (uint64_t)(top[q##j].thr < x##j[IDX(key)]);\
         }                                                                                   \
     }
 #define SW_DEF_RWALK(IDX, NAME)                                                                \
