@@ -484,7 +484,7 @@ cdef int score_range(const ModelView* m, const acc_t* leaves, const acc_t* base,
 
 cdef inline bint rows_walk(const ModelView* m) noexcept nogil:
     # compact models of 8-byte nodes without special nodes, whose keyed rows fit a task's
-    # buffer (task_buffers): eval_rest walks each tree with 16 of a task's rows at once
+    # buffer (task_buffers): eval_rest walks each tree with 8 of a task's rows at once
     return m.sqcnodes != NULL and m.cats == NULL and not m.trees_walk and \
         2 * max(m.n_features, 1) * ROWS_WALK_ROWS <= 4 * PLAN_FLOATS
 

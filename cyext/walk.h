@@ -199,8 +199,9 @@ static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
    not unrolled) kept them in memory, a load and a store a step more; and a 64-bit node index
    (not a pointer) makes the step's child a compare and an add-with-carry of the child's
    distance (12 instructions a step; callgrind on C: 40.4k -> 28.4k -> 24.2k instructions a
-   row, the same cache misses; bench/NOTES.md "Rows walk"). Fewer than 8 rows walk one after
-   another. ROWS reads doubled rows (SPLIT), ROWS_F rows of keys (FINITE). */
+   row, the same cache misses; bench/NOTES.md "C: rows walk each tree together"). Fewer than
+   8 rows walk one after another. ROWS reads doubled rows (SPLIT), ROWS_F rows of keys
+   (FINITE). SW_RSTEP reads the enclosing walk's n, top, rx, slots, next and done. */
 #define SW_RW 8
 #define SW_RINIT(j) uint64_t q##j = 0; const uint32_t *x##j = rx[j]; int32_t row##j = j;
 #define SW_RSTEP(j, IDX)                                                                     \

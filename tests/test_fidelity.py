@@ -32,7 +32,7 @@ def compiled(source, layout: str):
     AVX2, "compact-qs1" one row at a time. "compact" walks 8-byte nodes where they fit (every
     model here), a large task's rows each tree together; "compact-trees" 16 trees a row over
     the same nodes; "compact16" the 16-byte ones."""
-    if layout == "compact-trees":  # large tasks walk 16 trees a row, not 16 rows a tree
+    if layout == "compact-trees":  # large tasks walk 16 trees a row, not 8 rows a tree
         model = worker.compile_model(source, layout="compact", kernel="walk")
         assert model.forest.rows_walk() in (True, None)  # None: special nodes
         model.forest.rows_walk(False)
@@ -91,7 +91,8 @@ def test_xgboost_margin_bit_identical(xgb_case, n_rows, n_threads):
 def short_runs(thresholds, few: str, seed: int, nan=True) -> np.ndarray:
     """2,500 hostile rows of which only 3 hold a missing value ("nan") or only 3 hold none
     ("dense"): a task's two runs of the rows walk (rows without NaN, then rows with NaN) with
-    fewer rows than the walk has chains."""
+    fewer rows than the walk has chains. Without NaN (nan=False, for the estimators that
+    reject it) every row is in one run: then it is one more plain case of 2,500 rows."""
     dense = M.hostile_rows(2500, thresholds, seed=seed, nan=False)
     missing = M.hostile_rows(2500, thresholds, seed=seed + 1, nan=nan)
     if nan:

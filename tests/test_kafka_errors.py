@@ -563,19 +563,77 @@ def open_source(settings):
 def open_sink(settings):
     try:
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises here
+        time.sleep(5)  # the handler raises here (having set the run's pending flag)
         print("no stop", flush=True)
     except app._StopDuringStartup:
         pass  # lost
-    time.sleep(0.5)  # the signal thread has set its flag
     return Quiet()
 
 app.open_source, app.open_sink = open_source, open_sink
-sys.exit(app.run_from_config({str(cfg)!r}))
+rc = app.run_from_config({str(cfg)!r})
+print("stopped by signal:", app.stopped_by_signal, flush=True)
+sys.exit(rc)
 """)
     assert rc == 0, text
     assert "no stop" not in text and "stopped during start-up" in text, text
     assert text.count("closed") == 2 and "worker started" not in text, text
+    assert "stopped by signal: True" in text, text  # what replay reads
+
+
+_LOSE_A_STOP = """
+import os, signal, sys, weakref
+import worker.cli as cli
+cli._handle_stops_while_loading()
+
+class Lock:
+    pass
+
+lock = Lock()
+ref = weakref.ref(lock, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+del lock  # the callback runs; the handler runs inside it; its SystemExit is lost
+print("went on", flush=True)
+"""
+
+
+def test_a_lost_stop_ends_the_score_command_before_it_works(tmp_path):
+    # score (as compile, record and replay) loads its modules first, then reads the flag:
+    # the stop ends it there (exit 0, nothing written), not after it has done its work
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parent / "golden" / "fraud-xgb.model"
+    out = tmp_path / "scores.arrows"
+    rc, text = _run_script(_LOSE_A_STOP + f"""
+cli.main(["score", "--model", {str(model)!r}, "--input", {str(model)!r},
+          "--output", {str(out)!r}])
+""")
+    assert rc == 0 and "went on" in text, text
+    assert not out.exists() and "Traceback" not in text and "error" not in text, text
+
+
+def test_a_replay_stopped_before_the_end_compares_nothing(tmp_path):
+    # a stopped run returns 0 (the worker's contract); replay --expect must not then compare
+    # a partial (or an older) scores file and report it as a pass or a difference
+    from pathlib import Path
+
+    golden = Path(__file__).resolve().parent / "golden"
+    out = tmp_path / "scores.arrows"
+    out.write_bytes((golden / "scores.arrows").read_bytes())  # an older, complete file
+    rc, text = _run_script(f"""
+import sys
+import worker.app as app
+import worker.cli as cli
+
+def stopped_run(settings, summary=True):
+    app.stopped_by_signal = True  # as run() sets it after a SIGTERM
+    return 0
+
+app.run = stopped_run
+cli.main(["replay", {str(golden / "input.arrows")!r}, "--config",
+          {str(golden / "config.yaml")!r}, "--model", {str(golden / "fraud-xgb.model")!r},
+          "--output", {str(out)!r}, "--expect", {str(golden / "scores.arrows")!r}])
+""")
+    assert rc == 1, text
+    assert "nothing compared" in text and "identical" not in text, text
 
 
 def test_a_stop_during_start_up_whose_unwinding_hangs_still_exits_0_within_the_bound(tmp_path):

@@ -898,6 +898,7 @@ class _Signals:
         self.on_stop = None
         self.on_startup_stop = None  # called (from the thread) for a stop before the loop runs
         self.pending = False
+        self.armed = False  # the start-up can be interrupted (run's try is entered)
         self._closing = False
 
     def __enter__(self):
@@ -914,7 +915,9 @@ class _Signals:
 
     def _handler(self, *_args):
         if self.on_stop is None:  # start-up: stop it where it is
-            raise _StopDuringStartup
+            self.pending = True
+            if self.armed:  # else run's start-up reads pending as soon as it can be stopped
+                raise _StopDuringStartup
         # the loop runs: the thread has been told through the socket
 
     def _wait(self):
@@ -946,24 +949,32 @@ class _Signals:
                 signal.signal(sig, handler)
 
 
+stopped_by_signal = False  # the last run ended by SIGTERM/SIGINT (replay then compares nothing)
+
+
 def run(settings: Settings, summary: bool = True) -> int:
     """Start, run until stopped, summarize; the process exit code. A stop requested during
     start-up (while a coordinator loads, say) ends it there with exit 0: nothing was read."""
-    global _watchdog
+    global _watchdog, stopped_by_signal
+    configure_logging(settings.logging.level, settings.logging.format)
     with _Signals() as signals:
-        # a stop during start-up unwinds it (closing what was opened) within the same bound
-        # as a stop of the loop
-        signals.on_startup_stop = partial(_arm_exit_watchdog,
-                                          settings.delivery.stop_timeout_ms / 1000
-                                          + EXIT_MARGIN_S)
         try:
-            if sys.modules[__package__].stop_requested_while_loading:  # its SystemExit was lost
+            # a stop during start-up unwinds it (closing what was opened) within the same
+            # bound as a stop of the loop
+            signals.on_startup_stop = partial(_arm_exit_watchdog,
+                                              settings.delivery.stop_timeout_ms / 1000
+                                              + EXIT_MARGIN_S)
+            signals.armed = True
+            # a stop as the handlers were being installed, or while the modules loaded whose
+            # SystemExit CPython lost (worker/cli.py), ends the start-up here
+            if signals.pending or sys.modules[__package__].stop_requested_while_loading:
                 raise _StopDuringStartup
             return _run(settings, summary, signals)
         except _StopDuringStartup:
             log.info("stopped during start-up")
             return 0
         finally:
+            stopped_by_signal = signals.pending
             if _watchdog is not None:  # the run ended in time: no hard exit later
                 _watchdog.cancel()
                 _watchdog = None
@@ -974,7 +985,6 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
     from .model.artifact import ArtifactError
     from .model.compiled import load_model
 
-    configure_logging(settings.logging.level, settings.logging.format)
     seen = identity(settings.model.path)  # before loading: a change from here is noticed
     try:
         model = load_model(settings.model.path)
@@ -1039,7 +1049,7 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
                 return _startup_error(f"metrics.host/port ({settings.metrics.host}:"
                                       f"{settings.metrics.port})", exc)
             stack.callback(server.shutdown)
-        if signals.pending:  # a stop whose _StopDuringStartup was lost (as above): end here
+        if signals.pending:  # a stop whose _StopDuringStartup CPython lost: end here
             raise _StopDuringStartup
         progress = stack.enter_context(_progress(settings, source))
         worker = Worker(settings, model, source, sink, metrics, progress)

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
 
 
+def _stop_requested() -> bool:
+    return sys.modules[__package__ or "worker"].stop_requested_while_loading
+
+
 def _stopped_while_loading(*_args):
-    sys.stderr.write("stopped during start-up\n")
-    sys.modules[__package__ or "worker"].stop_requested_while_loading = True
+    sys.modules[__package__ or "worker"].stop_requested_while_loading = True  # first
+    with contextlib.suppress(OSError, ValueError):  # stderr closed: the stop still counts
+        sys.stderr.write("stopped during start-up\n")
     raise SystemExit(0)
 
 
-def _stop_lost_quietly(unraisable) -> None:
+def _stop_lost_quietly(unraisable, previous=sys.unraisablehook) -> None:
     # a signal handler runs wherever the main thread is, inside a weakref callback of the
     # import system too, where CPython reports its SystemExit as "Exception ignored" and goes
-    # on; the stop is not lost (the run's start-up reads the flag above), so neither is a
-    # traceback printed for it
-    if unraisable.exc_type is SystemExit and \
-            sys.modules[__package__ or "worker"].stop_requested_while_loading:
+    # on; the stop is not lost (the commands read the flag above once their modules are
+    # loaded: _exit_if_stopped, app.run), so neither is a traceback printed for it
+    if unraisable.exc_type is SystemExit and _stop_requested():
         return
-    sys.__unraisablehook__(unraisable)
+    previous(unraisable)
 
 
 def _handle_stops_while_loading() -> None:
@@ -29,6 +34,12 @@ def _handle_stops_while_loading() -> None:
         if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(sig, _stopped_while_loading)
     sys.unraisablehook = _stop_lost_quietly
+
+
+def _exit_if_stopped() -> None:
+    """A command's modules are loaded: a stop whose SystemExit CPython lost ends it here."""
+    if _stop_requested():
+        sys.exit(0)
 
 
 # Run as the command (not imported by a test): a SIGTERM/SIGINT from the first line of
@@ -92,6 +103,7 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
     from .model.compile import compile_model
     from .model.ir import UnsupportedModelError
 
+    _exit_if_stopped()
     if _same_file(source, output):
         _config_exit("-o/--output: would overwrite the source model")
     if trust_pickle:
@@ -139,6 +151,8 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
     from .io.tables import read_table, write_table
     from .model.artifact import ArtifactError
     from .model.compiled import load_model
+
+    _exit_if_stopped()
 
     if _same_file(input_path, output_path) or _same_file(model_path, output_path):
         _config_exit("--output: would overwrite an input of this command")
@@ -199,6 +213,7 @@ def record_cmd(bootstrap_servers, topic, output, from_offset, from_timestamp, ma
 
     from .replay import record_topic
 
+    _exit_if_stopped()
     with Progress(transient=True) as bar:
         task = bar.add_task(f"recording {topic}", total=max_messages)
         try:
@@ -231,10 +246,11 @@ def record_cmd(bootstrap_servers, topic, output, from_offset, from_timestamp, ma
 def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, bootstrap_servers,
                expect, atol, rtol) -> None:
     """Replay a recorded topic through the worker pipeline (file -> worker -> file or topic)."""
-    from .app import run
+    from . import app
     from .config import ConfigError, load_settings
     from .replay import agreement, compare
 
+    _exit_if_stopped()
     if shadow_path and topic:
         raise click.UsageError("--shadow compares two scores files: use --output, not --topic")
     if expect and topic:
@@ -259,9 +275,17 @@ def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, 
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
-    rc = run(settings, summary=expect is None and shadow_path is None)
+    rc = app.run(settings, summary=expect is None and shadow_path is None)
+    # the comparison is not the run: a stop from here ends the command as a signal does (not
+    # as "stopped during start-up", exit 0, which would read as a pass)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if rc != 0:
         sys.exit(rc)
+    if app.stopped_by_signal and (shadow_path or expect):
+        click.echo("replay stopped before the end of the recording: nothing compared",
+                   err=True)
+        sys.exit(1)
     if shadow_path:
         click.echo(agreement(output, settings.sink.shadow_path,
                              len(settings.scoring.thresholds) + 1))
