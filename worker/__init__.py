@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 
 # Set by `scoring-worker`'s first signal handler (worker.cli) when SIGTERM/SIGINT comes while
 # the modules load. That handler raises SystemExit, but CPython can lose an exception raised
-# by a signal handler (seen here: a stop at 0.3 s, delivered while the import system compiled
-# a module, and the worker then started and ran), so the run's start-up reads this too.
+# by a signal handler (seen here: a stop at 0.3 s, delivered while the import system ran, and
+# the worker then started and ran), so the commands read this too once their modules load.
 stop_requested_while_loading = False
 
 

@@ -7,13 +7,15 @@ import signal
 import sys
 from pathlib import Path
 
+_PACKAGE = __package__ or "worker"  # holds the flag (worker/__init__.py)
+
 
 def _stop_requested() -> bool:
-    return sys.modules[__package__ or "worker"].stop_requested_while_loading
+    return sys.modules[_PACKAGE].stop_requested_while_loading
 
 
 def _stopped_while_loading(*_args):
-    sys.modules[__package__ or "worker"].stop_requested_while_loading = True  # first
+    sys.modules[_PACKAGE].stop_requested_while_loading = True  # first
     with contextlib.suppress(OSError, ValueError):  # stderr closed: the stop still counts
         sys.stderr.write("stopped during start-up\n")
     raise SystemExit(0)
