@@ -200,8 +200,11 @@ static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
    (not a pointer) makes the step's child a compare and an add-with-carry of the child's
    distance (12 instructions a step; callgrind on C: 40.4k -> 28.4k -> 24.2k instructions a
    row, the same cache misses; bench/NOTES.md "C: rows walk each tree together"). Fewer than
-   8 rows walk one after another. ROWS reads doubled rows (SPLIT), ROWS_F rows of keys
-   (FINITE). SW_RSTEP reads the enclosing walk's n, top, rx, slots, next and done. */
+   8 rows walk one after another. Each row a chain takes also prefetches the next line of
+   pf..pf_end (the caller's next tree), so that tree comes from L2, not from L3 or memory,
+   when its walk starts (C, 1 thread: 1.41x; bench/NOTES.md). ROWS reads doubled rows
+   (SPLIT), ROWS_F rows of keys (FINITE). SW_RSTEP reads the enclosing walk's n, top, rx,
+   slots, next, done, pf and pf_end. */
 #define SW_RW 8
 #define SW_RINIT(j) uint64_t q##j = 0; const uint32_t *x##j = rx[j]; int32_t row##j = j;
 #define SW_RSTEP(j, IDX)                                                                     \
@@ -212,6 +215,10 @@ static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
                 slots[row##j] = SW_SC_SLOT(top[q##j].thr);                                  \
                 done++;                                                                     \
                 if (next < n) {                                                             \
+                    if (pf < pf_end) {                                                      \
+                        sw_prefetch_l2(pf);                                                 \
+                        pf += 64;                                                           \
+                    }                                                                       \
                     row##j = next;                                                          \
                     x##j = rx[next++];                                                      \
                     q##j = 0;                                                               \
@@ -225,7 +232,7 @@ static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
     }
 #define SW_DEF_RWALK(IDX, NAME)                                                                \
 static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, int32_t n,    \
-                 int64_t *slots) {                                                          \
+                 int64_t *slots, const char *pf, const char *pf_end) {                      \
     const sw_qnode *top = (const sw_qnode *)vnodes + root;                                  \
     if (n < SW_RW) {                                                                        \
         for (int32_t r = 0; r < n; r++) {                                                   \

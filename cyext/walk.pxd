@@ -21,9 +21,9 @@ cdef extern from "walk.h":
     # n rows through one tree of 8-byte nodes, 8 chains refilled from the rows: doubled rows
     # (SPLIT) / rows of keys (FINITE); slots[i]: row i's leaf slot
     void sw_scwalk_rows(const void* nodes, int64_t root, const uint32_t* const* rx, int32_t n,
-                        int64_t* slots) noexcept nogil
+                        int64_t* slots, const char* pf, const char* pf_end) noexcept nogil
     void sw_scwalk_rows_f(const void* nodes, int64_t root, const uint32_t* const* rx, int32_t n,
-                          int64_t* slots) noexcept nogil
+                          int64_t* slots, const char* pf, const char* pf_end) noexcept nogil
     # models with special (categorical, zero-as-missing) nodes: W chains, chain j the tree at
     # root[j * dt] on the row x + j * dx
     void sw_swalk1(const void* nodes, const int64_t* root, int64_t dt, const float* x,
