@@ -45,6 +45,23 @@ def throughput(engine, X, threads: int, repeats: int, budget_s: float) -> dict:
             "spread": (max(times) - min(times)) / med}
 
 
+def scaling_times(engine, X, repeats: int) -> dict[str, list[float]]:
+    """Seconds of `repeats` calls at 1 and at 2 threads, the two counts alternated (one
+    warm-up each first), so a neighbour's burst on this shared host falls on both alike."""
+    times: dict[str, list[float]] = {"1": [], "2": []}
+    for k in (1, 2):
+        engine.set_threads(k)
+        engine.batch(X)
+    for _ in range(repeats):
+        for k in (1, 2):
+            engine.set_threads(k)
+            t0 = time.perf_counter()
+            engine.batch(X)
+            times[str(k)].append(time.perf_counter() - t0)
+    engine.set_threads(1)
+    return times
+
+
 def percentiles(ns: np.ndarray) -> dict:
     us = ns.astype(np.float64) / 1e3
     return {"n": int(us.size), "p50": float(np.percentile(us, 50)),
