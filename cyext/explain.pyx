@@ -53,13 +53,14 @@ from libc.string cimport memcpy, memset
 
 import numpy as np
 
-from walk cimport sw_special_right
+from walk cimport sw_special_right, sw_prefetch_l2
 
 cdef enum:
     BLOCK = 16                      # rows that walk one tree before the next (8 and 32
                                     # measured slower on model A: 32 by 30%)
     TABLE_MAX_D = 6                 # distinct features on a leaf's path for the table
     TABLE_MAX_DOUBLES = 8 << 20     # the tables of one model (64 MB)
+    PF_TABLE_BYTES = 1 << 20        # tables above this (a core's L2 here) are prefetched
     QUAD_MAX_D = 64                 # distinct features on a leaf's path for the quadrature
     QUAD_MAX_Q = 32                 # its quadrature points (QUAD_MAX_D / 2)
     QUAD_CELLS = 2048               # QUAD_MAX_D x QUAD_MAX_Q
@@ -252,6 +253,27 @@ cdef void tree_shap(const Trees* T, int64_t base, int64_t node, const float* x, 
               T.cover[base + hot] / w * inc_zero, inc_one, split)
     tree_shap(T, base, cold, x, phi, out_stride, path, depth + 1,
               T.cover[base + cold] / w * inc_zero, 0.0, split)
+
+
+cdef inline void table_span(const Trees* T, int64_t t, const char** lo,
+                            const char** hi) noexcept nogil:
+    """The bytes of tree t's leaf tables (pointers left alone where it has none)."""
+    cdef int64_t l0 = T.table_leaf[t], l1 = T.table_leaf[t + 1]
+    if T.mode[t] != MODE_TABLE or l1 <= l0 or T.leaf_table[l0] < 0 or T.leaf_table[l1 - 1] < 0:
+        return
+    lo[0] = <const char*>(T.table + T.leaf_table[l0])
+    hi[0] = <const char*>(T.table + T.leaf_table[l1 - 1]
+                          + (<int64_t>1 << T.leaf_d[l1 - 1]) * T.leaf_d[l1 - 1])
+
+
+cdef inline void prefetch_share(const char** lo, const char* hi, int64_t parts) noexcept nogil:
+    """Prefetch the next 1 / parts of lo..hi (into L2), moving lo past it."""
+    cdef const char* p = lo[0]
+    cdef const char* end = p + (hi - p) // parts + 64
+    while p < hi and p < end:
+        sw_prefetch_l2(p)
+        p += 64
+    lo[0] = p
 
 
 cdef void leaf_shap(const Trees* T, int64_t t, const float* x, double* phi,
@@ -483,16 +505,19 @@ cdef class Explainer:
     cdef readonly int64_t linear  # trees explained node by node by quadrature
     cdef int32_t lin_frames, lin_q  # MODE_LINEAR's scratch: frames (deepest leaf + 1), points
     cdef int32_t max_depth
+    cdef readonly bint prefetch_tables  # prefetch the next tree's leaf tables
     cdef double divisor
     cdef object _keep
     cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
 
     def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor,
-                 str mode="auto"):
+                 str mode="auto", object prefetch=None):
         """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays.
         ``mode``: the TreeSHAP evaluation each tree takes where it can (``MODES``; "auto" the
         fastest measured, others for tests, which hold each to the libraries; "linear-rows":
-        MODE_LINEAR a row at a time, as trees with a zero cover take it)."""
+        MODE_LINEAR a row at a time, as trees with a zero cover take it). ``prefetch``:
+        whether a block's rows prefetch the next tree's leaf tables; None where the model's
+        tables outgrow PF_TABLE_BYTES (True and False for tests)."""
         if mode not in MODES:
             raise ValueError(f"unknown TreeSHAP mode {mode!r} ({', '.join(MODES)})")
         start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
@@ -549,6 +574,8 @@ cdef class Explainer:
         self.T.gl_w = <const double*><Py_ssize_t>tb["gl_w"].ctypes.data
         self.max_nodes = int(np.max(np.diff(start)))
         self.tabled = int(np.sum(tb["mode"][:self.n_trees] == MODE_TABLE))
+        self.prefetch_tables = tb["table"].nbytes > PF_TABLE_BYTES if prefetch is None \
+            else bool(prefetch)
         self.quadrature = int(np.sum(tb["mode"][:self.n_trees] == MODE_QUADRATURE))
         self.linear = int(np.sum(tb["mode"][:self.n_trees] == MODE_LINEAR))
         lin = tb["mode"][:self.n_trees] == MODE_LINEAR
@@ -601,6 +628,8 @@ cdef class Explainer:
         cdef int failed[1]
         cdef double* phi
         cdef double[:, :, ::1] out
+        cdef const char* pf_lo
+        cdef const char* pf_hi
         if X.shape[1] != nf:
             raise ValueError(f"X has {X.shape[1]} features, the model {nf}")
         if method != METHOD_TREESHAP and method != METHOD_PATH:
@@ -634,7 +663,11 @@ cdef class Explainer:
                             1.0, 0xFFFFFFFF, NULL, NULL
                 # trees outer, rows inner within a block: one tree's nodes and leaf tables
                 # stay in cache while the block's rows walk it (the tables of a model are
-                # megabytes; row by row, every leaf's lookup missed L2)
+                # megabytes; row by row, every leaf's lookup missed L2). Where a model's
+                # tables outgrow L2, each row of the block also prefetches a share of the next
+                # tree's, so they come from L2 rather than L3 or memory (A, paired in one
+                # process: 1.15x-1.63x under this host's noise; D's 150 KB: 0.91x, so not
+                # there; bench/NOTES.md)
                 for blk in prange(n_blocks, schedule="dynamic"):
                     r0 = blk * BLOCK
                     r1 = min(r0 + BLOCK, n)
@@ -654,8 +687,14 @@ cdef class Explainer:
                                 block_tree(&self.T, t, blo)
                                 r += step
                             continue
+                        pf_lo = pf_hi = NULL
+                        if self.prefetch_tables and method == METHOD_TREESHAP and \
+                                t + 1 < self.n_trees:
+                            table_span(&self.T, t + 1, &pf_lo, &pf_hi)
                         for r in range(r0, r1):
                             phi = &out[r, o, 0]
+                            if pf_lo != NULL:  # the next tree's tables, a share a row
+                                prefetch_share(&pf_lo, pf_hi, r1 - r)
                             if method == METHOD_TREESHAP and \
                                     self.T.mode[t] != MODE_RECURSIVE:
                                 leaf_shap(&self.T, t, &X[r, 0], phi, stride, right)

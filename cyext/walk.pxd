@@ -7,6 +7,7 @@ from swtypes cimport ModelView, PNode, CNode, KEY_LEAF, INTERLEAVE, sw_feat
 
 cdef extern from "walk.h":
     void sw_prefetch(const void* p) noexcept nogil
+    void sw_prefetch_l2(const void* p) noexcept nogil
     uint32_t sw_go_right(float v, uint32_t key, float thr) noexcept nogil   # 1: go right
     ctypedef void (*sw_walk_fn)(const void* base, const float* x, int64_t* slot) noexcept nogil
     sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) noexcept nogil  # NULL: no such walk

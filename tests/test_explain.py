@@ -361,6 +361,31 @@ def test_each_treeshap_mode_is_shaps(name, mode):
                                atol=_tolerance(model.raw(X)), rtol=0)
 
 
+@pytest.mark.parametrize("name", ["xgb-binary-logistic", "xgb-multi-softprob", "xgb-deep"])
+def test_prefetching_the_next_trees_tables_keeps_xgboosts_answers(name):
+    # models whose leaf tables outgrow L2 (PF_TABLE_BYTES) have each row of a block prefetch a
+    # share of the next tree's tables: forced on and off here, and xgb-deep's take it anyway
+    import xgboost as xgb
+
+    from worker import _explain
+
+    booster = M.xgboost_models()[name]
+    model = worker.compile_model(booster)
+    X = M.hostile_rows(203, M.xgboost_thresholds(booster), seed=5)  # a short last block
+    ref = booster.predict(xgb.DMatrix(M.finite_for_library(X), feature_names=booster.feature_names),
+                          pred_contribs=True)
+    for prefetch in (True, False):
+        ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                                float(model.divisor), prefetch=prefetch)
+        assert ex.prefetch_tables == prefetch and ex.tabled > 0
+        ours = ex.contributions(np.ascontiguousarray(X, np.float32), 0, 2)  # treeshap, 2 threads
+        np.testing.assert_allclose(ours.reshape(ref.shape), ref,
+                                   atol=_tolerance(model.raw(X)), rtol=0)
+    default = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                                 float(model.divisor))
+    assert default.prefetch_tables == (name == "xgb-deep")
+
+
 def test_the_default_takes_tables_for_shallow_trees_and_linear_for_deeper_ones():
     model = worker.compile_model(M.xgboost_models()["xgb-deep"])
     X = M.hostile_rows(20, M.xgboost_thresholds(M.xgboost_models()["xgb-deep"]), seed=15)
