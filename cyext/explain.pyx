@@ -91,6 +91,12 @@ ctypedef struct PathElement:
     double pweight
 
 
+ctypedef struct SNode:           # a node as the path attribution reads it: one 16-byte record
+    int32_t feature             # -1 at leaves
+    float threshold
+    int32_t child[2]            # (left, right), tree-local
+
+
 ctypedef struct Trees:
     const int64_t* start       # first node of each tree
     const int32_t* feature     # -1 at leaves
@@ -102,6 +108,8 @@ ctypedef struct Trees:
     const double* cover
     const double* value        # (node, width)
     const double* mean         # (node, width): cover-weighted mean of the leaves below
+    const SNode* snode         # the nodes again, a record each (saabas)
+    const double* sdelta       # (node, side, width): mean[child] - mean[node] (saabas)
     const int32_t* group       # output of each tree (-1: every output, vector leaves)
     int32_t width
     int32_t n_outputs
@@ -484,8 +492,30 @@ cdef void block_tree(const Trees* T, int64_t t, Block* s) noexcept nogil:
 
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
                  int32_t out_stride) noexcept nogil:
+    """The path attribution of one tree: each split on the row's path gives its feature the
+    change of the node means. Without special nodes each step reads one 16-byte node record and
+    the precomputed change (two lines, where the separate node arrays took four or five: C's
+    deep trees are read from L3 or memory, 2026-12-02, bench/NOTES.md); the same doubles."""
     cdef int64_t node = 0, nxt
-    cdef int32_t o, f
+    cdef int32_t o, f, side
+    cdef const SNode* nd
+    cdef const double* dl
+    cdef float v
+    if T.special == NULL:
+        while True:
+            nd = T.snode + base + node
+            f = nd.feature
+            if f < 0:
+                return
+            v = x[f]
+            if isnan(v):
+                side = not T.default_left[base + node]
+            else:
+                side = v > nd.threshold
+            dl = T.sdelta + ((base + node) * 2 + side) * T.width
+            for o in range(T.width):
+                phi[o * out_stride + f] += dl[o]
+            node = nd.child[side]
     while T.feature[base + node] >= 0:
         f = T.feature[base + node]
         nxt = next_node(T, base, node, x)
@@ -543,8 +573,19 @@ cdef class Explainer:
             for side in range(2):
                 kids = lo + child[inner, side]
                 zfrac[kids] = cover[kids] / cover[inner]
+        snode = np.empty((feature.shape[0], 4), dtype=np.int32)  # SNode records
+        snode[:, 0] = feature
+        snode[:, 1] = threshold.view(np.int32)
+        snode[:, 2:] = child
+        sdelta = np.zeros((feature.shape[0], 2, width), dtype=np.float64)
+        node_base = np.repeat(start[:-1], np.diff(start))
+        inner = np.flatnonzero(feature >= 0)
+        for side in range(2):
+            sdelta[inner, side] = mean[node_base[inner] + child[inner, side]] - mean[inner]
         self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
-                      tables, zfrac)
+                      tables, zfrac, snode, sdelta)
+        self.T.snode = <const SNode*><Py_ssize_t>snode.ctypes.data
+        self.T.sdelta = <const double*><Py_ssize_t>sdelta.ctypes.data
         self.T.zfrac = <const double*><Py_ssize_t>zfrac.ctypes.data
         self.T.tree_q = <const uint8_t*><Py_ssize_t>tables["tree_q"].ctypes.data
         tree_zero = np.zeros(max(self.n_trees, 1), dtype=np.uint8)
