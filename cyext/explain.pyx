@@ -525,6 +525,40 @@ cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
         node = nxt
 
 
+cdef void saabas_rows(const Trees* T, int64_t base, const float* const* xs,
+                      double* const* phis, int32_t nr, int32_t out_stride) noexcept nogil:
+    """saabas for nr <= NR rows of a block at once (models without special nodes): the rows
+    step in turn, so their walks' misses overlap where one row's are each the next one's
+    address (a row's additions keep their order: the same doubles)."""
+    cdef int64_t node[NR]
+    cdef int32_t r, f, side, o, active = nr
+    cdef const SNode* nd
+    cdef const double* dl
+    cdef float v
+    for r in range(nr):
+        node[r] = 0
+    while active > 0:
+        active = 0
+        for r in range(nr):
+            if node[r] < 0:
+                continue
+            nd = T.snode + base + node[r]
+            f = nd.feature
+            if f < 0:
+                node[r] = -1
+                continue
+            active += 1
+            v = xs[r][f]
+            if isnan(v):
+                side = not T.default_left[base + node[r]]
+            else:
+                side = v > nd.threshold
+            dl = T.sdelta + ((base + node[r]) * 2 + side) * T.width
+            for o in range(T.width):
+                phis[r][o * out_stride + f] += dl[o]
+            node[r] = nd.child[side]
+
+
 cdef class Explainer:
     """The attributions of one compiled model (``CompiledModel.contributions``)."""
 
@@ -727,6 +761,17 @@ cdef class Explainer:
                                     blo.phis[r2] = &out[r + r2, o, 0]
                                 block_tree(&self.T, t, blo)
                                 r += step
+                            continue
+                        if method == METHOD_PATH and self.T.special == NULL:
+                            r = r0
+                            while r < r1:
+                                blo.nr = <int32_t>min(NR, r1 - r)
+                                for r2 in range(blo.nr):
+                                    blo.xs[r2] = &X[r + r2, 0]
+                                    blo.phis[r2] = &out[r + r2, o, 0]
+                                saabas_rows(&self.T, self.T.start[t], blo.xs, blo.phis, blo.nr,
+                                            stride)
+                                r += NR
                             continue
                         pf_lo = pf_hi = NULL
                         if self.prefetch_tables and method == METHOD_TREESHAP and \
