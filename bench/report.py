@@ -266,12 +266,17 @@ def write(res, out: Path, quick: bool = False) -> None:
     L.append("")
     L.append("## Thread scaling (ours, rows/s)")
     L.append("")
-    L.append(f"{res['config'].get('scaling_rounds', 1)} rounds over the models, 1- and "
-             "2-thread calls alternated on the same batch within each (3 pairs a round at "
-             "100,000 rows, 9 below). The speed-up is the median of the rounds' own speed-ups "
-             "(last column: the spread this shared host's neighbours put on the figure, a "
-             "burst on either CPU slowing a 2-thread call); the rows/s columns are the medians "
-             "of all rounds' calls, so their ratio can differ from it.")
+    if "scaling_rounds" in res["config"]:
+        L.append(f"{res['config']['scaling_rounds']} rounds over the models, 1- and 2-thread "
+                 "calls alternated on the same batch within each (3 pairs a round for batches "
+                 "above 10,000 rows, 9 for the others). The speed-up is the median of the "
+                 "rounds' own speed-ups (last column: the spread this shared host's neighbours "
+                 "put on the figure, a burst on either CPU slowing a 2-thread call); the rows/s "
+                 "columns are the medians of all rounds' calls, so their ratio can differ from "
+                 "it.")
+    else:
+        L.append("Each count's calls timed in a block of its own (results from before the "
+                 "rounds).")
     L.append("")
     L.append("| model | batch rows | 1 thread | 2 threads | speed-up | rounds |")
     L.append("|---|---|---|---|---|---|")
@@ -284,7 +289,8 @@ def write(res, out: Path, quick: bool = False) -> None:
     def speedup(tp):
         return tp["2"]["rows_per_s"] / tp["1"]["rows_per_s"]
 
-    L.append("Other engines, same batch as the throughput table, 2 threads / 1 thread: "
+    L.append("Other engines, same batch as the throughput table (each count's calls in a block, "
+             "as there), 2 threads / 1 thread: "
              + "; ".join(f"{key} " + ", ".join(
                  f"{e} {speedup(r['throughput'][e]):.2f}x"
                  for e in ENGINE_ORDER if e in r["throughput"] and e != "ours")

@@ -71,7 +71,8 @@ cdef enum:
     MODE_LINEAR = 3
     MODE_AUTO = 4                   # tables, else linear, else quadrature, else Algorithm 2
     LINEAR_MAX_DEPTH = 64           # a tree's depth for MODE_LINEAR (its recursion's frames)
-    NR = 16                         # rows that walk a MODE_LINEAR tree together
+    NR = 16                         # rows that walk a MODE_LINEAR tree together (and a tree
+                                    # of the path attribution: saabas_rows)
     FRAME_ARRAYS = 6
 
 # Explainer(mode=): the evaluation each tree takes where it can (the rest as _tables says)
@@ -108,8 +109,9 @@ ctypedef struct Trees:
     const double* cover
     const double* value        # (node, width)
     const double* mean         # (node, width): cover-weighted mean of the leaves below
-    const SNode* snode         # the nodes again, a record each (saabas)
-    const double* sdelta       # (node, side, width): mean[child] - mean[node] (saabas)
+    const SNode* snode         # the nodes again, a record each (saabas_rows; NULL until the
+    const double* sdelta       # first path attribution), and per (node, side, width)
+                               # mean[child] - mean[node]
     const int32_t* group       # output of each tree (-1: every output, vector leaves)
     int32_t width
     int32_t n_outputs
@@ -141,7 +143,8 @@ ctypedef struct Trees:
     const uint8_t* tree_zero    # per tree: a node with zero cover (MODE_LINEAR row by row)
 
 
-# A thread's MODE_LINEAR scratch, for up to NR rows walking a tree together (block_node): per
+# A thread's MODE_LINEAR scratch, for up to NR rows walking a tree together (block_node; the
+# path attribution's saabas_rows uses only xs, phis and nr): per
 # feature, the merged factor of the path walked so far (z 1, o every row, acc NULL: not on the
 # path; o a mask of the rows following the path) and the S accumulator of the deepest edge on
 # the path splitting on it (the S of deeper edges on the same feature goes there); the frames
@@ -492,30 +495,11 @@ cdef void block_tree(const Trees* T, int64_t t, Block* s) noexcept nogil:
 
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
                  int32_t out_stride) noexcept nogil:
-    """The path attribution of one tree: each split on the row's path gives its feature the
-    change of the node means. Without special nodes each step reads one 16-byte node record and
-    the precomputed change (two lines, where the separate node arrays took four or five: C's
-    deep trees are read from L3 or memory, 2026-12-02, bench/NOTES.md); the same doubles."""
+    """The path attribution of one tree for one row: each split on the row's path gives its
+    feature the change of the node means. Models with special nodes; the others take
+    saabas_rows."""
     cdef int64_t node = 0, nxt
-    cdef int32_t o, f, side
-    cdef const SNode* nd
-    cdef const double* dl
-    cdef float v
-    if T.special == NULL:
-        while True:
-            nd = T.snode + base + node
-            f = nd.feature
-            if f < 0:
-                return
-            v = x[f]
-            if isnan(v):
-                side = not T.default_left[base + node]
-            else:
-                side = v > nd.threshold
-            dl = T.sdelta + ((base + node) * 2 + side) * T.width
-            for o in range(T.width):
-                phi[o * out_stride + f] += dl[o]
-            node = nd.child[side]
+    cdef int32_t o, f
     while T.feature[base + node] >= 0:
         f = T.feature[base + node]
         nxt = next_node(T, base, node, x)
@@ -607,19 +591,10 @@ cdef class Explainer:
             for side in range(2):
                 kids = lo + child[inner, side]
                 zfrac[kids] = cover[kids] / cover[inner]
-        snode = np.empty((feature.shape[0], 4), dtype=np.int32)  # SNode records
-        snode[:, 0] = feature
-        snode[:, 1] = threshold.view(np.int32)
-        snode[:, 2:] = child
-        sdelta = np.zeros((feature.shape[0], 2, width), dtype=np.float64)
-        node_base = np.repeat(start[:-1], np.diff(start))
-        inner = np.flatnonzero(feature >= 0)
-        for side in range(2):
-            sdelta[inner, side] = mean[node_base[inner] + child[inner, side]] - mean[inner]
         self._keep = (start, feature, threshold, child, default_left, cover, value, mean, group,
-                      tables, zfrac, snode, sdelta)
-        self.T.snode = <const SNode*><Py_ssize_t>snode.ctypes.data
-        self.T.sdelta = <const double*><Py_ssize_t>sdelta.ctypes.data
+                      tables, zfrac)
+        self.T.snode = NULL  # built by the first path attribution (_path_records)
+        self.T.sdelta = NULL
         self.T.zfrac = <const double*><Py_ssize_t>zfrac.ctypes.data
         self.T.tree_q = <const uint8_t*><Py_ssize_t>tables["tree_q"].ctypes.data
         tree_zero = np.zeros(max(self.n_trees, 1), dtype=np.uint8)
@@ -686,6 +661,25 @@ cdef class Explainer:
                 bias[group[t]] += roots[t, 0]
         self.bias = bias / divisor
 
+    def _path_records(self):
+        """saabas_rows' node records and changes of the means, built at the first path
+        attribution (C: 21 MB that TreeSHAP alone does not need)."""
+        start, feature, threshold, child, mean = (self._keep[0], self._keep[1], self._keep[2],
+                                                  self._keep[3], self._keep[7])
+        width = mean.shape[1]
+        snode = np.empty((feature.shape[0], 4), dtype=np.int32)  # SNode records
+        snode[:, 0] = feature
+        snode[:, 1] = threshold.view(np.int32)
+        snode[:, 2:] = child
+        sdelta = np.zeros((feature.shape[0], 2, width), dtype=np.float64)
+        node_base = np.repeat(start[:-1], np.diff(start))
+        inner = np.flatnonzero(feature >= 0)
+        for side in range(2):
+            sdelta[inner, side] = mean[node_base[inner] + child[inner, side]] - mean[inner]
+        self._keep = self._keep + (snode, sdelta)
+        self.T.sdelta = <const double*><Py_ssize_t>sdelta.ctypes.data
+        self.T.snode = <const SNode*><Py_ssize_t>snode.ctypes.data
+
     @cython.boundscheck(False)
     @cython.wraparound(False)
     def contributions(self, const float[:, ::1] X, int method, int n_threads=1):
@@ -709,6 +703,8 @@ cdef class Explainer:
             raise ValueError(f"X has {X.shape[1]} features, the model {nf}")
         if method != METHOD_TREESHAP and method != METHOD_PATH:
             raise ValueError(f"unknown method {method}")
+        if method == METHOD_PATH and self.T.special == NULL and self.T.snode == NULL:
+            self._path_records()
         result = np.zeros((n, G, nf + 1), dtype=np.float64)
         out = result
         if n == 0:

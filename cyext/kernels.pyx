@@ -289,29 +289,48 @@ cdef inline int64_t first_leaf(const ModelView* m, int64_t t) noexcept nogil:
 
 
 cdef inline void rows_tree(const ModelView* m, const void* qc, const acc_t* leaves, int64_t t,
-                           int64_t t0, int64_t t1, const float* const* rx, const int32_t* order,
-                           int32_t k0, int32_t k1, acc_t* acc, bint split) noexcept nogil:
-    """Tree t (of the task's trees t0..t1) of the 8-byte nodes qc for the rows at positions
-    k0..k1 (rx[k] staged for row order[k]). Its leaf values are prefetched before the walk,
-    and the walk prefetches the task's next tree (after the last, its first, which the next
-    task walks first): C, 1 thread, 1.41x for the next tree, 1.13x more for the leaves
-    (bench/NOTES.md)."""
+                           const float* const* rx, const int32_t* order, int32_t k0, int32_t k1,
+                           acc_t* acc, bint split, const char* pf,
+                           const char* pf_end) noexcept nogil:
+    """Tree t of the 8-byte nodes qc for the rows at positions k0..k1 (rx[k] staged for row
+    order[k]); the walk prefetches pf..pf_end (rows_trees)."""
     cdef int64_t slots[ROWS_WALK_ROWS]
     cdef int32_t k
-    cdef int64_t u = t + 1 if t + 1 < t1 else t0
-    cdef const char* lp = <const char*>(leaves + first_leaf(m, t) * m.n_leaf_out)
-    cdef const char* lp_end = <const char*>(leaves + first_leaf(m, t + 1) * m.n_leaf_out)
     if k1 <= k0:
         return
-    lp -= <size_t>lp & 63
-    while lp < lp_end:
-        sw_prefetch(lp)
-        lp += 64
     (sw_scwalk_rows if split else sw_scwalk_rows_f)(
-        qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots,
-        <const char*>(<const PNode*>qc + m.root[u]), <const char*>(<const PNode*>qc + tree_end(m, u)))
+        qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots, pf, pf_end)
     for k in range(k0, k1):
         add_leaf(m, leaves, t, slots[k - k0], acc + order[k] * m.n_outputs)
+
+
+cdef void rows_trees(const ModelView* m, const void* qc, const acc_t* leaves, int64_t t0,
+                     int64_t t1, const float* const* rx, const int32_t* order, int32_t nfin,
+                     int32_t n, acc_t* acc) noexcept nogil:
+    """Trees t0..t1 tree by tree for a task's n staged rows, the nfin without NaN first. Each
+    tree's leaf values are prefetched once before its walks, and each of its two walks (rows
+    without NaN, then with) prefetches the task's next tree, or after the last its first,
+    which the next task walks first: the second walk's prefetches of lines the first brought
+    in cost little, and bring back those the rows passing through L2 evicted since (C, 1
+    thread: 1.41x for the next tree, 1.13x more for the leaves; bench/NOTES.md)."""
+    cdef int64_t t, u
+    cdef const char* lp
+    cdef const char* lp_end
+    cdef const char* pf
+    cdef const char* pf_end
+    for t in range(t0, t1):
+        lp = <const char*>(leaves + first_leaf(m, t) * m.n_leaf_out)
+        lp_end = <const char*>(leaves + first_leaf(m, t + 1) * m.n_leaf_out)
+        lp -= <size_t>lp & 63
+        while lp < lp_end:
+            sw_prefetch(lp)
+            lp += 64
+        u = t + 1 if t + 1 < t1 else t0
+        pf = <const char*>(<const PNode*>qc + m.root[u])
+        pf -= <size_t>pf & 63
+        pf_end = <const char*>(<const PNode*>qc + tree_end(m, u))
+        rows_tree(m, qc, leaves, t, rx, order, 0, nfin, acc, False, pf, pf_end)
+        rows_tree(m, qc, leaves, t, rx, order, nfin, n, acc, True, pf, pf_end)
 
 
 cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
@@ -381,10 +400,8 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                 else:
                     sw_split_row(X + r * ldx, nf, xx + used)
                     used += 2 * nf
-            while t < t1:
-                rows_tree(m, sqc, leaves, t, t0, t1, rx, order, 0, nfin, acc, False)
-                rows_tree(m, sqc, leaves, t, t0, t1, rx, order, nfin, n, acc, True)
-                t += 1
+            rows_trees(m, sqc, leaves, t0, t1, rx, order, nfin, n, acc)
+            t = t1
         elif t + WIDE <= t1:
             for r in range(n):
                 rx[r] = X + r * ldx

@@ -200,11 +200,14 @@ static inline sw_cwalk_fn sw_scwalk_q_for(int rule) {
    (not a pointer) makes the step's child a compare and an add-with-carry of the child's
    distance (12 instructions a step; callgrind on C: 40.4k -> 28.4k -> 24.2k instructions a
    row, the same cache misses; bench/NOTES.md "C: rows walk each tree together"). Fewer than
-   8 rows walk one after another. Each row a chain takes also prefetches the next line of
-   pf..pf_end (the caller's next tree), so that tree comes from L2, not from L3 or memory,
-   when its walk starts (C, 1 thread: 1.41x; bench/NOTES.md). ROWS reads doubled rows
-   (SPLIT), ROWS_F rows of keys (FINITE). SW_RSTEP reads the enclosing walk's n, top, rx,
-   slots, next, done, pf and pf_end. */
+   8 rows walk one after another. Each row a chain takes after its first 8 also prefetches
+   the next line of pf..pf_end (the caller's next tree), so much of that tree is in L2 when
+   its walk starts: on C's 2,048-row tasks the 576 lines of a tree within the first 600 rows
+   of its walk (1 thread: 1.41x; bench/NOTES.md). A walk of fewer rows than the tree has
+   lines covers less, and one of fewer than 8 rows none. Prefetching late (over the walk's
+   last rows instead of its first) measured the same (bench/NOTES.md). ROWS reads doubled
+   rows (SPLIT), ROWS_F rows of keys (FINITE). SW_RSTEP reads the enclosing walk's n, top,
+   rx, slots, next, done, pf and pf_end. */
 #define SW_RW 8
 #define SW_RINIT(j) uint64_t q##j = 0; const uint32_t *x##j = rx[j]; int32_t row##j = j;
 #define SW_RSTEP(j, IDX)                                                                     \

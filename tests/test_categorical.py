@@ -345,15 +345,17 @@ def test_xgboost_categorical_margin_is_bit_identical(objective, strings, kernel,
         assert model.categories == {}
 
 
-def test_xgboost_categorical_contributions():
+@pytest.mark.parametrize("method", ["treeshap", "path"])
+def test_xgboost_categorical_contributions(method):
+    # path: the walk through special nodes (explain.pyx saabas), not saabas_rows
     est = _xgb_categorical(False)
     model = compile_model(est)
     X = hostile(300, np.asarray([0.0]), seed=10)
     X = np.where(np.isinf(X), np.float32(7.0), X)
     dm = xgb.DMatrix(X, enable_categorical=True, feature_names=model.feature_names,
                      feature_types=["c" if j in CAT else "q" for j in range(N_FEATURES)])
-    ref = est.get_booster().predict(dm, pred_contribs=True)
-    ours = model.contributions(X)
+    ref = est.get_booster().predict(dm, pred_contribs=True, approx_contribs=method == "path")
+    ours = model.contributions(X, method)
     assert np.abs(ours - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
 
 
