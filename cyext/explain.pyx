@@ -61,6 +61,8 @@ cdef enum:
     TABLE_MAX_D = 6                 # distinct features on a leaf's path for the table
     TABLE_MAX_DOUBLES = 8 << 20     # the tables of one model (64 MB)
     PF_TABLE_BYTES = 1 << 20        # tables above this (a core's L2 here) are prefetched
+    PAT_MAX_K = 8                   # splits of a tree for a pattern table (2^k rows) ...
+    PAT_MAX_DOUBLES = 4 << 20       # ... while a model's stay under this (32 MB)
     QUAD_MAX_D = 64                 # distinct features on a leaf's path for the quadrature
     QUAD_MAX_Q = 32                 # its quadrature points (QUAD_MAX_D / 2)
     QUAD_CELLS = 2048               # QUAD_MAX_D x QUAD_MAX_Q
@@ -141,6 +143,17 @@ ctypedef struct Trees:
     const double* zfrac         # per node: its cover over its parent's (roots: 1)
     const uint8_t* tree_q       # per tree: its quadrature points (ceil(d / 2), largest d)
     const uint8_t* tree_zero    # per tree: a node with zero cover (MODE_LINEAR row by row)
+    # pattern tables (Explainer(patterns=); NULL pat_off: none): per tree the first of its
+    # 2^k x nf attributions in pat_table (-1: none), its k splits (tree-local nodes, from
+    # pat_inner_off in pat_inner) and its nf features (from pat_feat_off in pat_feat)
+    const int64_t* pat_off
+    const int32_t* pat_k
+    const int64_t* pat_inner_off
+    const int32_t* pat_inner
+    const int32_t* pat_nf
+    const int64_t* pat_feat_off
+    const int32_t* pat_feat
+    const double* pat_table
 
 
 # A thread's MODE_LINEAR scratch, for up to NR rows walking a tree together (block_node; the
@@ -165,18 +178,20 @@ ctypedef struct Block:
     int32_t Q
 
 
+cdef inline bint goes_right(const Trees* T, int64_t base, int64_t node,
+                            const float* x) noexcept nogil:
+    cdef float v = x[T.feature[base + node]]
+    if T.special != NULL and T.special[base + node] != 0:
+        return sw_special_right(v, 1 - T.default_left[base + node],
+                                T.cats[T.special[base + node]], T.cats + T.special[base + node])
+    if isnan(v):
+        return not T.default_left[base + node]
+    return v > T.threshold[base + node]
+
+
 cdef inline int64_t next_node(const Trees* T, int64_t base, int64_t node,
                               const float* x) noexcept nogil:
-    cdef float v = x[T.feature[base + node]]
-    cdef bint right
-    if T.special != NULL and T.special[base + node] != 0:
-        right = sw_special_right(v, 1 - T.default_left[base + node],
-                                 T.cats[T.special[base + node]], T.cats + T.special[base + node])
-    elif isnan(v):
-        right = not T.default_left[base + node]
-    else:
-        right = v > T.threshold[base + node]
-    return T.child[2 * (base + node) + right]
+    return T.child[2 * (base + node) + goes_right(T, base, node, x)]
 
 
 cdef void extend_path(PathElement* path, int32_t depth, double zero_fraction,
@@ -291,20 +306,47 @@ cdef void leaf_shap(const Trees* T, int64_t t, const float* x, double* phi,
                     int32_t out_stride, uint8_t* right) noexcept nogil:
     """One tree leaf by leaf (its mode: tables or quadrature); ``right`` scratch of the
     tree's node count."""
-    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i, l, q, g, f0, mask
-    cdef int32_t d, k, o, b
+    cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i
     cdef uint64_t R = 0
-    cdef const double* tbl
-    cdef double v
+    if T.pat_off != NULL and T.pat_off[t] >= 0:
+        pattern_shap(T, t, x, phi)
+        return
     if T.small[t]:
         for i in range(n):
-            if T.feature[base + i] >= 0 and \
-                    next_node(T, base, i, x) == T.child[2 * (base + i) + 1]:
-                R |= (<uint64_t>1) << i
+            if T.feature[base + i] >= 0:
+                R |= (<uint64_t>goes_right(T, base, i, x)) << i
     else:
         for i in range(n):
             if T.feature[base + i] >= 0:
-                right[i] = next_node(T, base, i, x) == T.child[2 * (base + i) + 1]
+                right[i] = goes_right(T, base, i, x)
+    leaf_sum(T, t, R, right, phi, out_stride)
+
+
+cdef void pattern_shap(const Trees* T, int64_t t, const float* x, double* phi) noexcept nogil:
+    """A tree of at most PAT_MAX_K splits and one output (Explainer(patterns=)): its
+    attributions for each pattern of the ways a row goes at its splits were summed at load
+    (leaf_sum over its leaf tables), so a row takes its splits' directions, one row of the
+    table and an addition a feature of the tree."""
+    cdef int64_t base = T.start[t], at = T.pat_inner_off[t], fo = T.pat_feat_off[t]
+    cdef int32_t j, k = T.pat_k[t], nf = T.pat_nf[t], i
+    cdef int64_t idx = 0
+    cdef const double* row
+    for j in range(k):
+        i = T.pat_inner[at + j]
+        idx |= (<int64_t>goes_right(T, base, i, x)) << j
+    row = T.pat_table + T.pat_off[t] + idx * nf
+    for j in range(nf):
+        phi[T.pat_feat[fo + j]] += row[j]
+
+
+cdef void leaf_sum(const Trees* T, int64_t t, uint64_t R, const uint8_t* right, double* phi,
+                   int32_t out_stride) noexcept nogil:
+    """leaf_shap's sum over the leaves of tree t, the row's directions at its splits given
+    (R: small trees, by tree-local node bit; right: the others)."""
+    cdef int64_t base = T.start[t], l, q, g, f0, mask
+    cdef int32_t d, k, o, b
+    cdef const double* tbl
+    cdef double v
     for l in range(T.table_leaf[t], T.table_leaf[t + 1]):
         d = T.leaf_d[l]
         if T.small[t]:  # feature k followed: every split on it goes the path's way
@@ -551,6 +593,7 @@ cdef class Explainer:
     cdef readonly int64_t tabled  # trees explained by their leaf tables
     cdef readonly int64_t quadrature  # trees explained leaf by leaf by quadrature
     cdef readonly int64_t linear  # trees explained node by node by quadrature
+    cdef readonly int64_t patterned  # trees explained by their pattern tables
     cdef int32_t lin_frames, lin_q  # MODE_LINEAR's scratch: frames (deepest leaf + 1), points
     cdef int32_t max_depth
     cdef readonly bint prefetch_tables  # prefetch the next tree's leaf tables
@@ -559,13 +602,15 @@ cdef class Explainer:
     cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
 
     def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor,
-                 str mode="auto", object prefetch=None):
+                 str mode="auto", object prefetch=None, object patterns=None):
         """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays.
         ``mode``: the TreeSHAP evaluation each tree takes where it can (``MODES``; "auto" the
         fastest measured, others for tests, which hold each to the libraries; "linear-rows":
         MODE_LINEAR a row at a time, as trees with a zero cover take it). ``prefetch``:
         whether a block's rows prefetch the next tree's leaf tables; None where the model's
-        tables outgrow PF_TABLE_BYTES (True and False for tests)."""
+        tables outgrow PF_TABLE_BYTES (True and False for tests). ``patterns``: pattern
+        tables (pattern_shap) for the small trees that allow them; None and True take them,
+        False (tests) keeps the leaf tables."""
         if mode not in MODES:
             raise ValueError(f"unknown TreeSHAP mode {mode!r} ({', '.join(MODES)})")
         start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
@@ -660,6 +705,77 @@ cdef class Explainer:
             else:
                 bias[group[t]] += roots[t, 0]
         self.bias = bias / divisor
+        self.T.pat_off = NULL
+        self.patterned = 0
+        if (patterns is None or patterns) and width == 1:
+            self._patterns(tb["mode"], tb["small"])
+
+    def _patterns(self, mode, small):
+        """Pattern tables for the trees explained by leaf tables with at most PAT_MAX_K
+        splits (pattern_shap), while the model's stay under PAT_MAX_DOUBLES: each row of a
+        tree's table is leaf_sum for one pattern of directions at its splits."""
+        start, feature = self._keep[0], self._keep[1]
+        n_trees = self.n_trees
+        pat_off = np.full(max(n_trees, 1), -1, dtype=np.int64)
+        pat_k = np.zeros(max(n_trees, 1), dtype=np.int32)
+        pat_nf = np.zeros(max(n_trees, 1), dtype=np.int32)
+        inner_off = np.zeros(max(n_trees, 1), dtype=np.int64)
+        feat_off = np.zeros(max(n_trees, 1), dtype=np.int64)
+        inners, feats, sizes = [], [], []
+        n_inner = n_feat = n_dbl = 0
+        for t in range(n_trees):
+            lo, hi = int(start[t]), int(start[t + 1])
+            inner = np.flatnonzero(feature[lo:hi] >= 0).astype(np.int32)
+            f = np.unique(feature[lo:hi][inner]).astype(np.int32)
+            size = (1 << inner.size) * f.size
+            inner_off[t], feat_off[t] = n_inner, n_feat
+            if mode[t] != MODE_TABLE or not small[t] or inner.size > PAT_MAX_K or \
+                    n_dbl + size > PAT_MAX_DOUBLES:
+                continue
+            pat_off[t], pat_k[t], pat_nf[t] = n_dbl, inner.size, f.size
+            inners.append(inner)
+            feats.append(f)
+            n_inner += inner.size
+            n_feat += f.size
+            n_dbl += size
+        if n_dbl == 0:
+            return
+        pat_inner = np.concatenate(inners)
+        pat_feat = np.concatenate(feats)
+        table = np.zeros(n_dbl, dtype=np.float64)
+        self._fill_patterns(pat_off, pat_k, inner_off, pat_inner, pat_nf, feat_off, pat_feat,
+                            table)
+        self._keep = self._keep + (pat_off, pat_k, inner_off, pat_inner, pat_nf, feat_off,
+                                   pat_feat, table)
+        self.T.pat_k = <const int32_t*><Py_ssize_t>pat_k.ctypes.data
+        self.T.pat_inner_off = <const int64_t*><Py_ssize_t>inner_off.ctypes.data
+        self.T.pat_inner = <const int32_t*><Py_ssize_t>pat_inner.ctypes.data
+        self.T.pat_nf = <const int32_t*><Py_ssize_t>pat_nf.ctypes.data
+        self.T.pat_feat_off = <const int64_t*><Py_ssize_t>feat_off.ctypes.data
+        self.T.pat_feat = <const int32_t*><Py_ssize_t>pat_feat.ctypes.data
+        self.T.pat_table = <const double*><Py_ssize_t>table.ctypes.data
+        self.T.pat_off = <const int64_t*><Py_ssize_t>pat_off.ctypes.data  # last: turns them on
+        self.patterned = int(np.sum(pat_off[:n_trees] >= 0))
+
+    def _fill_patterns(self, const int64_t[::1] pat_off, const int32_t[::1] pat_k,
+                       const int64_t[::1] inner_off, const int32_t[::1] pat_inner,
+                       const int32_t[::1] pat_nf, const int64_t[::1] feat_off,
+                       const int32_t[::1] pat_feat, double[::1] table):
+        cdef int64_t t, p, R
+        cdef int32_t j, nf = self.T.n_features
+        cdef double[::1] phi = np.zeros(nf + 1, dtype=np.float64)
+        for t in range(self.n_trees):
+            if pat_off[t] < 0:
+                continue
+            for p in range(<int64_t>1 << pat_k[t]):
+                R = 0
+                for j in range(pat_k[t]):
+                    if p >> j & 1:
+                        R |= (<int64_t>1) << pat_inner[inner_off[t] + j]
+                phi[:] = 0.0
+                leaf_sum(&self.T, t, <uint64_t>R, NULL, &phi[0], nf + 1)
+                for j in range(pat_nf[t]):
+                    table[pat_off[t] + p * pat_nf[t] + j] = phi[pat_feat[feat_off[t] + j]]
 
     def _path_records(self):
         """saabas_rows' node records and changes of the means, built at the first path

@@ -361,6 +361,52 @@ def test_each_treeshap_mode_is_shaps(name, mode):
                                atol=_tolerance(model.raw(X)), rtol=0)
 
 
+@pytest.mark.parametrize("name", ["xgb-binary-logitraw", "xgb-multi-softprob",
+                                  "xgb-parallel-tree", "xgb-reg-logistic"])
+@pytest.mark.parametrize("patterns", [True, False])
+def test_pattern_tables_and_leaf_tables_are_xgboosts(name, patterns):
+    # trees of at most 8 splits take a table of their attributions for every pattern of
+    # directions at their splits by default (pattern_shap); the leaf tables they would take
+    # otherwise are held to XGBoost here too
+    import xgboost as xgb
+
+    from worker import _explain
+
+    booster = M.xgboost_models()[name]
+    model = worker.compile_model(booster)
+    ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                            float(model.divisor), mode="table", patterns=patterns)
+    assert (ex.patterned > 0) == patterns and ex.tabled > 0
+    X = M.hostile_rows(150, M.xgboost_thresholds(booster), seed=21)
+    ours = ex.contributions(np.ascontiguousarray(X, np.float32), 0, 2)
+    ref = booster.predict(xgb.DMatrix(M.finite_for_library(X), feature_names=booster.feature_names),
+                          pred_contribs=True)
+    np.testing.assert_allclose(ours.reshape(ref.shape), ref, atol=_tolerance(model.raw(X)),
+                               rtol=0)
+
+
+@pytest.mark.parametrize("name", ["gb-binary", "gb-exponential"])  # shap: binary GB only
+@pytest.mark.parametrize("patterns", [True, False])
+def test_pattern_tables_and_leaf_tables_are_shaps(name, patterns):
+    import shap
+
+    from worker import _explain
+
+    est = M.sklearn_models()[name]
+    model = worker.compile_model(est)
+    ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                            float(model.divisor), patterns=patterns)
+    assert (ex.patterned == ex.tabled == model.n_trees) if patterns else ex.patterned == 0
+    X = M.hostile_rows(75, M.sklearn_thresholds(est), seed=22, nan=False, inf=False)
+    ours = ex.contributions(np.ascontiguousarray(X, np.float32), 0, 1)
+    ref = np.asarray(shap.TreeExplainer(est, feature_perturbation="tree_path_dependent")
+                     .shap_values(X.astype(np.float64), check_additivity=False))
+    if ref.ndim == 2:
+        ref = ref[:, :, None]
+    np.testing.assert_allclose(ours[:, :, :-1], np.transpose(ref, (0, 2, 1)),
+                               atol=_tolerance(model.raw(X)), rtol=0)
+
+
 @pytest.mark.parametrize("name", ["xgb-binary-logistic", "xgb-multi-softprob", "xgb-deep"])
 def test_prefetching_the_next_trees_tables_keeps_xgboosts_answers(name):
     # models whose leaf tables outgrow L2 (PF_TABLE_BYTES) have each row of a block prefetch a
