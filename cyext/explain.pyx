@@ -721,16 +721,17 @@ cdef class Explainer:
         pat_nf = np.zeros(max(n_trees, 1), dtype=np.int32)
         inner_off = np.zeros(max(n_trees, 1), dtype=np.int64)
         feat_off = np.zeros(max(n_trees, 1), dtype=np.int64)
-        inners, feats, sizes = [], [], []
+        inners, feats = [], []
         n_inner = n_feat = n_dbl = 0
         for t in range(n_trees):
+            inner_off[t], feat_off[t] = n_inner, n_feat
+            if mode[t] != MODE_TABLE or not small[t]:
+                continue
             lo, hi = int(start[t]), int(start[t + 1])
             inner = np.flatnonzero(feature[lo:hi] >= 0).astype(np.int32)
             f = np.unique(feature[lo:hi][inner]).astype(np.int32)
             size = (1 << inner.size) * f.size
-            inner_off[t], feat_off[t] = n_inner, n_feat
-            if mode[t] != MODE_TABLE or not small[t] or inner.size > PAT_MAX_K or \
-                    n_dbl + size > PAT_MAX_DOUBLES:
+            if inner.size > PAT_MAX_K or n_dbl + size > PAT_MAX_DOUBLES:
                 continue
             pat_off[t], pat_k[t], pat_nf[t] = n_dbl, inner.size, f.size
             inners.append(inner)

@@ -1,4 +1,5 @@
-/* Prefetch hints (the next group of trees, the next tree of the rows walk); a no-op where the compiler lacks the builtin. */
+/* Prefetch hints (the next group of trees, the next tree of the rows walk); a no-op where the
+   compiler lacks the builtin. */
 #ifndef SW_PREFETCH_H
 #define SW_PREFETCH_H
 #if defined(__GNUC__) || defined(__clang__)
