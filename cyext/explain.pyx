@@ -23,6 +23,15 @@ i != j} z_i (o_j = 1 iff j is in A). Those coefficients are computed once per le
 (2^d x d of them, d <= TABLE_MAX_D); a row then costs one comparison per split node and, per
 leaf, its path's bit tests and d additions, instead of O(d^2) divisions per leaf.
 
+Leaf tables still cost a row d additions a leaf. Pattern tables sum them ahead (pattern_rows;
+one output): the leaves below a node v depend on a row only through its directions at the k
+splits of v's path and below v, so where k <= PAT_GROUP_K their summed attributions for each of
+the 2^k patterns of directions are one table of 2^k rows (a whole tree of at most PAT_MAX_K
+splits: one table). A row takes its directions at a tree's splits once (four compares a step),
+then per group k bits (BMI2 pext where it is fast, pattern.h), one table row and an addition a
+feature of the group: on model A (200 trees of depth 5) 8 groups of 6 splits a tree, 48
+additions instead of 32 leaves x 5.
+
 Deeper trees (d <= QUAD_MAX_D) take quadrature: w(s, d) is the Beta integral of
 t^s (1-t)^(d-1-s) over [0, 1], so the sum above is the integral of prod_{i != j}
 (z_i (1 - t) + o_i t), a polynomial of degree d - 1 that ceil(d/2) Gauss-Legendre points give
@@ -55,13 +64,23 @@ import numpy as np
 
 from walk cimport sw_special_right, sw_prefetch_l2
 
+cdef extern from "pattern.h":
+    int sw_pattern_fast_pext() nogil
+    void sw_pattern_rows(int use_pext, const int32_t* fe, const float* th, uint64_t missr,
+                         int64_t ns, const uint64_t* mask, const int32_t* pos, int32_t k,
+                         const int64_t* off, const int32_t* feat, int32_t nf, int64_t ng,
+                         const double* table, const float* x, int64_t xs, double* phi,
+                         int64_t ps, int64_t nr) noexcept nogil
+
 cdef enum:
     BLOCK = 16                      # rows that walk one tree before the next (8 and 32
                                     # measured slower on model A: 32 by 30%)
     TABLE_MAX_D = 6                 # distinct features on a leaf's path for the table
     TABLE_MAX_DOUBLES = 8 << 20     # the tables of one model (64 MB)
     PF_TABLE_BYTES = 1 << 20        # tables above this (a core's L2 here) are prefetched
-    PAT_MAX_K = 8                   # splits of a tree for a pattern table (2^k rows) ...
+    PAT_MAX_K = 8                   # splits of a tree for one pattern table (2^k rows), and
+    PAT_GROUP_K = 6                 # of a group of a larger tree's leaves (measured on A, D:
+                                    # bench/NOTES.md) ...
     PAT_MAX_DOUBLES = 4 << 20       # ... while a model's stay under this (32 MB)
     QUAD_MAX_D = 64                 # distinct features on a leaf's path for the quadrature
     QUAD_MAX_Q = 32                 # its quadrature points (QUAD_MAX_D / 2)
@@ -143,14 +162,25 @@ ctypedef struct Trees:
     const double* zfrac         # per node: its cover over its parent's (roots: 1)
     const uint8_t* tree_q       # per tree: its quadrature points (ceil(d / 2), largest d)
     const uint8_t* tree_zero    # per tree: a node with zero cover (MODE_LINEAR row by row)
-    # pattern tables (Explainer(patterns=); NULL pat_off: none): per tree the first of its
-    # 2^k x nf attributions in pat_table (-1: none), its k splits (tree-local nodes, from
-    # pat_inner_off in pat_inner) and its nf features (from pat_feat_off in pat_feat)
+    # pattern tables (Explainer(patterns=); NULL pat_first: none): tree t's groups are
+    # pat_first[t] .. pat_first[t + 1] - 1 (none: its leaf tables); per group the first of its
+    # 2^k x nf attributions in pat_table, its k splits (tree-local nodes, from pat_inner_off
+    # in pat_inner) and its nf features (from pat_feat_off in pat_feat)
+    const int64_t* pat_first
+    const int64_t* ps_first     # per tree: its splits (ascending node) in ps_*, from here
+    const uint64_t* ps_missr    # (<= 63 splits) bit i: split i sends a missing value right
+    const int32_t* ps_feat      # per split: feature, threshold, 1 where a missing value goes
+    const float* ps_thr         # right, tree-local node
+    const uint8_t* ps_miss
+    const int32_t* ps_node
+    const int32_t* pat_kp       # per tree: its groups' bits and features, padded to the most
+    const int32_t* pat_nfp      # of any of them (a bit: split ns, never taken; a feature:
+                                # the bias column, overwritten after)
+    const uint64_t* pat_mask    # per group of a tree of at most 63 splits: its splits' bits
     const int64_t* pat_off
     const int32_t* pat_k
     const int64_t* pat_inner_off
     const int32_t* pat_inner
-    const int32_t* pat_nf
     const int64_t* pat_feat_off
     const int32_t* pat_feat
     const double* pat_table
@@ -283,8 +313,11 @@ cdef void tree_shap(const Trees* T, int64_t base, int64_t node, const float* x, 
 
 cdef inline void table_span(const Trees* T, int64_t t, const char** lo,
                             const char** hi) noexcept nogil:
-    """The bytes of tree t's leaf tables (pointers left alone where it has none)."""
+    """The bytes of tree t's leaf tables (pointers left alone where it has none, or takes
+    pattern tables)."""
     cdef int64_t l0 = T.table_leaf[t], l1 = T.table_leaf[t + 1]
+    if T.pat_first != NULL and T.pat_first[t] < T.pat_first[t + 1]:
+        return  # pattern tables: a block's rows read few of their lines (not prefetched)
     if T.mode[t] != MODE_TABLE or l1 <= l0 or T.leaf_table[l0] < 0 or T.leaf_table[l1 - 1] < 0:
         return
     lo[0] = <const char*>(T.table + T.leaf_table[l0])
@@ -308,9 +341,6 @@ cdef void leaf_shap(const Trees* T, int64_t t, const float* x, double* phi,
     tree's node count."""
     cdef int64_t base = T.start[t], n = T.start[t + 1] - base, i
     cdef uint64_t R = 0
-    if T.pat_off != NULL and T.pat_off[t] >= 0:
-        pattern_shap(T, t, x, phi)
-        return
     if T.small[t]:
         for i in range(n):
             if T.feature[base + i] >= 0:
@@ -319,35 +349,64 @@ cdef void leaf_shap(const Trees* T, int64_t t, const float* x, double* phi,
         for i in range(n):
             if T.feature[base + i] >= 0:
                 right[i] = goes_right(T, base, i, x)
-    leaf_sum(T, t, R, right, phi, out_stride)
+    leaf_sum(T, t, T.table_leaf[t], T.table_leaf[t + 1], R, right, phi, out_stride)
 
 
-cdef void pattern_shap(const Trees* T, int64_t t, const float* x, double* phi) noexcept nogil:
-    """A tree of at most PAT_MAX_K splits and one output (Explainer(patterns=)): its
-    attributions for each pattern of the ways a row goes at its splits were summed at load
-    (leaf_sum over its leaf tables), so a row takes its splits' directions, one row of the
-    table and an addition a feature of the tree."""
-    cdef int64_t base = T.start[t], at = T.pat_inner_off[t], fo = T.pat_feat_off[t]
-    cdef int32_t j, k = T.pat_k[t], nf = T.pat_nf[t], i
-    cdef int64_t idx = 0
+cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stride,
+                       double* phi, int64_t phi_stride, int64_t nr, uint8_t* right,
+                       bint use_pext) noexcept nogil:
+    """A tree by its pattern tables (Explainer(patterns=), one output; module docstring):
+    its leaves cut into groups (_cut), each the leaves below a node whose path and splits
+    below come to k <= PAT_GROUP_K splits (a whole tree of at most PAT_MAX_K: one group), with
+    their attributions for each of the 2^k patterns of directions at those splits summed at
+    load (leaf_sum over their leaf tables). Rows x .. x + (nr - 1) x_stride, their
+    attributions phi on (phi_stride apart). pattern.h takes trees of at most 63 splits
+    without categorical splits; this loop the rest (a byte a direction, goes_right at
+    categorical splits). Every group of a tree loops the same number of times (pat_kp,
+    pat_nfp), so its loops' exits are predicted."""
+    cdef int64_t g, at, fo, idx, i, r, s0 = T.ps_first[t], ns = T.ps_first[t + 1] - s0
+    cdef int64_t g0 = T.pat_first[t], g1 = T.pat_first[t + 1]
+    cdef int32_t j, kp = T.pat_kp[t], nf = T.pat_nfp[t]
+    cdef const int32_t* fe = T.ps_feat + s0
+    cdef const float* th = T.ps_thr + s0
+    cdef const uint8_t* miss = T.ps_miss + s0
     cdef const double* row
-    for j in range(k):
-        i = T.pat_inner[at + j]
-        idx |= (<int64_t>goes_right(T, base, i, x)) << j
-    row = T.pat_table + T.pat_off[t] + idx * nf
-    for j in range(nf):
-        phi[T.pat_feat[fo + j]] += row[j]
+    cdef float v
+    if ns <= 63 and T.special == NULL:  # pattern.h
+        sw_pattern_rows(use_pext, fe, th, T.ps_missr[t], ns, T.pat_mask + g0,
+                        T.pat_inner + T.pat_inner_off[g0], kp, T.pat_off + g0,
+                        T.pat_feat + T.pat_feat_off[g0], nf, g1 - g0, T.pat_table, x,
+                        x_stride, phi, phi_stride, nr)
+        return
+    right[ns] = 0
+    for r in range(nr):
+        if T.special == NULL:
+            for i in range(ns):
+                v = x[fe[i]]
+                right[i] = (<uint8_t>(v > th[i])) | ((<uint8_t>(v != v)) & miss[i])
+        else:
+            for i in range(ns):
+                right[i] = goes_right(T, T.start[t], T.ps_node[s0 + i], x)
+        for g in range(g0, g1):
+            at, fo, idx = T.pat_inner_off[g], T.pat_feat_off[g], 0
+            for j in range(kp):
+                idx |= (<int64_t>right[T.pat_inner[at + j]]) << j
+            row = T.pat_table + T.pat_off[g] + idx * nf
+            for j in range(nf):
+                phi[T.pat_feat[fo + j]] += row[j]
+        x += x_stride
+        phi += phi_stride
 
 
-cdef void leaf_sum(const Trees* T, int64_t t, uint64_t R, const uint8_t* right, double* phi,
-                   int32_t out_stride) noexcept nogil:
-    """leaf_shap's sum over the leaves of tree t, the row's directions at its splits given
-    (R: small trees, by tree-local node bit; right: the others)."""
+cdef void leaf_sum(const Trees* T, int64_t t, int64_t l0, int64_t l1, uint64_t R,
+                   const uint8_t* right, double* phi, int32_t out_stride) noexcept nogil:
+    """leaf_shap's sum over the leaves l0 .. l1 - 1 of tree t, the row's directions at its
+    splits given (R: small trees, by tree-local node bit; right: the others)."""
     cdef int64_t base = T.start[t], l, q, g, f0, mask
     cdef int32_t d, k, o, b
     cdef const double* tbl
     cdef double v
-    for l in range(T.table_leaf[t], T.table_leaf[t + 1]):
+    for l in range(l0, l1):
         d = T.leaf_d[l]
         if T.small[t]:  # feature k followed: every split on it goes the path's way
             mask = 0
@@ -594,6 +653,8 @@ cdef class Explainer:
     cdef readonly int64_t quadrature  # trees explained leaf by leaf by quadrature
     cdef readonly int64_t linear  # trees explained node by node by quadrature
     cdef readonly int64_t patterned  # trees explained by their pattern tables
+    cdef readonly int64_t pattern_groups  # and their groups of leaves
+    cdef readonly bint pext  # pattern tables gather their bits by BMI2 pext (pattern.h)
     cdef int32_t lin_frames, lin_q  # MODE_LINEAR's scratch: frames (deepest leaf + 1), points
     cdef int32_t max_depth
     cdef readonly bint prefetch_tables  # prefetch the next tree's leaf tables
@@ -602,15 +663,19 @@ cdef class Explainer:
     cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
 
     def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor,
-                 str mode="auto", object prefetch=None, object patterns=None):
+                 str mode="auto", object prefetch=None, object patterns=None,
+                 object pext=None):
         """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays.
         ``mode``: the TreeSHAP evaluation each tree takes where it can (``MODES``; "auto" the
         fastest measured, others for tests, which hold each to the libraries; "linear-rows":
         MODE_LINEAR a row at a time, as trees with a zero cover take it). ``prefetch``:
         whether a block's rows prefetch the next tree's leaf tables; None where the model's
         tables outgrow PF_TABLE_BYTES (True and False for tests). ``patterns``: pattern
-        tables (pattern_shap) for the small trees that allow them; None and True take them,
-        False (tests) keeps the leaf tables."""
+        tables (pattern_rows) for the trees of leaf tables that allow them; None and True
+        take them (a whole tree of at most PAT_MAX_K splits, groups of at most PAT_GROUP_K),
+        an int K groups of at most K splits (tests and measurement), False (tests) keeps the
+        leaf tables. ``pext``: the pattern tables gather a row's bits by BMI2 pext where the
+        CPU does it fast (None), or by a loop (False; tests)."""
         if mode not in MODES:
             raise ValueError(f"unknown TreeSHAP mode {mode!r} ({', '.join(MODES)})")
         start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
@@ -705,78 +770,138 @@ cdef class Explainer:
             else:
                 bias[group[t]] += roots[t, 0]
         self.bias = bias / divisor
-        self.T.pat_off = NULL
-        self.patterned = 0
-        if (patterns is None or patterns) and width == 1:
-            self._patterns(tb["mode"], tb["small"])
+        self.T.pat_first = NULL
+        self.patterned = self.pattern_groups = 0
+        if patterns is not False and patterns is not None and patterns is not True:
+            if not 0 <= int(patterns) <= 12:
+                raise ValueError("patterns: splits a group, 0 to 12")
+        self.pext = sw_pattern_fast_pext() != 0 and pext is not False
+        if patterns is None or patterns is True:
+            K, K_whole = PAT_GROUP_K, PAT_MAX_K
+        else:
+            K = K_whole = int(patterns)
+        if patterns is not False and width == 1 and K > 0:
+            self._patterns(tb, K, K_whole)
 
-    def _patterns(self, mode, small):
-        """Pattern tables for the trees explained by leaf tables with at most PAT_MAX_K
-        splits (pattern_shap), while the model's stay under PAT_MAX_DOUBLES: each row of a
-        tree's table is leaf_sum for one pattern of directions at its splits."""
-        start, feature = self._keep[0], self._keep[1]
+    def _patterns(self, dict tb, int32_t K, int32_t K_whole):
+        """Pattern tables (pattern_rows) for the trees explained by leaf tables whose leaves
+        all lie at most K splits deep, while the model's stay under PAT_MAX_DOUBLES. A tree's
+        groups are taken from the root down: node v heads one where its depth plus the splits
+        below it come to at most K (its leaves' directions then depend on those splits only),
+        else its children are tried. Each row of a group's table is leaf_sum over the group's
+        leaves for one pattern of directions at its splits."""
+        start, feature, threshold, child, default_left = self._keep[:5]
+        nft = self.T.n_features  # the padding feature: the bias column
+        mode, table_leaf, leaf_node = tb["mode"], tb["table_leaf"], tb["leaf_node"]
         n_trees = self.n_trees
-        pat_off = np.full(max(n_trees, 1), -1, dtype=np.int64)
-        pat_k = np.zeros(max(n_trees, 1), dtype=np.int32)
-        pat_nf = np.zeros(max(n_trees, 1), dtype=np.int32)
-        inner_off = np.zeros(max(n_trees, 1), dtype=np.int64)
-        feat_off = np.zeros(max(n_trees, 1), dtype=np.int64)
-        inners, feats = [], []
-        n_inner = n_feat = n_dbl = 0
+        pat_first = np.zeros(n_trees + 1, dtype=np.int64)
+        ps_first = np.zeros(n_trees + 1, dtype=np.int64)
+        kp = np.zeros(max(n_trees, 1), dtype=np.int32)
+        nfp = np.zeros(max(n_trees, 1), dtype=np.int32)
+        groups, splits = [], []  # per group: (tree, first leaf, leaf end, k, bits, features)
+        n_dbl = n_splits = 0
         for t in range(n_trees):
-            inner_off[t], feat_off[t] = n_inner, n_feat
-            if mode[t] != MODE_TABLE or not small[t]:
+            pat_first[t + 1], ps_first[t + 1] = len(groups), n_splits
+            if mode[t] != MODE_TABLE:
                 continue
-            lo, hi = int(start[t]), int(start[t + 1])
-            inner = np.flatnonzero(feature[lo:hi] >= 0).astype(np.int32)
-            f = np.unique(feature[lo:hi][inner]).astype(np.int32)
-            size = (1 << inner.size) * f.size
-            if inner.size > PAT_MAX_K or n_dbl + size > PAT_MAX_DOUBLES:
+            lo = int(start[t])
+            tree = _cut(lo, int(start[t + 1]), feature, child, K, K_whole,
+                        leaf_node[table_leaf[t]:table_leaf[t + 1]], int(table_leaf[t]))
+            if tree is None:
                 continue
-            pat_off[t], pat_k[t], pat_nf[t] = n_dbl, inner.size, f.size
-            inners.append(inner)
-            feats.append(f)
-            n_inner += inner.size
-            n_feat += f.size
+            k = max(nodes.size for _, _, nodes, _ in tree)
+            nf = max(f.size for _, _, _, f in tree)
+            size = sum((1 << nodes.size) * nf for _, _, nodes, _ in tree)
+            if n_dbl + size > PAT_MAX_DOUBLES:
+                continue
+            inner = np.flatnonzero(feature[lo:int(start[t + 1])] >= 0).astype(np.int32)
+            for first, end, nodes, f in tree:  # bits: split ordinals, padded with ns
+                bits = np.full(k, inner.size, dtype=np.int32)
+                bits[:nodes.size] = np.searchsorted(inner, nodes)
+                feats = np.full(nf, nft, dtype=np.int32)
+                feats[:f.size] = f
+                mask = 0
+                if inner.size <= 63:
+                    for b in bits[:nodes.size]:
+                        mask |= 1 << int(b)
+                groups.append((t, first, end, nodes.size, bits, feats, mask))
+            splits.append(inner)
             n_dbl += size
+            n_splits += inner.size
+            kp[t], nfp[t] = k, nf
+            pat_first[t + 1], ps_first[t + 1] = len(groups), n_splits
         if n_dbl == 0:
             return
-        pat_inner = np.concatenate(inners)
-        pat_feat = np.concatenate(feats)
+        ps_node = np.concatenate(splits).astype(np.int32)
+        node_base = np.repeat(start[:-1], np.diff(ps_first))
+        ps_feat = feature[node_base + ps_node].astype(np.int32)
+        ps_thr = threshold[node_base + ps_node].astype(np.float32)
+        ps_miss = (1 - default_left[node_base + ps_node]).astype(np.uint8)
+        ps_missr = np.zeros(max(n_trees, 1), dtype=np.uint64)
+        for t in np.flatnonzero(np.diff(ps_first) <= 63):
+            right = np.flatnonzero(ps_miss[ps_first[t]:ps_first[t + 1]]).tolist()
+            ps_missr[t] = sum(1 << i for i in right)
+        pat_tree = np.array([g[0] for g in groups], dtype=np.int64)
+        pat_leaves = np.array([(g[1], g[2]) for g in groups], dtype=np.int64)
+        pat_k = np.array([g[3] for g in groups], dtype=np.int32)
+        sizes = (np.int64(1) << pat_k.astype(np.int64)) * nfp[pat_tree]
+        pat_off = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        inner_off = np.concatenate(([0], np.cumsum(kp[pat_tree])[:-1])).astype(np.int64)
+        feat_off = np.concatenate(([0], np.cumsum(nfp[pat_tree])[:-1])).astype(np.int64)
+        pat_inner = np.concatenate([g[4] for g in groups]).astype(np.int32)
+        pat_feat = np.concatenate([g[5] for g in groups]).astype(np.int32)
+        pat_mask = np.array([g[6] for g in groups], dtype=np.uint64)
         table = np.zeros(n_dbl, dtype=np.float64)
-        self._fill_patterns(pat_off, pat_k, inner_off, pat_inner, pat_nf, feat_off, pat_feat,
-                            table)
-        self._keep = self._keep + (pat_off, pat_k, inner_off, pat_inner, pat_nf, feat_off,
-                                   pat_feat, table)
+        self._fill_patterns(pat_tree, pat_leaves, pat_off, pat_k, inner_off, pat_inner,
+                            feat_off, pat_feat, ps_first, ps_node, nfp, table)
+        self._keep = self._keep + (pat_first, ps_first, ps_missr, ps_feat, ps_thr,
+                                   ps_miss, ps_node, kp,
+                                   nfp, pat_off, pat_k, inner_off, pat_inner, feat_off,
+                                   pat_feat, pat_mask, table)
+        self.T.ps_first = <const int64_t*><Py_ssize_t>ps_first.ctypes.data
+        self.T.ps_missr = <const uint64_t*><Py_ssize_t>ps_missr.ctypes.data
+        self.T.ps_feat = <const int32_t*><Py_ssize_t>ps_feat.ctypes.data
+        self.T.ps_thr = <const float*><Py_ssize_t>ps_thr.ctypes.data
+        self.T.ps_miss = <const uint8_t*><Py_ssize_t>ps_miss.ctypes.data
+        self.T.ps_node = <const int32_t*><Py_ssize_t>ps_node.ctypes.data
+        self.T.pat_kp = <const int32_t*><Py_ssize_t>kp.ctypes.data
+        self.T.pat_nfp = <const int32_t*><Py_ssize_t>nfp.ctypes.data
+        self.T.pat_mask = <const uint64_t*><Py_ssize_t>pat_mask.ctypes.data
+        self.T.pat_off = <const int64_t*><Py_ssize_t>pat_off.ctypes.data
         self.T.pat_k = <const int32_t*><Py_ssize_t>pat_k.ctypes.data
         self.T.pat_inner_off = <const int64_t*><Py_ssize_t>inner_off.ctypes.data
         self.T.pat_inner = <const int32_t*><Py_ssize_t>pat_inner.ctypes.data
-        self.T.pat_nf = <const int32_t*><Py_ssize_t>pat_nf.ctypes.data
         self.T.pat_feat_off = <const int64_t*><Py_ssize_t>feat_off.ctypes.data
         self.T.pat_feat = <const int32_t*><Py_ssize_t>pat_feat.ctypes.data
         self.T.pat_table = <const double*><Py_ssize_t>table.ctypes.data
-        self.T.pat_off = <const int64_t*><Py_ssize_t>pat_off.ctypes.data  # last: turns them on
-        self.patterned = int(np.sum(pat_off[:n_trees] >= 0))
+        self.T.pat_first = <const int64_t*><Py_ssize_t>pat_first.ctypes.data  # last: on
+        self.patterned = int(np.sum(np.diff(pat_first) > 0))
+        self.pattern_groups = len(groups)
 
-    def _fill_patterns(self, const int64_t[::1] pat_off, const int32_t[::1] pat_k,
+    def _fill_patterns(self, const int64_t[::1] pat_tree, const int64_t[:, ::1] pat_leaves,
+                       const int64_t[::1] pat_off, const int32_t[::1] pat_k,
                        const int64_t[::1] inner_off, const int32_t[::1] pat_inner,
-                       const int32_t[::1] pat_nf, const int64_t[::1] feat_off,
-                       const int32_t[::1] pat_feat, double[::1] table):
-        cdef int64_t t, p, R
+                       const int64_t[::1] feat_off, const int32_t[::1] pat_feat,
+                       const int64_t[::1] ps_first, const int32_t[::1] ps_node,
+                       const int32_t[::1] nfp, double[::1] table):
+        cdef int64_t g, t, p, R, node
         cdef int32_t j, nf = self.T.n_features
         cdef double[::1] phi = np.zeros(nf + 1, dtype=np.float64)
-        for t in range(self.n_trees):
-            if pat_off[t] < 0:
-                continue
-            for p in range(<int64_t>1 << pat_k[t]):
+        cdef uint8_t[::1] right = np.zeros(self.max_nodes + 1, dtype=np.uint8)
+        for g in range(pat_tree.shape[0]):
+            t = pat_tree[g]
+            for p in range(<int64_t>1 << pat_k[g]):
                 R = 0
-                for j in range(pat_k[t]):
-                    if p >> j & 1:
-                        R |= (<int64_t>1) << pat_inner[inner_off[t] + j]
-                phi[:] = 0.0
-                leaf_sum(&self.T, t, <uint64_t>R, NULL, &phi[0], nf + 1)
-                for j in range(pat_nf[t]):
-                    table[pat_off[t] + p * pat_nf[t] + j] = phi[pat_feat[feat_off[t] + j]]
+                for j in range(pat_k[g]):  # the real bits come first
+                    node = ps_node[ps_first[t] + pat_inner[inner_off[g] + j]]
+                    right[node] = p >> j & 1
+                    if right[node] and node < 64:  # R: trees of at most 64 nodes (small)
+                        R |= (<int64_t>1) << node
+                leaf_sum(&self.T, t, pat_leaves[g, 0], pat_leaves[g, 1], <uint64_t>R,
+                         &right[0], &phi[0], nf + 1)
+                for j in range(nfp[t]):  # padding reads phi[nf]: 0, never added to here
+                    table[pat_off[g] + p * nfp[t] + j] = phi[pat_feat[feat_off[g] + j]]
+                    phi[pat_feat[feat_off[g] + j]] = 0.0
 
     def _path_records(self):
         """saabas_rows' node records and changes of the means, built at the first path
@@ -886,6 +1011,11 @@ cdef class Explainer:
                                             stride)
                                 r += NR
                             continue
+                        if method == METHOD_TREESHAP and self.T.pat_first != NULL and \
+                                self.T.pat_first[t] < self.T.pat_first[t + 1]:
+                            pattern_rows(&self.T, t, &X[r0, 0], nf, &out[r0, o, 0],
+                                         <int64_t>G * stride, r1 - r0, right, self.pext)
+                            continue
                         pf_lo = pf_hi = NULL
                         if self.prefetch_tables and method == METHOD_TREESHAP and \
                                 t + 1 < self.n_trees:
@@ -917,6 +1047,67 @@ cdef class Explainer:
         result[:, :, :nf] /= self.divisor
         result[:, :, nf] = self.bias
         return result
+
+
+def _cut(int64_t lo, int64_t hi, const int32_t[::1] feature, const int32_t[:, ::1] child,
+         int32_t K, int32_t K_whole, const int64_t[::1] leaf_node, int64_t leaf0):
+    """The groups of one tree (root ``lo``) for its pattern tables (Explainer._patterns): the
+    whole tree where it has at most K_whole splits, else groups of at most K; None where a
+    leaf lies more than K splits deep or a node has two parents (an artifact that passed
+    structure.check with a shared child: its leaf tables walk it as before). Per group, in
+    leaf order, its first leaf
+    and leaf end (in the leaf arrays, from ``leaf0``: a subtree's leaves are consecutive
+    there, _tables walking depth first), its splits (tree-local, ascending) and its
+    features."""
+    cdef int64_t n = hi - lo, i, v, c, l, deepest = 0
+    cdef int64_t[::1] depth = np.zeros(n, dtype=np.int64)
+    cdef int64_t[::1] parent = np.full(n, -1, dtype=np.int64)
+    cdef int64_t[::1] below = np.zeros(n, dtype=np.int64)  # splits in the subtree
+    cdef int64_t[::1] leaf_of = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        if feature[lo + i] >= 0:
+            for c in range(2):
+                if parent[child[lo + i, c]] >= 0 or child[lo + i, c] == 0:
+                    return None  # a node of two parents: not a tree (leaf tables walk it)
+                depth[child[lo + i, c]] = depth[i] + 1
+                parent[child[lo + i, c]] = i
+        elif depth[i] > deepest:
+            deepest = depth[i]
+    for i in range(n - 1, -1, -1):
+        if feature[lo + i] >= 0:
+            below[i] = 1 + below[child[lo + i, 0]] + below[child[lo + i, 1]]
+    if deepest > K and below[0] > K_whole:
+        return None
+    for l in range(leaf_node.shape[0]):
+        leaf_of[leaf_node[l] - lo] = leaf0 + l
+    groups = []
+    stack = [0]
+    while stack:
+        v = stack.pop()
+        if depth[v] + below[v] > K and not (v == 0 and below[v] <= K_whole):
+            stack.append(child[lo + v, 1])
+            stack.append(child[lo + v, 0])
+            continue
+        nodes, leaves, todo = [], [], [v]
+        i = parent[v]
+        while i >= 0:
+            nodes.append(i)
+            i = parent[i]
+        while todo:
+            i = todo.pop()
+            if feature[lo + i] >= 0:
+                nodes.append(i)
+                todo.append(child[lo + i, 0])
+                todo.append(child[lo + i, 1])
+            else:
+                leaves.append(leaf_of[i])
+        first, end = min(leaves), max(leaves) + 1
+        if end - first != len(leaves) or first < 0:  # not so in a tree: leaf tables then
+            return None
+        nodes = np.array(sorted(nodes), dtype=np.int32)
+        feats = np.unique(np.asarray(feature)[lo + nodes.astype(np.int64)]).astype(np.int32)
+        groups.append((first, end, nodes, feats))
+    return groups
 
 
 cdef void fill_leaf_table(int32_t d, const double* z, double* out) noexcept:

@@ -357,6 +357,14 @@ def test_xgboost_categorical_contributions(method):
     ref = est.get_booster().predict(dm, pred_contribs=True, approx_contribs=method == "path")
     ours = model.contributions(X, method)
     assert np.abs(ours - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+    if method == "treeshap":  # the pattern tables' walk through special nodes (pattern_rows'
+        from worker import _explain  # loop, not pattern.h), leaves cut into groups of 5
+
+        ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                                float(model.divisor), mode="table", patterns=5)
+        assert ex.pattern_groups > ex.patterned > 0
+        ours = ex.contributions(np.ascontiguousarray(X, np.float32), 0, 1)[:, 0]
+        assert np.abs(ours - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
 
 
 # ---- scikit-learn HistGradientBoosting -----------------------------------------------------

@@ -362,12 +362,16 @@ def test_each_treeshap_mode_is_shaps(name, mode):
 
 
 @pytest.mark.parametrize("name", ["xgb-binary-logitraw", "xgb-multi-softprob",
-                                  "xgb-parallel-tree", "xgb-reg-logistic"])
-@pytest.mark.parametrize("patterns", [True, False])
-def test_pattern_tables_and_leaf_tables_are_xgboosts(name, patterns):
+                                  "xgb-parallel-tree", "xgb-reg-logistic",
+                                  "xgb-binary-logistic", "xgb-reg-squarederror"])
+@pytest.mark.parametrize("patterns, pext", [(True, None), (True, False), (5, None),
+                                            (False, None)])
+def test_pattern_tables_and_leaf_tables_are_xgboosts(name, patterns, pext):
     # trees of at most 8 splits take a table of their attributions for every pattern of
-    # directions at their splits by default (pattern_shap); the leaf tables they would take
-    # otherwise are held to XGBoost here too
+    # directions at their splits by default, larger trees one a group of leaves whose splits
+    # and path come to at most 6 (pattern_rows; patterns=5: groups of at most 5 in every
+    # tree); pext=False takes the portable bit gather instead of BMI2's. The leaf tables they
+    # would take otherwise are held to XGBoost here too
     import xgboost as xgb
 
     from worker import _explain
@@ -375,18 +379,73 @@ def test_pattern_tables_and_leaf_tables_are_xgboosts(name, patterns):
     booster = M.xgboost_models()[name]
     model = worker.compile_model(booster)
     ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
-                            float(model.divisor), mode="table", patterns=patterns)
-    assert (ex.patterned > 0) == patterns and ex.tabled > 0
+                            float(model.divisor), mode="table", patterns=patterns, pext=pext)
+    assert (ex.patterned > 0) == (patterns is not False) and ex.tabled > 0
+    if patterns == 5 or patterns and "logitraw" not in name:  # depth 4 or 5 (logitraw: 3):
+        assert ex.pattern_groups > ex.patterned  # trees cut into groups of leaves
     X = M.hostile_rows(150, M.xgboost_thresholds(booster), seed=21)
-    ours = ex.contributions(np.ascontiguousarray(X, np.float32), 0, 2)
+    Xf = np.ascontiguousarray(X, np.float32)
+    ours = ex.contributions(Xf, 0, 2)
     ref = booster.predict(xgb.DMatrix(M.finite_for_library(X), feature_names=booster.feature_names),
                           pred_contribs=True)
     np.testing.assert_allclose(ours.reshape(ref.shape), ref, atol=_tolerance(model.raw(X)),
                                rtol=0)
+    if patterns and ex.pext:  # the two gathers of a row's bits: the same sums, bit for bit
+        loop = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                                  float(model.divisor), mode="table", patterns=patterns,
+                                  pext=False)
+        assert not loop.pext and np.array_equal(loop.contributions(Xf, 0, 1), ours)
 
 
-@pytest.mark.parametrize("name", ["gb-binary", "gb-exponential"])  # shap: binary GB only
-@pytest.mark.parametrize("patterns", [True, False])
+def test_cut_groups_leaves_and_leaves_a_shared_child_to_the_leaf_tables():
+    # _cut on one tree of depth 2 (nodes 1 and 4 split on features 1 and 2): groups of at
+    # most 2 splits are the subtrees of 1 and 4, each with the root above it. The fuzzer's
+    # artifact with a child shared by two nodes (which passes structure.check) made _cut
+    # raise where a tree's leaves are not consecutive; it now keeps such a tree on its leaf
+    # tables
+    from worker import _explain
+
+    feature = np.array([0, 1, -1, -1, 2, -1, -1], np.int32)
+    child = np.array([[1, 4], [2, 3], [0, 0], [0, 0], [5, 6], [0, 0], [0, 0]], np.int32)
+    leaves = np.array([2, 3, 5, 6], np.int64)  # depth first, left first: _tables' leaf order
+    groups = _explain._cut(0, 7, feature, child, 2, 2, leaves, 10)
+    assert [(a, b, list(n), list(f)) for a, b, n, f in groups] == \
+        [(10, 12, [0, 1], [0, 1]), (12, 14, [0, 4], [0, 2])]
+    whole = _explain._cut(0, 7, feature, child, 2, 3, leaves, 10)
+    assert [(a, b, list(n)) for a, b, n, _ in whole] == [(10, 14, [0, 1, 4])]
+    assert _explain._cut(0, 7, feature, child, 1, 1, leaves, 10) is None  # leaves 2 deep
+    shared = child.copy()
+    shared[4] = [3, 6]  # node 3 below nodes 1 and 4
+    assert _explain._cut(0, 7, feature, shared, 2, 2, leaves, 10) is None
+
+
+def test_pattern_tables_of_trees_of_64_splits_and_more_are_xgboosts():
+    # 64 splits or more do not fit pattern.h's 64-bit directions: pattern_rows' loop takes
+    # them (5 features, so each leaf's path has at most 5 distinct ones: leaf tables)
+    import xgboost as xgb
+
+    from worker import _explain
+
+    rng = np.random.default_rng(31)
+    X = rng.normal(size=(3000, 5)).astype(np.float32)
+    y = (np.sin(3 * X[:, 0]) + X[:, 1] * X[:, 2] - X[:, 3] ** 2 + 0.3 * X[:, 4] > 0)
+    booster = xgb.train({"objective": "binary:logistic", "max_depth": 7, "min_child_weight": 0,
+                         "eta": 0.3, "nthread": 1}, xgb.DMatrix(X, label=y), 4)
+    splits = [d.count("[f") for d in booster.get_dump()]
+    assert max(splits) >= 64
+    model = worker.compile_model(booster)
+    ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                            float(model.divisor), mode="table", patterns=7)
+    assert ex.patterned == model.n_trees and ex.pattern_groups > ex.patterned
+    Xh = np.ascontiguousarray(M.hostile_rows(200, M.xgboost_thresholds(booster), seed=32)[:, :5])
+    ours = ex.contributions(np.ascontiguousarray(Xh, np.float32), 0, 1)
+    ref = booster.predict(xgb.DMatrix(M.finite_for_library(Xh)), pred_contribs=True)
+    np.testing.assert_allclose(ours.reshape(ref.shape), ref, atol=_tolerance(model.raw(Xh)),
+                               rtol=0)
+
+
+@pytest.mark.parametrize("name", ["gb-binary", "gb-exponential", "gb-reg"])  # shap: no multi GB
+@pytest.mark.parametrize("patterns", [True, False, 4])
 def test_pattern_tables_and_leaf_tables_are_shaps(name, patterns):
     import shap
 
@@ -396,7 +455,13 @@ def test_pattern_tables_and_leaf_tables_are_shaps(name, patterns):
     model = worker.compile_model(est)
     ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
                             float(model.divisor), patterns=patterns)
-    assert (ex.patterned == ex.tabled == model.n_trees) if patterns else ex.patterned == 0
+    if patterns is True:  # depth 3: a table a tree; depth 4 (gb-reg): groups of leaves
+        assert ex.patterned == ex.tabled == model.n_trees
+        assert (ex.pattern_groups > ex.patterned) == (name == "gb-reg")
+    elif patterns:  # groups of at most 4: 2 a depth-3 tree, 8 a depth-4 one (pairs of leaves)
+        assert ex.pattern_groups > ex.patterned == model.n_trees
+    else:
+        assert ex.patterned == 0
     X = M.hostile_rows(75, M.sklearn_thresholds(est), seed=22, nan=False, inf=False)
     ours = ex.contributions(np.ascontiguousarray(X, np.float32), 0, 1)
     ref = np.asarray(shap.TreeExplainer(est, feature_perturbation="tree_path_dependent")
