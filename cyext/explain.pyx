@@ -164,10 +164,13 @@ ctypedef struct Trees:
     const uint8_t* tree_zero    # per tree: a node with zero cover (MODE_LINEAR row by row)
     # pattern tables (Explainer(patterns=); NULL pat_first: none): tree t's groups are
     # pat_first[t] .. pat_first[t + 1] - 1 (none: its leaf tables); per group the first of its
-    # 2^k x nf attributions in pat_table, its k splits (tree-local nodes, from pat_inner_off
-    # in pat_inner) and its nf features (from pat_feat_off in pat_feat)
+    # 2^k x nfp attributions in pat_table (k its own splits, nfp the tree's padded features),
+    # its splits (numbers i of the tree's splits in ps_*, ascending, padded to pat_kp with ns,
+    # from pat_inner_off in pat_inner) and its features (padded to pat_nfp, from pat_feat_off
+    # in pat_feat); pat_k (k) only for filling the tables
     const int64_t* pat_first
     const int64_t* ps_first     # per tree: its splits (ascending node) in ps_*, from here
+    const uint8_t* ps_plain     # per tree: pattern.h takes it (<= 63 splits, none categorical)
     const uint64_t* ps_missr    # (<= 63 splits) bit i: split i sends a missing value right
     const int32_t* ps_feat      # per split: feature, threshold, 1 where a missing value goes
     const float* ps_thr         # right, tree-local node
@@ -361,8 +364,8 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
     their attributions for each of the 2^k patterns of directions at those splits summed at
     load (leaf_sum over their leaf tables). Rows x .. x + (nr - 1) x_stride, their
     attributions phi on (phi_stride apart). pattern.h takes trees of at most 63 splits
-    without categorical splits; this loop the rest (a byte a direction, goes_right at
-    categorical splits). Every group of a tree loops the same number of times (pat_kp,
+    without categorical splits (ps_plain); this loop the rest (a byte a direction, goes_right
+    in models with categorical splits). Every group of a tree loops the same number of times (pat_kp,
     pat_nfp), so its loops' exits are predicted."""
     cdef int64_t g, at, fo, idx, i, r, s0 = T.ps_first[t], ns = T.ps_first[t + 1] - s0
     cdef int64_t g0 = T.pat_first[t], g1 = T.pat_first[t + 1]
@@ -371,8 +374,10 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
     cdef const float* th = T.ps_thr + s0
     cdef const uint8_t* miss = T.ps_miss + s0
     cdef const double* row
+    cdef const float* xr
+    cdef double* pr
     cdef float v
-    if ns <= 63 and T.special == NULL:  # pattern.h
+    if T.ps_plain[t]:  # pattern.h
         sw_pattern_rows(use_pext, fe, th, T.ps_missr[t], ns, T.pat_mask + g0,
                         T.pat_inner + T.pat_inner_off[g0], kp, T.pat_off + g0,
                         T.pat_feat + T.pat_feat_off[g0], nf, g1 - g0, T.pat_table, x,
@@ -380,22 +385,21 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
         return
     right[ns] = 0
     for r in range(nr):
+        xr, pr = x + r * x_stride, phi + r * phi_stride
         if T.special == NULL:
             for i in range(ns):
-                v = x[fe[i]]
+                v = xr[fe[i]]
                 right[i] = (<uint8_t>(v > th[i])) | ((<uint8_t>(v != v)) & miss[i])
         else:
             for i in range(ns):
-                right[i] = goes_right(T, T.start[t], T.ps_node[s0 + i], x)
+                right[i] = goes_right(T, T.start[t], T.ps_node[s0 + i], xr)
         for g in range(g0, g1):
             at, fo, idx = T.pat_inner_off[g], T.pat_feat_off[g], 0
             for j in range(kp):
                 idx |= (<int64_t>right[T.pat_inner[at + j]]) << j
             row = T.pat_table + T.pat_off[g] + idx * nf
             for j in range(nf):
-                phi[T.pat_feat[fo + j]] += row[j]
-        x += x_stride
-        phi += phi_stride
+                pr[T.pat_feat[fo + j]] += row[j]
 
 
 cdef void leaf_sum(const Trees* T, int64_t t, int64_t l0, int64_t l1, uint64_t R,
@@ -781,11 +785,13 @@ cdef class Explainer:
         else:
             K = K_whole = int(patterns)
         if patterns is not False and width == 1 and K > 0:
-            self._patterns(tb, K, K_whole)
+            self._patterns(tb, K, K_whole, arrays["x_special"] if "x_special" in arrays
+                           else None)
 
-    def _patterns(self, dict tb, int32_t K, int32_t K_whole):
+    def _patterns(self, dict tb, int32_t K, int32_t K_whole, special):
         """Pattern tables (pattern_rows) for the trees explained by leaf tables whose leaves
-        all lie at most K splits deep, while the model's stay under PAT_MAX_DOUBLES. A tree's
+        all lie at most K splits deep or that have at most K_whole splits, while the model's
+        stay under PAT_MAX_DOUBLES (``special``: x_special or None). A tree's
         groups are taken from the root down: node v heads one where its depth plus the splits
         below it come to at most K (its leaves' directions then depend on those splits only),
         else its children are tried. Each row of a group's table is leaf_sum over the group's
@@ -798,11 +804,12 @@ cdef class Explainer:
         ps_first = np.zeros(n_trees + 1, dtype=np.int64)
         kp = np.zeros(max(n_trees, 1), dtype=np.int32)
         nfp = np.zeros(max(n_trees, 1), dtype=np.int32)
-        groups, splits = [], []  # per group: (tree, first leaf, leaf end, k, bits, features)
+        groups, splits = [], []  # per group: (tree, first leaf, leaf end, k, bits, features,
+                                 # mask)
         n_dbl = n_splits = 0
         for t in range(n_trees):
             pat_first[t + 1], ps_first[t + 1] = len(groups), n_splits
-            if mode[t] != MODE_TABLE:
+            if mode[t] != MODE_TABLE or n_dbl + 2 > PAT_MAX_DOUBLES:
                 continue
             lo = int(start[t])
             tree = _cut(lo, int(start[t + 1]), feature, child, K, K_whole,
@@ -837,8 +844,14 @@ cdef class Explainer:
         ps_feat = feature[node_base + ps_node].astype(np.int32)
         ps_thr = threshold[node_base + ps_node].astype(np.float32)
         ps_miss = (1 - default_left[node_base + ps_node]).astype(np.uint8)
+        ps_plain = np.zeros(max(n_trees, 1), dtype=np.uint8)
+        ps_plain[:n_trees] = (np.diff(ps_first) <= 63) & (np.diff(pat_first) > 0)
+        if special is not None:
+            ps_plain[:n_trees] &= ~np.logical_or.reduceat(
+                np.append(special[node_base + ps_node] != 0, False), ps_first[:-1]) \
+                | (np.diff(ps_first) == 0)
         ps_missr = np.zeros(max(n_trees, 1), dtype=np.uint64)
-        for t in np.flatnonzero(np.diff(ps_first) <= 63):
+        for t in np.flatnonzero(ps_plain):
             right = np.flatnonzero(ps_miss[ps_first[t]:ps_first[t + 1]]).tolist()
             ps_missr[t] = sum(1 << i for i in right)
         pat_tree = np.array([g[0] for g in groups], dtype=np.int64)
@@ -854,11 +867,12 @@ cdef class Explainer:
         table = np.zeros(n_dbl, dtype=np.float64)
         self._fill_patterns(pat_tree, pat_leaves, pat_off, pat_k, inner_off, pat_inner,
                             feat_off, pat_feat, ps_first, ps_node, nfp, table)
-        self._keep = self._keep + (pat_first, ps_first, ps_missr, ps_feat, ps_thr,
+        self._keep = self._keep + (pat_first, ps_first, ps_plain, ps_missr, ps_feat, ps_thr,
                                    ps_miss, ps_node, kp,
                                    nfp, pat_off, pat_k, inner_off, pat_inner, feat_off,
                                    pat_feat, pat_mask, table)
         self.T.ps_first = <const int64_t*><Py_ssize_t>ps_first.ctypes.data
+        self.T.ps_plain = <const uint8_t*><Py_ssize_t>ps_plain.ctypes.data
         self.T.ps_missr = <const uint64_t*><Py_ssize_t>ps_missr.ctypes.data
         self.T.ps_feat = <const int32_t*><Py_ssize_t>ps_feat.ctypes.data
         self.T.ps_thr = <const float*><Py_ssize_t>ps_thr.ctypes.data

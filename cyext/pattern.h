@@ -77,24 +77,22 @@ static inline uint64_t sw_pattern_bits(uint64_t D, const int32_t *pos, int32_t k
     (void)k;                                                                                 \
     for (int64_t r0 = 0; r0 < nr; r0 += SW_PATTERN_ROWS) {                                   \
         int64_t n = nr - r0 < SW_PATTERN_ROWS ? nr - r0 : SW_PATTERN_ROWS;                   \
-        for (int64_t r = 0; r < n; r++) {                                                    \
-            Ds[r] = sw_pattern_directions(x, fe, th, missr, ns);                             \
-            x += xs;                                                                         \
-        }                                                                                    \
+        for (int64_t r = 0; r < n; r++)                                                      \
+            Ds[r] = sw_pattern_directions(x + (r0 + r) * xs, fe, th, missr, ns);             \
         Ds[n] = Ds[n - 1];                                                                   \
         for (int64_t g = 0; g < ng; g++)                                                     \
             SW_PATTERN_PREFETCH(table + off[g] + (int64_t)INDEX(Ds[0], g) * nf);             \
         for (int64_t r = 0; r < n; r++) {                                                    \
             uint64_t D = Ds[r], Dn = Ds[r + 1];                                              \
+            double *p = phi + (r0 + r) * ps;                                                 \
             const int32_t *f = feat;                                                         \
             for (int64_t g = 0; g < ng; g++) {                                               \
                 SW_PATTERN_PREFETCH(table + off[g] + (int64_t)INDEX(Dn, g) * nf);            \
                 const double *row = table + off[g] + (int64_t)INDEX(D, g) * nf;               \
                 for (int32_t j = 0; j < nf; j++)                                             \
-                    phi[f[j]] += row[j];                                                     \
+                    p[f[j]] += row[j];                                                       \
                 f += nf;                                                                     \
             }                                                                                \
-            phi += ps;                                                                       \
         }                                                                                    \
     }
 
