@@ -68,8 +68,8 @@ cdef extern from "pattern.h":
     int sw_pattern_fast_pext() nogil
     void sw_pattern_rows(int use_pext, const int32_t* fe, const float* th, uint64_t missr,
                          int64_t ns, const uint64_t* mask, const int32_t* pos, int32_t k,
-                         const int64_t* off, const int32_t* feat, int32_t nf, int64_t ng,
-                         const double* table, const float* x, int64_t xs, double* phi,
+                         const int64_t* off, const int32_t* feat, int32_t nf, int32_t rs,
+                         int64_t ng, const double* table, const float* x, int64_t xs, double* phi,
                          int64_t ps, int64_t nr) noexcept nogil
 
 cdef enum:
@@ -179,6 +179,8 @@ ctypedef struct Trees:
     const int32_t* pat_kp       # per tree: its groups' bits and features, padded to the most
     const int32_t* pat_nfp      # of any of them (a bit: split ns, never taken; a feature:
                                 # the bias column, overwritten after)
+    const int32_t* pat_rs       # per tree: doubles from one table row to the next (its padded
+                                # features rounded up to 8: a row a 64-byte line)
     const uint64_t* pat_mask    # per group of a tree of at most 63 splits: its splits' bits
     const int64_t* pat_off
     const int32_t* pat_k
@@ -369,7 +371,7 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
     pat_nfp), so its loops' exits are predicted."""
     cdef int64_t g, at, fo, idx, i, r, s0 = T.ps_first[t], ns = T.ps_first[t + 1] - s0
     cdef int64_t g0 = T.pat_first[t], g1 = T.pat_first[t + 1]
-    cdef int32_t j, kp = T.pat_kp[t], nf = T.pat_nfp[t]
+    cdef int32_t j, kp = T.pat_kp[t], nf = T.pat_nfp[t], rs = T.pat_rs[t]
     cdef const int32_t* fe = T.ps_feat + s0
     cdef const float* th = T.ps_thr + s0
     cdef const uint8_t* miss = T.ps_miss + s0
@@ -380,7 +382,7 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
     if T.ps_plain[t]:  # pattern.h
         sw_pattern_rows(use_pext, fe, th, T.ps_missr[t], ns, T.pat_mask + g0,
                         T.pat_inner + T.pat_inner_off[g0], kp, T.pat_off + g0,
-                        T.pat_feat + T.pat_feat_off[g0], nf, g1 - g0, T.pat_table, x,
+                        T.pat_feat + T.pat_feat_off[g0], nf, rs, g1 - g0, T.pat_table, x,
                         x_stride, phi, phi_stride, nr)
         return
     right[ns] = 0
@@ -397,7 +399,7 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
             at, fo, idx = T.pat_inner_off[g], T.pat_feat_off[g], 0
             for j in range(kp):
                 idx |= (<int64_t>right[T.pat_inner[at + j]]) << j
-            row = T.pat_table + T.pat_off[g] + idx * nf
+            row = T.pat_table + T.pat_off[g] + idx * rs
             for j in range(nf):
                 pr[T.pat_feat[fo + j]] += row[j]
 
@@ -804,6 +806,7 @@ cdef class Explainer:
         ps_first = np.zeros(n_trees + 1, dtype=np.int64)
         kp = np.zeros(max(n_trees, 1), dtype=np.int32)
         nfp = np.zeros(max(n_trees, 1), dtype=np.int32)
+        rsv = np.zeros(max(n_trees, 1), dtype=np.int32)
         groups, splits = [], []  # per group: (tree, first leaf, leaf end, k, bits, features,
                                  # mask)
         n_dbl = n_splits = 0
@@ -818,7 +821,8 @@ cdef class Explainer:
                 continue
             k = max(nodes.size for _, _, nodes, _ in tree)
             nf = max(f.size for _, _, _, f in tree)
-            size = sum((1 << nodes.size) * nf for _, _, nodes, _ in tree)
+            rs = -(-nf // 8) * 8  # a table row a line (64 bytes)
+            size = sum((1 << nodes.size) * rs for _, _, nodes, _ in tree)
             if n_dbl + size > PAT_MAX_DOUBLES:
                 continue
             inner = np.flatnonzero(feature[lo:int(start[t + 1])] >= 0).astype(np.int32)
@@ -835,7 +839,7 @@ cdef class Explainer:
             splits.append(inner)
             n_dbl += size
             n_splits += inner.size
-            kp[t], nfp[t] = k, nf
+            kp[t], nfp[t], rsv[t] = k, nf, rs
             pat_first[t + 1], ps_first[t + 1] = len(groups), n_splits
         if n_dbl == 0:
             return
@@ -857,19 +861,21 @@ cdef class Explainer:
         pat_tree = np.array([g[0] for g in groups], dtype=np.int64)
         pat_leaves = np.array([(g[1], g[2]) for g in groups], dtype=np.int64)
         pat_k = np.array([g[3] for g in groups], dtype=np.int32)
-        sizes = (np.int64(1) << pat_k.astype(np.int64)) * nfp[pat_tree]
+        sizes = (np.int64(1) << pat_k.astype(np.int64)) * rsv[pat_tree]
         pat_off = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         inner_off = np.concatenate(([0], np.cumsum(kp[pat_tree])[:-1])).astype(np.int64)
         feat_off = np.concatenate(([0], np.cumsum(nfp[pat_tree])[:-1])).astype(np.int64)
         pat_inner = np.concatenate([g[4] for g in groups]).astype(np.int32)
         pat_feat = np.concatenate([g[5] for g in groups]).astype(np.int32)
         pat_mask = np.array([g[6] for g in groups], dtype=np.uint64)
-        table = np.zeros(n_dbl, dtype=np.float64)
+        buf = np.zeros(n_dbl + 8, dtype=np.float64)  # from a 64-byte boundary: a row a line
+        at = (-buf.ctypes.data % 64) // 8
+        table = buf[at:at + n_dbl]
         self._fill_patterns(pat_tree, pat_leaves, pat_off, pat_k, inner_off, pat_inner,
-                            feat_off, pat_feat, ps_first, ps_node, nfp, table)
+                            feat_off, pat_feat, ps_first, ps_node, nfp, rsv, table)
         self._keep = self._keep + (pat_first, ps_first, ps_plain, ps_missr, ps_feat, ps_thr,
                                    ps_miss, ps_node, kp,
-                                   nfp, pat_off, pat_k, inner_off, pat_inner, feat_off,
+                                   nfp, rsv, pat_off, pat_k, inner_off, pat_inner, feat_off,
                                    pat_feat, pat_mask, table)
         self.T.ps_first = <const int64_t*><Py_ssize_t>ps_first.ctypes.data
         self.T.ps_plain = <const uint8_t*><Py_ssize_t>ps_plain.ctypes.data
@@ -880,6 +886,7 @@ cdef class Explainer:
         self.T.ps_node = <const int32_t*><Py_ssize_t>ps_node.ctypes.data
         self.T.pat_kp = <const int32_t*><Py_ssize_t>kp.ctypes.data
         self.T.pat_nfp = <const int32_t*><Py_ssize_t>nfp.ctypes.data
+        self.T.pat_rs = <const int32_t*><Py_ssize_t>rsv.ctypes.data
         self.T.pat_mask = <const uint64_t*><Py_ssize_t>pat_mask.ctypes.data
         self.T.pat_off = <const int64_t*><Py_ssize_t>pat_off.ctypes.data
         self.T.pat_k = <const int32_t*><Py_ssize_t>pat_k.ctypes.data
@@ -897,7 +904,7 @@ cdef class Explainer:
                        const int64_t[::1] inner_off, const int32_t[::1] pat_inner,
                        const int64_t[::1] feat_off, const int32_t[::1] pat_feat,
                        const int64_t[::1] ps_first, const int32_t[::1] ps_node,
-                       const int32_t[::1] nfp, double[::1] table):
+                       const int32_t[::1] nfp, const int32_t[::1] rs, double[::1] table):
         cdef int64_t g, t, p, R, node
         cdef int32_t j, nf = self.T.n_features
         cdef double[::1] phi = np.zeros(nf + 1, dtype=np.float64)
@@ -914,7 +921,7 @@ cdef class Explainer:
                 leaf_sum(&self.T, t, pat_leaves[g, 0], pat_leaves[g, 1], <uint64_t>R,
                          &right[0], &phi[0], nf + 1)
                 for j in range(nfp[t]):  # padding reads phi[nf]: 0, never added to here
-                    table[pat_off[g] + p * nfp[t] + j] = phi[pat_feat[feat_off[g] + j]]
+                    table[pat_off[g] + p * rs[t] + j] = phi[pat_feat[feat_off[g] + j]]
                     phi[pat_feat[feat_off[g] + j]] = 0.0
 
     def _path_records(self):

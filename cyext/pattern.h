@@ -3,7 +3,7 @@
    1. each row's directions at the tree's splits as one 64-bit mask D (bit i: split i goes
       right), four splits a step (SSE: four loads, two compares, a movemask);
    2. every table row those directions pick is prefetched (the tables are read cold after a
-      scoring call: A's are 4.3 MB), then per row and group of leaves, the bits of D at the
+      scoring call: A's are 6.3 MB, a row a line), then per row and group of leaves, the bits of D at the
       group's splits, gathered in ascending order (the table's index), pick one row of the
       group's table, added to the group's features.
    The gather is BMI2's pext where it is fast (Intel from Haswell on, AMD from family 19h;
@@ -62,14 +62,15 @@ static inline uint64_t sw_pattern_bits(uint64_t D, const int32_t *pos, int32_t k
 
 /* fe, th: the tree's ns <= 63 splits (feature, threshold); missr: bit i set where split i
    sends a missing value right; its ng groups: mask (their splits' bits of D), pos (ng x k
-   the same as positions, ascending, padded with ns: never set), off (first table entry),
-   feat (ng x nf features, padded with the bias column); nr rows from x (xs apart), their attributions phi
-   on (ps apart). */
+   the same as positions, ascending, padded with ns: never set), off (first table entry, on a
+   64-byte boundary), feat (ng x nf features, padded with the bias column); rs: doubles from
+   one table row to the next (nf rounded up to 8: a row a line, one prefetch); nr rows from
+   x (xs apart), their attributions phi on (ps apart). */
 #define SW_PATTERN_ARGS                                                                      \
     const int32_t *fe, const float *th, uint64_t missr, int64_t ns, const uint64_t *mask,    \
         const int32_t *pos, int32_t k, const int64_t *off, const int32_t *feat, int32_t nf,  \
-        int64_t ng, const double *table, const float *x, int64_t xs, double *phi, int64_t ps, \
-        int64_t nr
+        int32_t rs, int64_t ng, const double *table, const float *x, int64_t xs,             \
+        double *phi, int64_t ps, int64_t nr
 
 #define SW_PATTERN_BODY(INDEX)                                                               \
     uint64_t Ds[SW_PATTERN_ROWS];                                                            \
@@ -82,13 +83,13 @@ static inline uint64_t sw_pattern_bits(uint64_t D, const int32_t *pos, int32_t k
             Ds[r] = sw_pattern_directions(x + (r0 + r) * xs, fe, th, missr, ns);             \
         for (int64_t r = 0; r < n; r++)                                                      \
             for (int64_t g = 0; g < ng; g++)                                                 \
-                SW_PATTERN_PREFETCH(table + off[g] + (int64_t)INDEX(Ds[r], g) * nf);         \
+                SW_PATTERN_PREFETCH(table + off[g] + (int64_t)INDEX(Ds[r], g) * rs);         \
         for (int64_t r = 0; r < n; r++) {                                                    \
             uint64_t D = Ds[r];                                                              \
             double *p = phi + (r0 + r) * ps;                                                 \
             const int32_t *f = feat;                                                         \
             for (int64_t g = 0; g < ng; g++) {                                               \
-                const double *row = table + off[g] + (int64_t)INDEX(D, g) * nf;               \
+                const double *row = table + off[g] + (int64_t)INDEX(D, g) * rs;               \
                 for (int32_t j = 0; j < nf; j++)                                             \
                     p[f[j]] += row[j];                                                       \
                 f += nf;                                                                     \
@@ -141,11 +142,11 @@ static int sw_pattern_fast_pext(void) { return 0; }
 static inline void sw_pattern_rows(int use_pext, SW_PATTERN_ARGS)
 {
     if (use_pext)
-        sw_pattern_rows_pext(fe, th, missr, ns, mask, pos, k, off, feat, nf, ng, table, x, xs,
-                             phi, ps, nr);
+        sw_pattern_rows_pext(fe, th, missr, ns, mask, pos, k, off, feat, nf, rs, ng, table, x,
+                             xs, phi, ps, nr);
     else
-        sw_pattern_rows_loop(fe, th, missr, ns, mask, pos, k, off, feat, nf, ng, table, x, xs,
-                             phi, ps, nr);
+        sw_pattern_rows_loop(fe, th, missr, ns, mask, pos, k, off, feat, nf, rs, ng, table, x,
+                             xs, phi, ps, nr);
 }
 
 #endif
