@@ -367,8 +367,8 @@ cdef void pattern_rows(const Trees* T, int64_t t, const float* x, int64_t x_stri
     load (leaf_sum over their leaf tables). Rows x .. x + (nr - 1) x_stride, their
     attributions phi on (phi_stride apart). pattern.h takes trees of at most 63 splits
     without categorical splits (ps_plain); this loop the rest (a byte a direction, goes_right
-    in models with categorical splits). Every group of a tree loops the same number of times (pat_kp,
-    pat_nfp), so its loops' exits are predicted."""
+    in models with categorical splits). Every group of a tree loops the same number of times
+    (pat_kp, pat_nfp), so its loops' exits are predicted."""
     cdef int64_t g, at, fo, idx, i, r, s0 = T.ps_first[t], ns = T.ps_first[t + 1] - s0
     cdef int64_t g0 = T.pat_first[t], g1 = T.pat_first[t + 1]
     cdef int32_t j, kp = T.pat_kp[t], nf = T.pat_nfp[t], rs = T.pat_rs[t]

@@ -3,9 +3,9 @@
    1. each row's directions at the tree's splits as one 64-bit mask D (bit i: split i goes
       right), four splits a step (SSE: four loads, two compares, a movemask);
    2. every table row those directions pick is prefetched (the tables are read cold after a
-      scoring call: A's are 6.3 MB, a row a line), then per row and group of leaves, the bits of D at the
-      group's splits, gathered in ascending order (the table's index), pick one row of the
-      group's table, added to the group's features.
+      scoring call: A's are 6.3 MB, a row a line), then per row and group of leaves, the bits
+      of D at the group's splits, gathered in ascending order (the table's index), pick one
+      row of the group's table, added to the group's features.
    The gather is BMI2's pext where it is fast (Intel from Haswell on, AMD from family 19h;
    AMD's earlier pext is microcoded, hundreds of cycles), chosen once at load by cpuid, and a
    loop over the group's split positions elsewhere. The package stays built for baseline
