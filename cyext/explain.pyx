@@ -29,8 +29,8 @@ splits of v's path and below v, so where k <= PAT_GROUP_K their summed attributi
 the 2^k patterns of directions are one table of 2^k rows (a whole tree of at most PAT_MAX_K
 splits: one table). A row takes its directions at a tree's splits once (four compares a step),
 then per group k bits (BMI2 pext where it is fast, pattern.h), one table row and an addition a
-feature of the group: on model A (200 trees of depth 5) 8 groups of 6 splits a tree, 48
-additions instead of 32 leaves x 5.
+feature of the group: a full tree of depth 5 (as model A's are) takes 8 groups of 6 splits,
+48 additions instead of 32 leaves x 5.
 
 Deeper trees (d <= QUAD_MAX_D) take quadrature: w(s, d) is the Beta integral of
 t^s (1-t)^(d-1-s) over [0, 1], so the sum above is the integral of prod_{i != j}
@@ -167,7 +167,7 @@ ctypedef struct Trees:
     # 2^k x nfp attributions in pat_table (k its own splits, nfp the tree's padded features),
     # its splits (numbers i of the tree's splits in ps_*, ascending, padded to pat_kp with ns,
     # from pat_inner_off in pat_inner) and its features (padded to pat_nfp, from pat_feat_off
-    # in pat_feat); pat_k (k) only for filling the tables
+    # in pat_feat)
     const int64_t* pat_first
     const int64_t* ps_first     # per tree: its splits (ascending node) in ps_*, from here
     const uint8_t* ps_plain     # per tree: pattern.h takes it (<= 63 splits, none categorical)
@@ -183,7 +183,6 @@ ctypedef struct Trees:
                                 # features rounded up to 8: a row a 64-byte line)
     const uint64_t* pat_mask    # per group of a tree of at most 63 splits: its splits' bits
     const int64_t* pat_off
-    const int32_t* pat_k
     const int64_t* pat_inner_off
     const int32_t* pat_inner
     const int64_t* pat_feat_off
@@ -583,6 +582,17 @@ cdef void block_node(const Trees* T, int64_t base, int64_t node, Block* s, int32
     s.z[f], s.o[f], s.acc[f], s.acc_used[f] = zp, op, up, up_used
 
 
+cdef inline void block_rows(Block* blo, const float* x, int64_t x_stride, double* phi,
+                            int64_t phi_stride, int64_t nr) noexcept nogil:
+    """The block's nr rows from x (x_stride apart), their attributions phi on (phi_stride
+    apart)."""
+    cdef int64_t r
+    blo.nr = <int32_t>nr
+    for r in range(nr):
+        blo.xs[r] = x + r * x_stride
+        blo.phis[r] = phi + r * phi_stride
+
+
 cdef void block_tree(const Trees* T, int64_t t, Block* s) noexcept nogil:
     """One MODE_LINEAR tree for the ``s.nr`` rows of ``s``."""
     cdef int32_t Q = T.tree_q[t], i
@@ -850,10 +860,9 @@ cdef class Explainer:
         ps_miss = (1 - default_left[node_base + ps_node]).astype(np.uint8)
         ps_plain = np.zeros(max(n_trees, 1), dtype=np.uint8)
         ps_plain[:n_trees] = (np.diff(ps_first) <= 63) & (np.diff(pat_first) > 0)
-        if special is not None:
-            ps_plain[:n_trees] &= ~np.logical_or.reduceat(
-                np.append(special[node_base + ps_node] != 0, False), ps_first[:-1]) \
-                | (np.diff(ps_first) == 0)
+        if special is not None:  # a tree with a categorical split: pattern_rows' loop
+            cats = np.concatenate(([0], np.cumsum(special[node_base + ps_node] != 0)))
+            ps_plain[:n_trees] &= cats[ps_first[1:]] == cats[ps_first[:-1]]
         ps_missr = np.zeros(max(n_trees, 1), dtype=np.uint64)
         for t in np.flatnonzero(ps_plain):
             right = np.flatnonzero(ps_miss[ps_first[t]:ps_first[t + 1]]).tolist()
@@ -889,7 +898,6 @@ cdef class Explainer:
         self.T.pat_rs = <const int32_t*><Py_ssize_t>rsv.ctypes.data
         self.T.pat_mask = <const uint64_t*><Py_ssize_t>pat_mask.ctypes.data
         self.T.pat_off = <const int64_t*><Py_ssize_t>pat_off.ctypes.data
-        self.T.pat_k = <const int32_t*><Py_ssize_t>pat_k.ctypes.data
         self.T.pat_inner_off = <const int64_t*><Py_ssize_t>inner_off.ctypes.data
         self.T.pat_inner = <const int32_t*><Py_ssize_t>pat_inner.ctypes.data
         self.T.pat_feat_off = <const int64_t*><Py_ssize_t>feat_off.ctypes.data
@@ -955,7 +963,7 @@ cdef class Explainer:
         cdef uint8_t* right
         cdef Block* blo  # (a pointer: assigned in the parallel block, so thread-private)
         cdef bint linear = method == METHOD_TREESHAP and self.linear > 0
-        cdef int64_t r2, step
+        cdef int64_t step
         cdef int32_t j
         cdef int failed[1]
         cdef double* phi
@@ -1014,20 +1022,16 @@ cdef class Explainer:
                             step = 1 if self.T.tree_zero[t] else NR
                             r = r0
                             while r < r1:
-                                blo.nr = <int32_t>min(step, r1 - r)
-                                for r2 in range(blo.nr):
-                                    blo.xs[r2] = &X[r + r2, 0]
-                                    blo.phis[r2] = &out[r + r2, o, 0]
+                                block_rows(blo, &X[r, 0], nf, &out[r, o, 0],
+                                           <int64_t>G * stride, min(step, r1 - r))
                                 block_tree(&self.T, t, blo)
                                 r += step
                             continue
                         if method == METHOD_PATH and self.T.special == NULL:
                             r = r0
                             while r < r1:
-                                blo.nr = <int32_t>min(NR, r1 - r)
-                                for r2 in range(blo.nr):
-                                    blo.xs[r2] = &X[r + r2, 0]
-                                    blo.phis[r2] = &out[r + r2, o, 0]
+                                block_rows(blo, &X[r, 0], nf, &out[r, o, 0],
+                                           <int64_t>G * stride, min(NR, r1 - r))
                                 saabas_rows(&self.T, self.T.start[t], blo.xs, blo.phis, blo.nr,
                                             stride)
                                 r += NR

@@ -10,8 +10,8 @@
    AMD's earlier pext is microcoded, hundreds of cycles), chosen once at load by cpuid, and a
    loop over the group's split positions elsewhere. The package stays built for baseline
    x86-64: only the pext copy is compiled for BMI2. Measured (bench/NOTES.md): the SSE
-   directions 1.5x on A, 1.25x on D over one split a step; eight a step (AVX) no faster; an
-   AVX2 gather for them slower on D (0.70x). */
+   directions 1.33x on A, 1.24x on D over one split a step; eight a step (AVX) no faster; an
+   AVX2 gather for them slower on D (0.72x). */
 #ifndef SW_PATTERN_H
 #define SW_PATTERN_H
 
