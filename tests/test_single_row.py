@@ -46,6 +46,27 @@ def test_single_rows_match_the_batch_path_to_the_bit(case, dtype):
         np.testing.assert_array_equal(model.predict(X[:1]), model.predict(X)[:1])
 
 
+def test_a_batch_of_several_link_tasks_links_on_two_threads_to_the_bit(case):
+    # more than LINK_TASK_ROWS (8,192) rows: link_proba splits the batch across threads
+    name, model = case
+    X = rows(2 * 8192 + 37, seed=4, nan=not name.startswith("gb"))
+    if model.task == "regression":
+        with pytest.raises(AttributeError, match="regressor"):
+            model.predict_proba(X, n_threads=2)
+        return
+    one, two = model.predict_proba(X, n_threads=1), model.predict_proba(X, n_threads=2)
+    np.testing.assert_array_equal(two, one)
+    for i in (0, 8191, 8192, 16383, 16384, X.shape[0] - 1):  # the tasks' edges
+        np.testing.assert_array_equal(model.predict_proba(X[i:i + 1]), two[i:i + 1])
+    lib = (M.xgboost_models() if name.startswith("xgb") else M.sklearn_models())[name]
+    if name.startswith("xgb"):
+        ref = lib.inplace_predict(X)
+        ref = np.column_stack([1 - ref, ref]) if ref.ndim == 1 else ref
+    else:
+        ref = lib.predict_proba(X.astype(np.float64))
+    np.testing.assert_allclose(two, ref, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 4, 5, 17, 63, 64, 65])
 def test_block_edges(case, n):
     _, model = case

@@ -138,11 +138,11 @@ class CompiledModel:
         # identity-link binary (binary:logitraw): the margin is not a probability
         raise AttributeError(f"objective {self.objective} gives margins, not probabilities")
 
-    def proba_from_raw(self, raw: np.ndarray) -> np.ndarray:
+    def proba_from_raw(self, raw: np.ndarray, n_threads: int = 1) -> np.ndarray:
         # the link runs in C (libm exp) for every batch size: a row's probability is the same
         # to the bit whether it came alone (predict_proba fast path) or in a batch
         return _kernels.link_proba(np.ascontiguousarray(raw, dtype=np.float64),
-                                   self._link_code())
+                                   self._link_code(), n_threads)
 
     def predict_proba(self, X, n_threads: int | None = None) -> np.ndarray:
         # a few rows of a numpy array: one call into C, no staging, no per-call allocation
@@ -151,7 +151,8 @@ class CompiledModel:
             out = self.forest.small(X, self._link_code())
             if out is not None:
                 return out
-        return self.proba_from_raw(self.raw(X, n_threads))
+        n_threads = n_threads or default_threads()
+        return self.proba_from_raw(self.raw(X, n_threads), n_threads)
 
     def predict(self, X, n_threads: int | None = None) -> np.ndarray:
         raw = self.raw(X, n_threads)
