@@ -1380,3 +1380,48 @@ def _means(const int64_t[::1] start, const int32_t[::1] feature, const int32_t[:
                     if depth[i] + 1 > deepest:
                         deepest = depth[i] + 1
     return deepest
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def top_reasons(const double[:, :] phi, const int64_t[::1] rows, int32_t[:, ::1] feat,
+                float[:, ::1] val):
+    """Row i of phi (its features' attributions, the bias last) into feat[rows[i]] and
+    val[rows[i]]: the k = feat.shape[1] features of largest absolute attribution, largest
+    first, a tie to the lower feature index (np.argsort(-|phi|, kind="stable")); a NaN
+    attribution ranks below every number. O(features x k) a row, for the few flagged rows."""
+    cdef Py_ssize_t n = phi.shape[0], nf = phi.shape[1] - 1, k = feat.shape[1]
+    cdef Py_ssize_t i, j, c, p, r
+    cdef double a
+    if rows.shape[0] != n or val.shape[1] != k or k > nf:
+        raise ValueError("top_reasons: shapes do not match")
+    for i in range(n):
+        if not 0 <= rows[i] < feat.shape[0] or feat.shape[0] != val.shape[0]:
+            raise IndexError("top_reasons: row outside the output")
+    cdef double* key = <double*>malloc(max(k, 1) * sizeof(double))
+    cdef int32_t* idx = <int32_t*>malloc(max(k, 1) * sizeof(int32_t))
+    if key == NULL or idx == NULL:
+        free(key)
+        free(idx)
+        raise MemoryError()
+    with nogil:
+        for i in range(n):
+            c = 0
+            for j in range(nf):
+                a = phi[i, j]
+                a = -1.0 if isnan(a) else (a if a >= 0 else -a)
+                if c == k and not a > key[k - 1]:
+                    continue
+                p = c if c < k else k - 1  # the slot it enters from: the end, or the worst
+                while p > 0 and a > key[p - 1]:  # strictly: an equal one stays ahead
+                    key[p], idx[p] = key[p - 1], idx[p - 1]
+                    p -= 1
+                key[p], idx[p] = a, <int32_t>j
+                if c < k:
+                    c += 1
+            r = rows[i]
+            for p in range(k):
+                feat[r, p] = idx[p]
+                val[r, p] = <float>phi[i, idx[p]]
+    free(key)
+    free(idx)

@@ -166,6 +166,32 @@ def test_score_batch_explains_the_flagged_rows_only():
     np.testing.assert_allclose(r2.reason_bias[chosen], full[:, -1])
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8])
+def test_top_reasons_orders_as_a_stable_argsort_of_the_absolute_values(k):
+    # ties (small integers, +-v), zeros and NaN, written to the flagged rows only
+    from worker import _explain
+
+    rng = np.random.default_rng(k)
+    phi = rng.integers(-3, 4, size=(300, 9)).astype(np.float64)
+    phi[rng.random(phi.shape) < 0.1] = np.nan
+    phi[::7, :-1] = 0.0
+    rows = np.sort(rng.choice(1000, size=300, replace=False)).astype(np.int64)
+    feat = np.full((1000, k), -1, dtype=np.int32)
+    val = np.zeros((1000, k), dtype=np.float32)
+    _explain.top_reasons(phi, rows, feat, val)
+    key = np.where(np.isnan(phi[:, :-1]), -1.0, np.abs(phi[:, :-1]))
+    top = np.argsort(-key, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(feat[rows], top)
+    np.testing.assert_array_equal(val[rows], np.take_along_axis(phi[:, :-1], top, 1)
+                                  .astype(np.float32))
+    others = np.setdiff1d(np.arange(1000), rows)
+    assert np.all(feat[others] == -1) and np.all(val[others] == 0)
+    with pytest.raises(IndexError):
+        _explain.top_reasons(phi[:1], np.array([1000], dtype=np.int64), feat, val)
+    with pytest.raises(ValueError):
+        _explain.top_reasons(phi, rows, feat, np.zeros((1000, k + 1), np.float32))
+
+
 def test_multiclass_rows_are_explained_for_their_label():
     booster = M.xgboost_models()["xgb-multi-softprob"]
     model = worker.compile_model(booster)

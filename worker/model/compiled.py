@@ -216,6 +216,8 @@ class CompiledModel:
         row's label comes from (its margin for binary and regression models), their
         attributions and the bias. The attributions cover every tree, also for a row a lazy
         policy stopped early."""
+        from .. import _explain
+
         n = len(r)
         k = min(top_k, self.n_features)
         feat = np.full((n, k), -1, dtype=np.int32)
@@ -228,10 +230,7 @@ class CompiledModel:
                                      else X, method, n_threads)
             if phi.ndim == 3:  # several outputs: the one of each row's label
                 phi = phi[np.arange(rows.size), np.maximum(r.label[rows], 0)]
-            contrib = phi[:, :-1]
-            order = np.argsort(-np.abs(contrib), axis=1, kind="stable")[:, :k]
-            feat[rows] = order
-            val[rows] = np.take_along_axis(contrib, order, axis=1)
+            _explain.top_reasons(phi, rows.astype(np.int64, copy=False), feat, val)
             bias[rows] = phi[:, -1]
         r.reason_feature, r.reason_value, r.reason_bias = feat, val, bias
         return r
