@@ -253,7 +253,8 @@ def write_report(r: dict) -> None:
     ll = e.get("lleaves", {})
     L = ["# Categorical models: results", "",
          f"`python bench/categorical.py`, run {r['started']}. Machine: "
-         f"{m.get('cpu', m.get('platform'))}, {m.get('cpus_usable')} usable CPUs, "
+         f"{m.get('Model name', '?')} ({m.get('platform')}; L2 {m.get('L2 cache', '?')}), "
+         f"{m.get('cpus_usable')} usable CPUs, "
          f"Python {m['python']}. 50,000 rows per batch; \"missing\": 5% of values NaN. "
          "Rows/s are medians of repeated calls; one-row latency is per call from Python.", "",
          f"E: LightGBM binary, {e['trees']} trees of 63 leaves, 4 categorical features (8, 12, "
@@ -278,8 +279,10 @@ def write_report(r: dict) -> None:
              f"{lw['p50']:.1f} / {lw['p99']:.1f} | "
              f"{lgl['p50']:.1f} / {lgl['p99']:.1f} | {lll.get('p50', float('nan')):.1f} / "
              f"{lll.get('p99', float('nan')):.1f} | | |")
-    L += ["", f"lleaves' `compile` took {ll.get('compile_s', float('nan')):.1f} s in this run "
-          "(it loads its cached build of E; the first build took about 3-4 minutes here). "
+    cs = ll.get("compile_s", float("nan"))
+    L += ["", f"lleaves' `compile` took {cs:.1f} s in this run ("
+          + ("it loaded its cached build of E; a first build takes minutes" if cs < 10 else
+             "a first build of E: later runs load its cache") + "). "
           "Models without categorical splits: bench/NOTES.md, \"Categorical splits\" (A-D "
           "before and after, same speed within noise).", "",
           f"F: XGBoost binary:logistic, {f['trees']} trees of depth 6 with partition splits on "
