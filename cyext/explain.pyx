@@ -1398,6 +1398,8 @@ def top_reasons(const double[:, :] phi, const int64_t[::1] rows, int32_t[:, ::1]
     for i in range(n):
         if not 0 <= rows[i] < feat.shape[0] or feat.shape[0] != val.shape[0]:
             raise IndexError("top_reasons: row outside the output")
+    if k == 0:
+        return
     cdef double* key = <double*>malloc(max(k, 1) * sizeof(double))
     cdef int32_t* idx = <int32_t*>malloc(max(k, 1) * sizeof(int32_t))
     if key == NULL or idx == NULL:

@@ -190,6 +190,8 @@ def test_top_reasons_orders_as_a_stable_argsort_of_the_absolute_values(k):
         _explain.top_reasons(phi[:1], np.array([1000], dtype=np.int64), feat, val)
     with pytest.raises(ValueError):
         _explain.top_reasons(phi, rows, feat, np.zeros((1000, k + 1), np.float32))
+    none = np.zeros((1000, 0), np.int32)
+    _explain.top_reasons(phi, rows, none, np.zeros((1000, 0), np.float32))  # top 0: nothing
 
 
 def test_multiclass_rows_are_explained_for_their_label():
