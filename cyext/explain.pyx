@@ -674,6 +674,7 @@ cdef class Explainer:
     cdef int32_t lin_frames, lin_q  # MODE_LINEAR's scratch: frames (deepest leaf + 1), points
     cdef int32_t max_depth
     cdef readonly bint prefetch_tables  # prefetch the next tree's leaf tables
+    cdef readonly int64_t leaf_table_bytes  # the leaf tables kept (none for patterned trees)
     cdef double divisor
     cdef object _keep
     cdef readonly object bias  # (n_outputs,) float64: base margin + the trees' expected values
@@ -797,8 +798,32 @@ cdef class Explainer:
         else:
             K = K_whole = int(patterns)
         if patterns is not False and width == 1 and K > 0:
-            self._patterns(tb, K, K_whole, arrays["x_special"] if "x_special" in arrays
-                           else None)
+            pat_first = self._patterns(tb, K, K_whole, arrays["x_special"]
+                                       if "x_special" in arrays else None)
+            if self.patterned:
+                self._release_leaf_tables(tb, pat_first)
+                if prefetch is None:
+                    self.prefetch_tables = tb["table"].nbytes > PF_TABLE_BYTES
+        self.leaf_table_bytes = tb["table"].nbytes
+
+    def _release_leaf_tables(self, dict tb, pat_first):
+        """The leaf tables of trees that take pattern tables are read no more (the kernel
+        and table_span go to the patterns first): keep only the other trees', moved up
+        (A: 5.7 MB freed)."""
+        lt, tl, d = tb["leaf_table"], tb["table_leaf"], tb["leaf_d"].astype(np.int64)
+        drop = np.zeros(lt.shape[0], dtype=bool)
+        for t in np.flatnonzero(np.diff(pat_first) > 0):
+            drop[tl[t]:tl[t + 1]] = True
+        lt[drop] = -1
+        keep = np.flatnonzero(lt >= 0)
+        size = (np.int64(1) << d[keep]) * d[keep]
+        new_off = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
+        src = np.repeat(lt[keep] - new_off[:-1], size) + np.arange(new_off[-1], dtype=np.int64)
+        table = np.ascontiguousarray(tb["table"][src]) if keep.size else \
+            np.zeros(1, dtype=np.float64)
+        lt[keep] = new_off[:-1]
+        tb["table"] = table
+        self.T.table = <const double*><Py_ssize_t>table.ctypes.data
 
     def _patterns(self, dict tb, int32_t K, int32_t K_whole, special):
         """Pattern tables (pattern_rows) for the trees explained by leaf tables whose leaves
@@ -906,6 +931,7 @@ cdef class Explainer:
         self.T.pat_first = <const int64_t*><Py_ssize_t>pat_first.ctypes.data  # last: on
         self.patterned = int(np.sum(np.diff(pat_first) > 0))
         self.pattern_groups = len(groups)
+        return pat_first
 
     def _fill_patterns(self, const int64_t[::1] pat_tree, const int64_t[:, ::1] pat_leaves,
                        const int64_t[::1] pat_off, const int32_t[::1] pat_k,

@@ -447,6 +447,39 @@ def test_cut_groups_leaves_and_leaves_a_shared_child_to_the_leaf_tables():
     assert _explain._cut(0, 7, feature, shared, 2, 2, leaves, 10) is None
 
 
+@pytest.mark.parametrize("patterns", [4, 5])
+def test_trees_on_pattern_tables_release_their_leaf_tables_and_the_others_keep_theirs(
+        patterns):
+    # 10 trees of depth 3, 10 of depth 6, 10 of depth 3: groups of at most 4 or 5 splits take
+    # the 20 shallow ones; the deep ones in the middle keep their leaf tables, moved up in
+    # the smaller array that is left
+    import xgboost as xgb
+
+    from worker import _explain
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, M.N_FEATURES)).astype(np.float32)
+    y = (X[:, 0] + X[:, 1] * X[:, 2] + 0.3 * rng.normal(size=2000) > 0).astype(int)
+    data, booster = xgb.DMatrix(X, y), None
+    for depth in (3, 6, 3):
+        booster = xgb.train({"max_depth": depth, "objective": "binary:logistic", "eta": 0.3},
+                            data, 10, xgb_model=booster)
+    model = worker.compile_model(booster)
+    args = (model.arrays, model.n_features, model.n_outputs, float(model.divisor))
+    mixed = _explain.Explainer(*args, mode="table", patterns=patterns)
+    leaf = _explain.Explainer(*args, mode="table", patterns=False)
+    assert mixed.patterned == 20 and mixed.tabled == leaf.tabled == 30
+    assert 8 < mixed.leaf_table_bytes < leaf.leaf_table_bytes
+    rows = M.hostile_rows(200, M.xgboost_thresholds(booster), seed=23)
+    ref = booster.predict(xgb.DMatrix(M.finite_for_library(rows)), pred_contribs=True)
+    Xf = np.ascontiguousarray(rows, np.float32)
+    for threads in (1, 2):
+        np.testing.assert_allclose(mixed.contributions(Xf, 0, threads)[:, 0], ref,
+                                   atol=_tolerance(model.raw(rows)), rtol=0)
+    np.testing.assert_allclose(mixed.contributions(Xf, 0, 1), leaf.contributions(Xf, 0, 1),
+                               atol=1e-12, rtol=0)
+
+
 def test_pattern_tables_of_trees_of_64_splits_and_more_are_xgboosts():
     # 64 splits or more do not fit pattern.h's 64-bit directions: pattern_rows' loop takes
     # them (5 features, so each leaf's path has at most 5 distinct ones: leaf tables)
