@@ -73,18 +73,21 @@ static void NAME(const void *vbase, const float *x, int64_t *slot) {            
    reads order keys, not floats: the doubled row and the thresholds (ModelView.qnodes) are
    mapped by sw_order_key, an order-preserving map of float32 onto uint32, so x > thr is an
    unsigned compare. With a 1-based heap index q (children 2q and 2q + 1) a step is
-   q = 2q + (thr < xx[key]): on x86-64 the node's two words, a compare with the row's value
-   as memory operand and an add-with-carry: four instructions, three loads (bench/NOTES.md
-   "Kernel v2"). Other targets compile the same rule in C. */
+   q = 2q + (thr < xx[key]): on x86-64 the node's two words in one load, split, a compare
+   with the row's value as memory operand and an add-with-carry: five instructions, two loads
+   (bench/NOTES.md "Kernel v2"). Other targets compile the same rule in C. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
-/* the node's two words read with its own address (gcc computed it once with a lea), the
-   row's word indexed by the key; the unsized-array operand tells gcc the row is read */
+/* the node's two words in one 8-byte load at its own address (gcc computed it once with a
+   lea), split in integer registers (key the low word, thr the high), the row's word indexed
+   by the key; the unsized-array operand tells gcc the row is read. Two loads a step, not
+   three: on a core that issues three loads a cycle (Intel), A 1.08-1.14x, B 1.04-1.06x
+   (bench/NOTES.md "Kernel v2") */
 #define SW_QSTEP(Q, nd, xx) do {                                                            \
-    uint32_t k_, t_;                                                                        \
-    __asm__("movl %[km], %k[k]\n\tmovl %[tm], %[t]\n\t"                                     \
-            "cmp (%[x],%q[k],4), %[t]\n\tadc %[q], %[q]"                                    \
-            : [q] "+r"(Q), [k] "=&r"(k_), [t] "=&r"(t_)                                     \
-            : [km] "m"((nd)->key), [tm] "m"((nd)->thr), [x] "r"(xx),                        \
+    uint64_t w_; uint32_t k_;                                                               \
+    __asm__("movq %[nm], %[w]\n\tmovl %k[w], %k[k]\n\tshrq $32, %[w]\n\t"                   \
+            "cmp (%[x],%q[k],4), %k[w]\n\tadc %[q], %[q]"                                   \
+            : [q] "+r"(Q), [k] "=&r"(k_), [w] "=&r"(w_)                                     \
+            : [nm] "m"(*(const uint64_t *)(nd)), [x] "r"(xx),                               \
               "m"(*(const uint32_t(*)[])(xx))                                               \
             : "cc");                                                                        \
 } while (0)
