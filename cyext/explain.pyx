@@ -751,8 +751,6 @@ cdef class Explainer:
         self.T.gl_w = <const double*><Py_ssize_t>tb["gl_w"].ctypes.data
         self.max_nodes = int(np.max(np.diff(start)))
         self.tabled = int(np.sum(tb["mode"][:self.n_trees] == MODE_TABLE))
-        self.prefetch_tables = tb["table"].nbytes > PF_TABLE_BYTES if prefetch is None \
-            else bool(prefetch)
         self.quadrature = int(np.sum(tb["mode"][:self.n_trees] == MODE_QUADRATURE))
         self.linear = int(np.sum(tb["mode"][:self.n_trees] == MODE_LINEAR))
         lin = tb["mode"][:self.n_trees] == MODE_LINEAR
@@ -802,9 +800,9 @@ cdef class Explainer:
                                        if "x_special" in arrays else None)
             if self.patterned:
                 self._release_leaf_tables(tb, pat_first)
-                if prefetch is None:
-                    self.prefetch_tables = tb["table"].nbytes > PF_TABLE_BYTES
         self.leaf_table_bytes = tb["table"].nbytes
+        self.prefetch_tables = self.leaf_table_bytes > PF_TABLE_BYTES if prefetch is None \
+            else bool(prefetch)
 
     def _release_leaf_tables(self, dict tb, pat_first):
         """The leaf tables of trees that take pattern tables are read no more (the kernel

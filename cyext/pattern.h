@@ -76,19 +76,23 @@ static inline uint64_t sw_pattern_bits(uint64_t D, const int32_t *pos, int32_t k
         int32_t rs, int64_t ng, const double *table, const float *x, int64_t xs,             \
         double *phi, int64_t ps, int64_t nr
 
-/* A group's table rows added for the block's rows, its N features' columns read once (kept
-   in registers), the rows' updates independent of each other. */
+/* A group's table rows added for the block's rows to its COUNT feature columns COLS, the
+   rows' updates independent of each other. */
+#define SW_PATTERN_ADD(COLS, COUNT, INDEX)                                                   \
+    for (int64_t r = 0; r < n; r++) {                                                        \
+        double *p = phi + (r0 + r) * ps;                                                     \
+        const double *row = table + off[g] + (int64_t)INDEX(Ds[r], g) * rs;                  \
+        for (int32_t j = 0; j < (COUNT); j++)                                                \
+            p[COLS[j]] += row[j];                                                            \
+    }
+
+/* the same for a group of N features, its columns read once (kept in registers) */
 #define SW_PATTERN_ADD_N(N, INDEX)                                                           \
     case N: {                                                                                \
         int32_t fl[N];                                                                       \
         for (int32_t j = 0; j < N; j++)                                                      \
             fl[j] = f[j];                                                                    \
-        for (int64_t r = 0; r < n; r++) {                                                    \
-            double *p = phi + (r0 + r) * ps;                                                 \
-            const double *row = table + off[g] + (int64_t)INDEX(Ds[r], g) * rs;              \
-            for (int32_t j = 0; j < N; j++)                                                  \
-                p[fl[j]] += row[j];                                                          \
-        }                                                                                    \
+        SW_PATTERN_ADD(fl, N, INDEX)                                                         \
     } break;
 
 #define SW_PATTERN_BODY(INDEX)                                                               \
@@ -110,12 +114,7 @@ static inline uint64_t sw_pattern_bits(uint64_t D, const int32_t *pos, int32_t k
             SW_PATTERN_ADD_N(4, INDEX) SW_PATTERN_ADD_N(5, INDEX) SW_PATTERN_ADD_N(6, INDEX) \
             SW_PATTERN_ADD_N(7, INDEX) SW_PATTERN_ADD_N(8, INDEX)                            \
             default:                                                                         \
-                for (int64_t r = 0; r < n; r++) {                                            \
-                    double *p = phi + (r0 + r) * ps;                                         \
-                    const double *row = table + off[g] + (int64_t)INDEX(Ds[r], g) * rs;      \
-                    for (int32_t j = 0; j < nf; j++)                                         \
-                        p[f[j]] += row[j];                                                   \
-                }                                                                            \
+                SW_PATTERN_ADD(f, nf, INDEX)                                                 \
             }                                                                                \
         }                                                                                    \
     }

@@ -80,7 +80,7 @@ static void NAME(const void *vbase, const float *x, int64_t *slot) {            
 /* the node's two words in one 8-byte load at its own address (gcc computed it once with a
    lea), split in integer registers (key the low word, thr the high), the row's word indexed
    by the key; the unsized-array operand tells gcc the row is read. Two loads a step, not
-   three: on a core that issues three loads a cycle (Intel), A 1.08-1.14x, B 1.04-1.06x
+   three: on a core that issues three loads a cycle (Intel), A 1.06-1.12x, B 1.05-1.07x
    (bench/NOTES.md "Kernel v2") */
 #define SW_QSTEP(Q, nd, xx) do {                                                            \
     uint64_t w_; uint32_t k_;                                                               \
