@@ -34,7 +34,8 @@ def pipeline():
 def test_message_corpus_is_dead_lettered(pipeline, path):
     # before the fix: the first crashed the worker (SIGSEGV), the others were scored from
     # buffers shorter than their lengths or with lying null counts; native-reader-*: found
-    # by the fuzzer in the C reader (worker._ipc) built without its buffer checks (SIGSEGV).
+    # by the fuzzer in the C reader (worker._ipc) built without its buffer checks (SIGSEGV);
+    # scored-buffer-misaligned: a buffer at body offset 1, which Arrow refuses, read in C.
     # Each is checked as the first message of its schema (case 0) and as a later one (case 1:
     # the schema cached first, the record batch read in C)
     for case in (0, 1):
