@@ -46,7 +46,8 @@ feature gets (o - z) times the integral of S / (its factor) over the leaves whos
 on that feature is this edge (S minus the S of the deeper edges splitting on it). O(Q) a node
 and tree, Q = ceil(d / 2) for the tree's largest d, against O(d^2 / 2) a leaf. Up to NR rows
 walk a tree together (the recursion, nodes and covers shared; only the path followed differs
-between them), their Q x NR values in arrays the compiler vectorises.
+between them), a point's values for the rows one vector (linear.h, with an AVX-512F copy
+where the CPU has it).
 
 Which mode a tree takes by default (measured, bench/NOTES.md): leaf tables where they fit
 (shallow trees: a row alone costs least there), else MODE_LINEAR (one value per leaf), else
@@ -72,6 +73,38 @@ cdef extern from "pattern.h":
                          int64_t ng, const double* table, const float* x, int64_t xs, double* phi,
                          int64_t ps, int64_t nr) noexcept nogil
 
+cdef extern from "linear.h":
+    enum:
+        SW_LIN_MAX_ROWS
+        SW_LIN_FRAME_ARRAYS
+    ctypedef struct sw_lin:
+        const int32_t* feature
+        const int32_t* child
+        const double* zfrac
+        const double* value
+        const uint32_t* right
+        int32_t Q
+        const double* tq
+        const double* wq
+        double* z
+        uint32_t* o
+        double** acc
+        int32_t** acc_used
+        int32_t* used
+        double* arena
+        int32_t frames
+        uint32_t live
+        double* phis[SW_LIN_MAX_ROWS]
+        double* phi
+    void* sw_lin_alloc(size_t size) noexcept nogil
+    void sw_lin_free(void* p) noexcept nogil
+    int32_t sw_lin_isa() noexcept nogil
+    uint32_t sw_lin_dirs(const float* xt, float th, uint32_t miss_right, int32_t W) noexcept nogil
+    void sw_lin_flush(double* phi, double* const* phis, int32_t nr, int32_t nf,
+                      int32_t W) noexcept nogil
+    int32_t sw_lin_width(int32_t nr) noexcept nogil
+    void sw_lin_tree(sw_lin* s, int32_t W, int32_t isa) noexcept nogil
+
 cdef enum:
     BLOCK = 16                      # rows that walk one tree before the next (8 and 32
                                     # measured slower on model A: 32 by 30%)
@@ -94,7 +127,6 @@ cdef enum:
     LINEAR_MAX_DEPTH = 64           # a tree's depth for MODE_LINEAR (its recursion's frames)
     NR = 16                         # rows that walk a MODE_LINEAR tree together (and a tree
                                     # of the path attribution: saabas_rows)
-    FRAME_ARRAYS = 6
 
 # Explainer(mode=): the evaluation each tree takes where it can (the rest as _tables says)
 MODES = {"auto": MODE_AUTO, "linear": MODE_LINEAR, "linear-rows": MODE_LINEAR,
@@ -190,26 +222,24 @@ ctypedef struct Trees:
     const double* pat_table
 
 
-# A thread's MODE_LINEAR scratch, for up to NR rows walking a tree together (block_node; the
-# path attribution's saabas_rows uses only xs, phis and nr): per
-# feature, the merged factor of the path walked so far (z 1, o every row, acc NULL: not on the
-# path; o a mask of the rows following the path) and the S accumulator of the deepest edge on
-# the path splitting on it (the S of deeper edges on the same feature goes there); the frames
-# (FRAME_ARRAYS arrays of Q x nr values a depth) live in ``arena``.
+# A thread's scratch for up to NR rows walking a tree together: MODE_LINEAR's walk (linear.h:
+# per feature, the merged factor of the path walked so far, z 1 and o every row when not on
+# the path, and the S accumulator of the deepest edge on the path splitting on it; the frames,
+# SW_LIN_FRAME_ARRAYS arrays of Q x W values a depth, in its arena), the rows' directions at a
+# tree's splits (right) and the attributions of lanes past nr (spare); the path attribution's
+# saabas_rows uses only xs, phis and nr.
 ctypedef struct Block:
     const float* xs[NR]          # the rows
     double* phis[NR]             # and their attributions (of the tree's output)
     int32_t nr                   # how many (<= NR)
-    double* z
-    uint32_t* o
-    double** acc
-    int32_t** acc_used
-    int32_t* used                # per depth: its own accumulator was written
-    double* arena                # frames (depths 0..frames-1), then the root's P and D
-    int32_t frames
-    const double* tq
-    const double* wq
-    int32_t Q
+    sw_lin lin
+    uint32_t* right              # per node of the tree: bit r, row r goes right
+    double* spare                # n_features + 1
+    int32_t isa                  # the copies of the walk to take (Explainer.lin_isa)
+    float* xt                    # the block's rows by feature, NR lanes a feature (past nr:
+                                 # row 0), for the directions of trees taken W > 1 rows at once
+    double* phi_acc              # per output and feature, the W rows' sums of the trees taken
+                                 # W > 1 at once (sw_lin_flush adds them to the rows')
 
 
 cdef inline bint goes_right(const Trees* T, int64_t base, int64_t node,
@@ -489,99 +519,6 @@ cdef void quadrature_leaf(const Trees* T, int64_t l, int32_t d, int64_t mask, do
             phi[o * out_stride + T.feat[g0 + k]] += v * (ok - T.leaf_z[g0 + k]) * acc[k]
 
 
-cdef void block_node(const Trees* T, int64_t base, int64_t node, Block* s, int32_t depth,
-                     const double* P, double* D) noexcept nogil:
-    """MODE_LINEAR below ``node`` (module docstring) for s.nr <= NR rows at once, given P,
-    the product of the factors on the path to it (Q x nr values, rows inner): D = sum over
-    the leaves below of v times the factors below ``node``, so that their S is P D; each
-    split's feature gets its edges' shares in ``phis``. An edge's share needs S / F, its
-    merged factor: P_parent D_child when F is the edge's own factor, divided by the factor
-    it replaces when the feature was met before on the path, and minus own / F, the S of
-    deeper edges on the same feature (their leaves are theirs). The tree's nodes, covers and
-    recursion are shared by the rows; only the path followed (o, a bit a row) differs. An
-    edge whose merged factor is zero for every row (zero cover, path not followed) has S = 0
-    and shares 0: skipped; a tree with a zero cover goes a row at a time (block_tree)."""
-    cdef int64_t g = base + node, c
-    cdef int32_t f = T.feature[g], q, r, side, Q = s.Q, i, n = s.Q * s.nr, W = s.nr
-    cdef double* Pc = s.arena + <int64_t>depth * FRAME_ARRAYS * NR * Q
-    cdef double* Dc = Pc + n
-    cdef double* F = Dc + n
-    cdef double* R = F + n
-    cdef double* inv = R + n
-    cdef double* own = inv + n
-    cdef double a[NR]
-    cdef double om[NR]
-    cdef double zp, zm, v
-    cdef uint32_t op, right = 0, follow
-    cdef int32_t* up_used
-    cdef double* up
-    cdef const double* tq = s.tq
-    cdef const double* wq = s.wq
-    if f < 0:
-        v = T.value[g]
-        for i in range(n):
-            D[i] = v
-        return
-    for i in range(n):
-        D[i] = 0.0
-    for r in range(W):
-        if next_node(T, base, node, s.xs[r]) == T.child[2 * g + 1]:
-            right |= (<uint32_t>1) << r
-    zp, op, up, up_used = s.z[f], s.o[f], s.acc[f], s.acc_used[f]
-    if up != NULL:
-        for q in range(Q):
-            for r in range(W):
-                inv[q * W + r] = 1.0 / (zp + (((op >> r) & 1) - zp) * tq[q])
-    for side in range(2):
-        c = T.child[2 * g + side]
-        zm = zp * T.zfrac[base + c]
-        follow = op & (right if side else ~right)
-        if zm == 0.0 and (follow & ((<uint32_t>1 << W) - 1)) == 0:
-            continue
-        for r in range(W):
-            om[r] = <double>((follow >> r) & 1)
-        for q in range(Q):
-            for r in range(W):
-                F[q * W + r] = zm + (om[r] - zm) * tq[q]
-        if up == NULL:
-            for i in range(n):
-                R[i] = F[i]
-        else:
-            for i in range(n):
-                R[i] = F[i] * inv[i]
-        for i in range(n):
-            Pc[i] = P[i] * R[i]
-        s.z[f], s.o[f], s.acc[f], s.acc_used[f] = zm, follow, own, &s.used[depth]
-        s.used[depth] = 0
-        block_node(T, base, c, s, depth + 1, Pc, Dc)
-        for r in range(W):
-            a[r] = 0.0
-        if up == NULL:
-            for q in range(Q):
-                for r in range(W):
-                    a[r] += wq[q] * P[q * W + r] * Dc[q * W + r]
-        else:
-            for q in range(Q):
-                for r in range(W):
-                    a[r] += wq[q] * P[q * W + r] * Dc[q * W + r] * inv[q * W + r]
-        if s.used[depth]:
-            for q in range(Q):
-                for r in range(W):
-                    a[r] -= wq[q] * own[q * W + r] / F[q * W + r]
-        for r in range(W):
-            s.phis[r][f] += (om[r] - zm) * a[r]
-        if up != NULL:
-            if not up_used[0]:
-                up_used[0] = 1
-                for i in range(n):
-                    up[i] = 0.0
-            for i in range(n):
-                up[i] += Pc[i] * Dc[i]
-        for i in range(n):
-            D[i] += R[i] * Dc[i]
-    s.z[f], s.o[f], s.acc[f], s.acc_used[f] = zp, op, up, up_used
-
-
 cdef inline void block_rows(Block* blo, const float* x, int64_t x_stride, double* phi,
                             int64_t phi_stride, int64_t nr) noexcept nogil:
     """The block's nr rows from x (x_stride apart), their attributions phi on (phi_stride
@@ -594,20 +531,40 @@ cdef inline void block_rows(Block* blo, const float* x, int64_t x_stride, double
 
 
 cdef void block_tree(const Trees* T, int64_t t, Block* s) noexcept nogil:
-    """One MODE_LINEAR tree for the ``s.nr`` rows of ``s``."""
-    cdef int32_t Q = T.tree_q[t], i
-    cdef int64_t base = <int64_t>Q * (Q - 1) // 2
-    cdef double* P
-    cdef double* D
+    """One MODE_LINEAR tree for the ``s.nr`` rows of ``s`` (linear.h): the rows' directions
+    at its splits as a mask a split, then the walk of the smallest copy that holds them, its
+    lanes past ``s.nr`` repeating row 0. More than one row: the directions from ``s.xt``
+    (four compares a step; categorical splits by goes_right), the attributions summed in
+    ``s.phi_acc`` (the caller adds them to the rows' after the block's last tree)."""
+    cdef int32_t Q = T.tree_q[t], W = sw_lin_width(s.nr), r, o = max(T.group[t], 0)
+    cdef int64_t base = T.start[t], nodes = T.start[t + 1] - T.start[t], node, g
+    cdef int64_t gq = <int64_t>Q * (Q - 1) // 2
+    cdef uint32_t m, pad = ((<uint32_t>1 << W) - 1) & ~((<uint32_t>1 << s.nr) - 1)
+    cdef sw_lin* L = &s.lin
     if Q == 0:
         return
-    s.Q, s.tq, s.wq = Q, T.gl_t + base, T.gl_w + base
-    # P and D of the root: the two arrays after the deepest frame
-    P = s.arena + <int64_t>s.frames * FRAME_ARRAYS * NR * Q
-    D = P + NR * Q
-    for i in range(s.nr * Q):
-        P[i] = 1.0
-    block_node(T, T.start[t], 0, s, 0, P, D)
+    for node in range(nodes):
+        g = base + node
+        if T.feature[g] < 0:
+            continue
+        if W > 1 and (T.special == NULL or T.special[g] == 0):
+            s.right[node] = sw_lin_dirs(s.xt + <int64_t>T.feature[g] * NR, T.threshold[g],
+                                        1 - T.default_left[g], W)
+            continue
+        m = 0
+        for r in range(s.nr):
+            m |= (<uint32_t>goes_right(T, base, node, s.xs[r])) << r
+        s.right[node] = m | (pad if m & 1 else 0)
+    L.feature = T.feature + base
+    L.child = T.child + 2 * base
+    L.zfrac = T.zfrac + base
+    L.value = T.value + base
+    L.right = s.right
+    L.Q, L.tq, L.wq = Q, T.gl_t + gq, T.gl_w + gq
+    L.live = (<uint32_t>1 << s.nr) - 1
+    L.phis[0] = s.phis[0]
+    L.phi = s.phi_acc + <int64_t>o * T.n_features * W
+    sw_lin_tree(L, W, s.isa)
 
 
 cdef void saabas(const Trees* T, int64_t base, const float* x, double* phi,
@@ -671,6 +628,7 @@ cdef class Explainer:
     cdef readonly int64_t patterned  # trees explained by their pattern tables
     cdef readonly int64_t pattern_groups  # and their groups of leaves
     cdef readonly bint pext  # pattern tables gather their bits by BMI2 pext (pattern.h)
+    cdef readonly int32_t lin_isa  # MODE_LINEAR's copies: 1 AVX-512F, 0 baseline
     cdef int32_t lin_frames, lin_q  # MODE_LINEAR's scratch: frames (deepest leaf + 1), points
     cdef int32_t max_depth
     cdef readonly bint prefetch_tables  # prefetch the next tree's leaf tables
@@ -681,7 +639,7 @@ cdef class Explainer:
 
     def __init__(self, dict arrays, int32_t n_features, int32_t n_outputs, double divisor,
                  str mode="auto", object prefetch=None, object patterns=None,
-                 object pext=None):
+                 object pext=None, object lin_isa=None):
         """``arrays``: a checked artifact's (``structure.check``) with its ``x_*`` arrays.
         ``mode``: the TreeSHAP evaluation each tree takes where it can (``MODES``; "auto" the
         fastest measured, others for tests, which hold each to the libraries; "linear-rows":
@@ -692,7 +650,9 @@ cdef class Explainer:
         take them (a whole tree of at most PAT_MAX_K splits, groups of at most PAT_GROUP_K),
         an int K groups of at most K splits (tests and measurement), False (tests) keeps the
         leaf tables. ``pext``: the pattern tables gather a row's bits by BMI2 pext where the
-        CPU does it fast (None), or by a loop (False; tests)."""
+        CPU does it fast (None), or by a loop (False; tests). ``lin_isa``: the copies of
+        MODE_LINEAR's walk (linear.h) to take: None the widest this CPU runs, an int at most
+        that (tests: 0 baseline, 1 AVX-512F)."""
         if mode not in MODES:
             raise ValueError(f"unknown TreeSHAP mode {mode!r} ({', '.join(MODES)})")
         start = np.ascontiguousarray(arrays["x_tree"], dtype=np.int64)
@@ -791,6 +751,7 @@ cdef class Explainer:
             if not 0 <= int(patterns) <= 12:
                 raise ValueError("patterns: splits a group, 0 to 12")
         self.pext = sw_pattern_fast_pext() != 0 and pext is not False
+        self.lin_isa = sw_lin_isa() if lin_isa is None else min(int(lin_isa), sw_lin_isa())
         if patterns is None or patterns is True:
             K, K_whole = PAT_GROUP_K, PAT_MAX_K
         else:
@@ -988,7 +949,7 @@ cdef class Explainer:
         cdef Block* blo  # (a pointer: assigned in the parallel block, so thread-private)
         cdef bint linear = method == METHOD_TREESHAP and self.linear > 0
         cdef int64_t step
-        cdef int32_t j
+        cdef int32_t j, k, w
         cdef int failed[1]
         cdef double* phi
         cdef double[:, :, ::1] out
@@ -1010,22 +971,30 @@ cdef class Explainer:
             right = <uint8_t*>malloc(self.max_nodes + 1)
             blo = <Block*>calloc(1, sizeof(Block))
             if blo != NULL and linear:  # sized at load: frames to the deepest leaf, points
-                blo.frames = self.lin_frames
-                blo.z = <double*>malloc((nf + 1) * sizeof(double))
-                blo.o = <uint32_t*>malloc((nf + 1) * sizeof(uint32_t))
-                blo.acc = <double**>malloc((nf + 1) * sizeof(double*))
-                blo.acc_used = <int32_t**>malloc((nf + 1) * sizeof(int32_t*))
-                blo.used = <int32_t*>malloc(blo.frames * sizeof(int32_t))
-                blo.arena = <double*>malloc(<int64_t>(blo.frames + 1) * FRAME_ARRAYS * NR
-                                            * self.lin_q * sizeof(double))
+                blo.lin.frames = self.lin_frames
+                blo.isa = self.lin_isa
+                blo.lin.z = <double*>malloc((nf + 1) * sizeof(double))
+                blo.lin.o = <uint32_t*>malloc((nf + 1) * sizeof(uint32_t))
+                blo.lin.acc = <double**>malloc((nf + 1) * sizeof(double*))
+                blo.lin.acc_used = <int32_t**>malloc((nf + 1) * sizeof(int32_t*))
+                blo.lin.used = <int32_t*>malloc(blo.lin.frames * sizeof(int32_t))
+                blo.lin.arena = <double*>sw_lin_alloc(<int64_t>(blo.lin.frames + 1)
+                                                      * SW_LIN_FRAME_ARRAYS * NR * self.lin_q
+                                                      * sizeof(double))
+                blo.right = <uint32_t*>malloc((self.max_nodes + 1) * sizeof(uint32_t))
+                blo.spare = <double*>malloc((nf + 1) * sizeof(double))
+                blo.xt = <float*>malloc(<int64_t>nf * NR * sizeof(float) + 1)
+                blo.phi_acc = <double*>calloc(<int64_t>G * nf * NR + 1, sizeof(double))
             if path == NULL or right == NULL or blo == NULL or linear and (
-                    blo.z == NULL or blo.o == NULL or blo.acc == NULL or
-                    blo.acc_used == NULL or blo.used == NULL or blo.arena == NULL):
+                    blo.lin.z == NULL or blo.lin.o == NULL or blo.lin.acc == NULL or
+                    blo.lin.acc_used == NULL or blo.lin.used == NULL or
+                    blo.lin.arena == NULL or blo.right == NULL or blo.spare == NULL or
+                    blo.xt == NULL or blo.phi_acc == NULL):
                 failed[0] = 1
             else:
                 if linear:
                     for j in range(nf + 1):
-                        blo.z[j], blo.o[j], blo.acc[j], blo.acc_used[j] = \
+                        blo.lin.z[j], blo.lin.o[j], blo.lin.acc[j], blo.lin.acc_used[j] = \
                             1.0, 0xFFFFFFFF, NULL, NULL
                 # trees outer, rows inner within a block: one tree's nodes and leaf tables
                 # stay in cache while the block's rows walk it (the tables of a model are
@@ -1037,6 +1006,12 @@ cdef class Explainer:
                 for blk in prange(n_blocks, schedule="dynamic"):
                     r0 = blk * BLOCK
                     r1 = min(r0 + BLOCK, n)
+                    if linear:  # the block's rows by feature (block_tree; BLOCK == NR, so a
+                        # tree taken NR rows at a time takes the block at once), lanes past r1: r0
+                        w = sw_lin_width(<int32_t>(r1 - r0))
+                        for k in range(nf):
+                            for r in range(w):
+                                blo.xt[k * NR + r] = X[r0 + r if r0 + r < r1 else r0, k]
                     for t in range(self.n_trees):
                         o = self.T.group[t]
                         if o < 0:
@@ -1081,15 +1056,25 @@ cdef class Explainer:
                                           stride, path, 0, 1.0, 1.0, -1)
                             else:
                                 saabas(&self.T, self.T.start[t], &X[r, 0], phi, stride)
+                    if linear and r1 - r0 > 1:  # the sums of the trees taken W > 1 at once
+                        for o in range(G):
+                            block_rows(blo, &X[r0, 0], nf, &out[r0, o, 0], <int64_t>G * stride,
+                                       r1 - r0)
+                            sw_lin_flush(blo.phi_acc + <int64_t>o * nf * w, blo.phis,
+                                         blo.nr, nf, w)
             free(path)
             free(right)
             if blo != NULL:
-                free(blo.z)
-                free(blo.o)
-                free(blo.acc)
-                free(blo.acc_used)
-                free(blo.used)
-                free(blo.arena)
+                free(blo.lin.z)
+                free(blo.lin.o)
+                free(blo.lin.acc)
+                free(blo.lin.acc_used)
+                free(blo.lin.used)
+                sw_lin_free(blo.lin.arena)
+                free(blo.right)
+                free(blo.spare)
+                free(blo.xt)
+                free(blo.phi_acc)
             free(blo)
         if failed[0]:
             raise MemoryError("no memory for the attribution scratch")

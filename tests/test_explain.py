@@ -365,6 +365,72 @@ def test_each_treeshap_mode_is_xgboosts(name, mode):
     np.testing.assert_allclose(ours, ref, atol=_tolerance(model.raw(X)), rtol=0)
 
 
+def _has_avx512f() -> bool:
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " avx512f" in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize("name", ["xgb-deep", "xgb-multi-softprob", "xgb-parallel-tree"])
+@pytest.mark.parametrize("isa", [0, 1])
+def test_linear_walk_copies_are_xgboosts_and_one_bit_pattern_for_every_block_size(name, isa):
+    # linear.h's walk has a copy per row count (1, 4, 8, 16 lanes; a block of nr rows takes
+    # the smallest that holds it, its lanes past nr repeating row 0) and per instruction set
+    # (baseline, AVX-512F): every row's attributions must be the same bits whichever copy and
+    # block it went through, and XGBoost's. The rows' directions come from the block's rows
+    # by feature (NaN: the default direction); several outputs flush each its own sums.
+    import xgboost as xgb
+
+    from worker import _explain
+
+    if isa == 1 and not _has_avx512f():
+        pytest.skip("this CPU has no AVX-512F: the AVX-512F copies cannot run here")
+    booster = M.xgboost_models()[name]
+    model = worker.compile_model(booster)
+    args = (model.arrays, model.n_features, model.n_outputs, float(model.divisor))
+    base = _explain.Explainer(*args, mode="linear", lin_isa=0)
+    ex = _explain.Explainer(*args, mode="linear", lin_isa=isa)
+    assert ex.lin_isa == isa and base.lin_isa == 0
+    assert ex.linear == model.n_trees  # every tree node by node: no other sums in between
+    X = M.hostile_rows(61, M.xgboost_thresholds(booster), seed=21)
+    full = base.contributions(X, int(_explain.Method.METHOD_TREESHAP), 1)
+    ref = booster.predict(xgb.DMatrix(M.finite_for_library(X),
+                                      feature_names=booster.feature_names), pred_contribs=True)
+    ours = full[:, 0, :] if model.n_outputs == 1 else full
+    np.testing.assert_allclose(ours, ref, atol=_tolerance(model.raw(X)), rtol=0)
+    r = 0
+    for size in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 31):  # blocks of every copy, remainders
+        got = ex.contributions(X[r:r + size], int(_explain.Method.METHOD_TREESHAP), 2)
+        np.testing.assert_array_equal(got, full[r:r + size])
+        r = (r + size) % 30
+
+
+def test_linear_walk_takes_categorical_splits_like_xgboost():
+    # a categorical split's direction comes from goes_right, not the block's compares
+    import xgboost as xgb
+
+    from tests.test_categorical import CAT, N_FEATURES, _xgb_categorical, hostile
+    from worker import _explain
+
+    est = _xgb_categorical(False)
+    model = worker.compile_model(est)
+    X = hostile(200, np.asarray([0.0]), seed=22)
+    X = np.ascontiguousarray(np.where(np.isinf(X), np.float32(7.0), X), np.float32)
+    dm = xgb.DMatrix(X, enable_categorical=True, feature_names=model.feature_names,
+                     feature_types=["c" if j in CAT else "q" for j in range(N_FEATURES)])
+    ref = est.get_booster().predict(dm, pred_contribs=True)
+    for isa in (0, 1):
+        ex = _explain.Explainer(model.arrays, model.n_features, model.n_outputs,
+                                float(model.divisor), mode="linear", lin_isa=isa)
+        assert ex.linear == model.n_trees
+        ours = ex.contributions(X, int(_explain.Method.METHOD_TREESHAP), 1)[:, 0]
+        assert np.abs(ours - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+
+
 @pytest.mark.parametrize("name", SKLEARN)
 @pytest.mark.parametrize("mode", ["linear", "linear-rows", "quadrature"])
 def test_each_treeshap_mode_is_shaps(name, mode):
