@@ -226,15 +226,14 @@ ctypedef struct Trees:
 # per feature, the merged factor of the path walked so far, z 1 and o every row when not on
 # the path, and the S accumulator of the deepest edge on the path splitting on it; the frames,
 # SW_LIN_FRAME_ARRAYS arrays of Q x W values a depth, in its arena), the rows' directions at a
-# tree's splits (right) and the attributions of lanes past nr (spare); the path attribution's
-# saabas_rows uses only xs, phis and nr.
+# tree's splits (right), the rows by feature (xt) and their sums (phi_acc); the path
+# attribution's saabas_rows uses only xs, phis and nr.
 ctypedef struct Block:
     const float* xs[NR]          # the rows
     double* phis[NR]             # and their attributions (of the tree's output)
     int32_t nr                   # how many (<= NR)
     sw_lin lin
     uint32_t* right              # per node of the tree: bit r, row r goes right
-    double* spare                # n_features + 1
     int32_t isa                  # the copies of the walk to take (Explainer.lin_isa)
     float* xt                    # the block's rows by feature, NR lanes a feature (past nr:
                                  # row 0), for the directions of trees taken W > 1 rows at once
@@ -982,13 +981,12 @@ cdef class Explainer:
                                                       * SW_LIN_FRAME_ARRAYS * NR * self.lin_q
                                                       * sizeof(double))
                 blo.right = <uint32_t*>malloc((self.max_nodes + 1) * sizeof(uint32_t))
-                blo.spare = <double*>malloc((nf + 1) * sizeof(double))
                 blo.xt = <float*>malloc(<int64_t>nf * NR * sizeof(float) + 1)
                 blo.phi_acc = <double*>calloc(<int64_t>G * nf * NR + 1, sizeof(double))
             if path == NULL or right == NULL or blo == NULL or linear and (
                     blo.lin.z == NULL or blo.lin.o == NULL or blo.lin.acc == NULL or
                     blo.lin.acc_used == NULL or blo.lin.used == NULL or
-                    blo.lin.arena == NULL or blo.right == NULL or blo.spare == NULL or
+                    blo.lin.arena == NULL or blo.right == NULL or
                     blo.xt == NULL or blo.phi_acc == NULL):
                 failed[0] = 1
             else:
@@ -1072,7 +1070,6 @@ cdef class Explainer:
                 free(blo.lin.used)
                 sw_lin_free(blo.lin.arena)
                 free(blo.right)
-                free(blo.spare)
                 free(blo.xt)
                 free(blo.phi_acc)
             free(blo)
