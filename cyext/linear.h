@@ -120,7 +120,7 @@ static inline void sw_lin_flush(double *phi, double *const *phis, int32_t nr, in
 /* The copies: every row count for baseline x86-64 (SSE2: a 16-row vector is eight
    registers), and for 4, 8 and 16 rows an AVX-512F copy (two registers), taken where the CPU
    and the OS have it (sw_lin_isa). B at 1 thread, in alternated processes on an Intel Xeon
-   guest: 1,560 us a row before this file, 930-970 baseline, 550 AVX-512F; an AVX2 copy
+   guest: 1,560 us a row before this file, 930-970 baseline, 517-550 AVX-512F; an AVX2 copy
    measured 1,140-1,300, slower than the baseline one there, so there is none
    (bench/NOTES.md). No copy may contract a multiply and an add into one fused operation
    (AVX-512F has them), so every copy gives the same bits. */

@@ -17,6 +17,21 @@
 typedef double SW_LIN_V __attribute__((vector_size(SW_W * sizeof(double)), aligned(8)));
 typedef int64_t SW_LIN_M __attribute__((vector_size(SW_W * sizeof(double)), aligned(8)));
 
+/* All ones in the lanes whose bit of `bits` is set, four lanes a step. */
+SW_ISA_ATTR static inline SW_LIN_M SW_LIN_CAT(sw_lin_mask_, SW_W, SW_ISA)(uint32_t bits)
+{
+    SW_LIN_M m;
+#if SW_W == 1
+    m[0] = -(int64_t)(bits & 1);
+#else
+    int32_t r;
+    for (r = 0; r < SW_W; r += 4)
+        memcpy((int64_t *)&m + r, sw_lin_nibble[(bits >> r) & 15], 4 * sizeof(int64_t));
+#endif
+    return m;
+}
+#define SW_LIN_MASK SW_LIN_CAT(sw_lin_mask_, SW_W, SW_ISA)
+
 /* Below `node` at `depth`, given P (Q x SW_W, rows inner): D = the sum over the leaves below
    of v times their factors below `node`; each split's feature gets its edges' shares. An
    edge's share needs S / F, F its merged factor: P_parent D_child when F is the edge's own
@@ -41,7 +56,7 @@ SW_ISA_ATTR static void SW_LIN_NODE(sw_lin *s, int32_t node, int32_t depth, cons
     uint32_t op, right, follow;
     SW_LIN_V *up;
     int32_t *up_used;
-    int32_t q, r, side, c;
+    int32_t q, side, c;
 
     if (f < 0) {
         const double v = s->value[node];
@@ -66,11 +81,11 @@ SW_ISA_ATTR static void SW_LIN_NODE(sw_lin *s, int32_t node, int32_t depth, cons
     up_used = s->acc_used[f];
     if (up != 0) {
         /* 1 / the factor this split's merges replace: one of two values a point */
+        m = SW_LIN_MASK(op);
         for (q = 0; q < Q; q++) {
             inv0 = 1.0 / (zp + (0.0 - zp) * tq[q]);
             inv1 = 1.0 / (zp + (1.0 - zp) * tq[q]);
-            for (r = 0; r < W; r++)
-                inv[q][r] = ((op >> r) & 1) ? inv1 : inv0;
+            inv[q] = SW_LIN_PICK(m, inv1, inv0);
         }
     }
     for (side = 0; side < 2; side++) {
@@ -79,14 +94,8 @@ SW_ISA_ATTR static void SW_LIN_NODE(sw_lin *s, int32_t node, int32_t depth, cons
         follow = op & (side ? right : ~right);
         if (zm == 0.0 && (follow & s->live) == 0)
             continue;
-        /* m: all ones in the lanes of the rows that follow, four lanes a step; the factor
-           z (1 - t) + o t at a point then takes one of two values, o 0 or 1 */
-#if SW_W == 1
-        m[0] = -(int64_t)(follow & 1);
-#else
-        for (r = 0; r < W; r += 4)
-            memcpy((int64_t *)&m + r, sw_lin_nibble[(follow >> r) & 15], 4 * sizeof(int64_t));
-#endif
+        /* the factor z (1 - t) + o t at a point takes one of two values, o 0 or 1 */
+        m = SW_LIN_MASK(follow);
         for (q = 0; q < Q; q++) {
             f0 = zm + (0.0 - zm) * tq[q];
             f1 = zm + (1.0 - zm) * tq[q];
@@ -161,5 +170,6 @@ SW_ISA_ATTR static void SW_LIN_TREE(sw_lin *s)
 #undef SW_LIN_V
 #undef SW_LIN_M
 #undef SW_LIN_PICK
+#undef SW_LIN_MASK
 #undef SW_LIN_CAT
 #undef SW_LIN_CAT2
