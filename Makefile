@@ -9,7 +9,7 @@ BROKER := deploy/kafka-local/broker
 .PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e bench-explain \
 	bench-categorical golden clean \
 	broker-start \
-	broker-stop fuzz soak
+	broker-stop fuzz soak chaos
 
 setup: $(VENV)/.installed
 
@@ -33,8 +33,15 @@ demo: demo-data
 	$(SW) --config config/demo.yaml
 
 test: build
-	$(BROKER) start
-	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; $(BROKER) stop; exit $$rc
+	tests/run.sh $(PY)
+
+# The chaos suite's long forms (~60 minutes; make test runs the short ones): pauses past the
+# session timeout (50 a delivery mode) and max.poll.interval.ms, at random moments and at
+# chosen points, workers joining and leaving, partitions added, a fenced zombie, broker
+# restarts, a model swap during a rebalance; writes bench/CHAOS-RESULTS.md. CHAOS_SEED replays.
+CHAOS_SEED ?= $(shell date +%s)
+chaos: build
+	$(PY) bench/chaos.py --seed $(CHAOS_SEED)
 
 # 100,000 hostile messages and 100,000 hostile artifacts through the worker in child processes
 # (make test runs a bounded 3,000 + 2,000); crashes and hangs are kept under out/fuzz.

@@ -1,9 +1,9 @@
 """Soak: a million records through two exactly-once workers on the local three-node cluster,
-while workers are SIGKILLed and brokers crash; every id must arrive exactly once, with the
-offline score.
+while workers are SIGKILLed and paused past their session and brokers crash; every id must
+arrive exactly once, with the offline score.
 
     .venv/bin/python bench/soak.py [--records 1000000] [--worker-kills 20] [--broker-kills 3]
-                                   [--seed 0] [--out bench/SOAK-RESULTS.md]
+                                   [--worker-pauses 10] [--seed 0] [--out bench/SOAK-RESULTS.md]
 
 1. The cluster: `deploy/kafka-local/broker --brokers 3 start` (KAFKA_LOCAL_CLUSTER_PORT is
    passed through, so a second cluster can run beside another one); stopped at the end only
@@ -18,8 +18,11 @@ offline score.
    `tests.kafka_util.write_config` writes: a random transactional id per process, the 60 s
    transaction timeout). A seeded schedule spreads the faults over the production window:
    --worker-kills SIGKILLs of a random worker, each restarted after a random 0.5-5 s pause,
-   and --broker-kills SIGKILLs of a random node (`broker --brokers 3 kill N`), restarted after
-   a random 3-10 s (`restart N`; retried, and reported, when the node cannot bind its port).
+   --broker-kills SIGKILLs of a random node (`broker --brokers 3 kill N`), restarted after
+   a random 3-10 s (`restart N`; retried, and reported, when the node cannot bind its port),
+   and --worker-pauses SIGSTOPs of a random worker for a random 12-15 s, past its 10 s session
+   timeout (a GC pause, a frozen VM, CPU throttling), then SIGCONT: it comes back as a zombie
+   whose partitions were given to the other worker.
    A worker that exits by itself is an unexpected exit: recorded, restarted.
 5. A read_committed reader counts the output rows every second (the throughput curve) and
    which ids it has seen; peak RSS (VmHWM) of every worker process is read every second, just
@@ -75,6 +78,7 @@ PARTITIONS = {"input": 4, "output": 4, "dlq": 1}
 WORKERS = 2
 WORKER_PAUSE_S = (0.5, 5.0)  # a killed worker is restarted after this long
 BROKER_DOWN_S = (3.0, 10.0)  # a killed node is restarted after this long
+WORKER_STOPPED_S = (12.0, 15.0)  # a paused worker is resumed after this long (session: 10 s)
 # librdkafka's logs of this script's own clients (a killed broker's "connection refused"
 # lines) go to out/soak/clients.log, not among the progress lines
 CLIENT_LOG = logging.getLogger("soak.kafka")
@@ -429,13 +433,15 @@ def read_all(bootstrap: str, topic: str, partitions: int, timeout: float = 300) 
 # ---------------------------------------------------------------- faults
 
 
-def fault_schedule(rng, worker_kills: int, broker_kills: int, window: float) -> list[dict]:
+def fault_schedule(rng, worker_kills: int, broker_kills: int, window: float,
+                   worker_pauses: int = 0) -> list[dict]:
     """Seconds (from the first committed output) and kind of every fault, inside 5%..95% of
     the window: broker kills one in each of ``broker_kills`` equal parts of it (never two
-    close together: a restarted node needs a moment to rejoin the ISR), worker kills at
-    uniform random times."""
+    close together: a restarted node needs a moment to rejoin the ISR), worker kills and
+    pauses at uniform random times."""
     lo, hi = 0.05 * window, 0.95 * window
     faults = [{"at": float(t), "kind": "worker"} for t in rng.uniform(lo, hi, worker_kills)]
+    faults += [{"at": float(t), "kind": "pause"} for t in rng.uniform(lo, hi, worker_pauses)]
     part = (hi - lo) / max(broker_kills, 1)
     faults += [{"at": lo + part * (k + rng.uniform(0.2, 0.8)), "kind": "broker"}
                for k in range(broker_kills)]
@@ -460,7 +466,8 @@ class Faults(threading.Thread):
             for f in self.schedule:
                 if self.stop.wait(max(self.start_at + f["at"] - self.clock(), 0)):
                     return
-                (self._worker if f["kind"] == "worker" else self._broker)(f)
+                {"worker": self._worker, "broker": self._broker,
+                 "pause": self._pause}[f["kind"]](f)
         except BaseException as exc:  # noqa: BLE001 (reported by main)
             self.error = exc
 
@@ -478,6 +485,22 @@ class Faults(threading.Thread):
         self.stop.wait(pause)
         slot.start()
         self.done.append({"t": t, "kind": "worker kill", "target": slot.name, "pid": pid,
+                          "down_s": round(self.clock() - t, 1), "restarted": self.clock()})
+
+    def _pause(self, f: dict) -> None:
+        slot = self.slots[int(self.rng.integers(len(self.slots)))]
+        stopped = float(self.rng.uniform(*WORKER_STOPPED_S))
+        t = self.clock()
+        with slot.lock:
+            if slot.proc is None:
+                return
+            pid = slot.proc.pid
+            os.kill(pid, signal.SIGSTOP)
+        log(f"fault: SIGSTOP {slot.name} (pid {pid}); SIGCONT in {stopped:.1f}s")
+        self.stop.wait(stopped)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        self.done.append({"t": t, "kind": "worker pause", "target": slot.name, "pid": pid,
                           "down_s": round(self.clock() - t, 1), "restarted": self.clock()})
 
     def _broker(self, f: dict) -> None:
@@ -660,7 +683,7 @@ def run(args) -> dict:
             time.sleep(0.5)
         t_first = clock()
         schedule = fault_schedule(rng, args.worker_kills, args.broker_kills,
-                                  args.produce_seconds - t_first)
+                                  args.produce_seconds - t_first, args.worker_pauses)
         faults = Faults(schedule, rng, cluster, slots, list(topics.values()), clock, t_first)
         threads.append(faults)
         faults.start()
@@ -798,12 +821,13 @@ def write_report(res: dict, out: Path) -> None:
     faults = res["faults"]
     n_worker = sum(f["kind"] == "worker kill" for f in faults)
     n_broker = sum(f["kind"] == "broker kill" for f in faults)
+    n_pause = sum(f["kind"] == "worker pause" for f in faults)
     span = res["caught_up_s"]
     rate = res["args"]["records"] / span if span > 0 else 0
     png = out.with_name("soak.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [
-        "# Soak: exactly once through worker and broker crashes", "",
+        "# Soak: exactly once through worker crashes and pauses and broker crashes", "",
         f"Produced by `{res['command']}`"
         + (f" (with `KAFKA_LOCAL_CLUSTER_PORT={res['cluster_port']}`)"
            if "default" not in str(res["cluster_port"]) else "")
@@ -825,7 +849,8 @@ def write_report(res: dict, out: Path) -> None:
         "`xgb-binary-logistic` of tests/models.py (25 trees, depth 4). Faults at seeded "
         f"random times (seed {res['args']['seed']}) between 5% and 95% of the production "
         "window: SIGKILL of a random worker, restarted after 0.5-5 s; SIGKILL of a random "
-        "broker node (`broker --brokers 3 kill N`), restarted (`restart N`) after 3-10 s. "
+        "broker node (`broker --brokers 3 kill N`), restarted (`restart N`) after 3-10 s; "
+        "SIGSTOP of a random worker for 12-15 s, past its session timeout, then SIGCONT. "
         "The check reads the whole output topic under `read_committed` after both workers "
         "stopped on SIGTERM.", "",
         f"**Verdict: {'PASSED' if ok else 'FAILED: ' + '; '.join(why)}.**", "",
@@ -835,6 +860,8 @@ def write_report(res: dict, out: Path) -> None:
         f"{res['args']['worker_kills']} |",
         f"| broker kills survived (SIGKILL + restart) | {n_broker} of "
         f"{res['args']['broker_kills']} |",
+        f"| worker pauses survived (SIGSTOP past the session timeout + SIGCONT) | {n_pause} "
+        f"of {res['args'].get('worker_pauses', 0)} |",
         f"| unexpected worker exits | {len(res['unexpected_exits'])} |",
         f"| lost | {c['lost']:,} |",
         f"| duplicated | {c['duplicated']:,} |",
@@ -912,6 +939,7 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     s = np.array(res["samples"], dtype=float).reshape(-1, 4)
     t, out_rows, in_rows = s[:, 0], s[:, 1], s[:, 3]
@@ -934,6 +962,8 @@ def plot(res: dict, path: Path) -> None:
     for f in res["faults"]:
         if f["kind"] == "worker kill":
             ax.axvline(f["t"], color="#e6550d", ls="--", lw=0.9, alpha=0.8)
+        elif f["kind"] == "worker pause":
+            ax.axvspan(f["t"], f["restarted"], color="#756bb1", alpha=0.15)
         else:
             ax.axvspan(f["t"], f["restarted"], color="#d62728", alpha=0.12)
             ax.axvline(f["t"], color="#d62728", ls="-", lw=1.8)
@@ -942,7 +972,8 @@ def plot(res: dict, path: Path) -> None:
     handles, _ = ax.get_legend_handles_labels()
     handles += [Line2D([], [], color="#e6550d", ls="--", label="worker SIGKILL"),
                 Line2D([], [], color="#d62728", ls="-", lw=1.8,
-                       label="broker SIGKILL (shaded: until it serves again)")]
+                       label="broker SIGKILL (shaded: until it serves again)"),
+                Patch(color="#756bb1", alpha=0.3, label="worker SIGSTOP until SIGCONT")]
     if res["unexpected_exits"]:
         handles.append(Line2D([], [], color="black", ls=":", label="unexpected worker exit"))
     ax.legend(handles=handles, fontsize=8, loc="upper left")
@@ -963,6 +994,7 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--worker-kills", type=int, default=20)
     ap.add_argument("--broker-kills", type=int, default=3)
+    ap.add_argument("--worker-pauses", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "SOAK-RESULTS.md")
     ap.add_argument("--produce-seconds", type=float, default=None,
@@ -978,7 +1010,8 @@ def main() -> int:
     else:
         if args.produce_seconds is None:
             args.produce_seconds = max(60.0, 600 * args.records / 1e6,
-                                       15.0 * (args.worker_kills + args.broker_kills))
+                                       15.0 * (args.worker_kills + args.broker_kills)
+                                       + 20.0 * args.worker_pauses)
         args.out = args.out.resolve()
         info = machine()
         res = run(args)

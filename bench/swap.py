@@ -45,7 +45,13 @@ class EndlessSource:
         return out
 
     def take_revoked(self):
-        return set()
+
+        return False
+
+
+    def owns(self, rec):
+
+        return True
 
     def commit(self, batch):
         pass

@@ -93,6 +93,17 @@ def test_held_messages_of_a_revoked_partition_are_dropped():
     assert [(r.partition, r.offset) for r, _ in w._collect()] == [(1, 0)]
 
 
+def test_a_partition_lost_and_given_back_in_one_poll_keeps_what_came_after():
+    # issue 37: a pause past the session timeout; poll 2 loses partition 0 and is given it
+    # back at the committed offset (0), then returns (0, 0) and (0, 1) fetched under the new
+    # assignment. Only the record fetched under the lost assignment, poll 1's (0, 0), goes:
+    # the new assignment read it again. A filter by partition dropped all three (lost records)
+    polls = [[_rec(0, 0), _rec(1, 0)], [_rec(0, 0), _rec(0, 1)]]
+    src = ScriptedSource(polls, regain_in_poll=2, revoked={("in", 0)})
+    items = _worker(src, RecordingSink())._collect()
+    assert [(r.partition, r.offset) for r, _ in items] == [(1, 0), (0, 0), (0, 1)]
+
+
 class RewindableSource(ScriptedSource):
     """One partition's records; commit moves the committed offset, rewind goes back to it."""
 

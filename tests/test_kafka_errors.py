@@ -321,7 +321,13 @@ class LogSource:
         return []
 
     def take_revoked(self):
-        return set()
+
+        return False
+
+
+    def owns(self, rec):
+
+        return True
 
     def rewind(self):
         self.rewound += 1
@@ -456,6 +462,7 @@ def test_rewind_retries_while_the_coordinator_is_away_then_is_fatal():
 
     src = KafkaSource.__new__(KafkaSource)
     src.stopping = lambda: False
+    src._epoch = {}
     src.consumer = AwayCoordinator(away=2)
     src.rewind(timeout_s=10)  # back after two failures: rewound, no error
     assert src.consumer.calls == 3 and src.consumer.sought == [7]

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
-from . import codec
+from . import chaos, codec
 from .config import ConfigError, Settings, load_settings
 from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
 from .io.records import Record
@@ -249,6 +249,7 @@ class Pipeline:
                 ) -> tuple[list[Record], list[Record], BatchStats]:
         """One batch: messages of one schema are concatenated (pyarrow, in C++), scored in one
         kernel call and encoded from one output batch, each message a slice of it."""
+        chaos.point("score")
         stats = BatchStats(messages=len(items))
         results: dict[int, Record] = {}
         shadow_out: list[Record] = []
@@ -564,14 +565,15 @@ class Worker:
                 nbytes += n_bytes
             if deadline is None and items:
                 deadline = time.monotonic() + d.max_wait_ms / 1000
-            revoked = self.source.take_revoked()
-            if revoked:
-                # a rebalance ran inside that poll: messages of partitions no longer ours are
-                # dropped (their new owner reads them from the committed offset) and the batch
-                # ends here, so nothing of a revoked partition is produced or committed
-                items = [it for it in items if (it[0].topic, it[0].partition) not in revoked]
-                self._held = [it for it in self._held
-                              if (it[0].topic, it[0].partition) not in revoked]
+            if self.source.take_revoked():
+                # a rebalance ran inside that poll: records fetched under an assignment that
+                # was revoked or lost since are dropped (whoever owns the partition now, this
+                # worker too if it was given back, reads them again from the committed
+                # offset); records fetched under the present assignment stay. The batch ends
+                # here
+                owns = self.source.owns
+                items = [it for it in items if owns(it[0])]
+                self._held = [it for it in self._held if owns(it[0])]
                 break
             if full or len(items) >= max_messages or self._stop:
                 self._behind = full or len(items) >= max_messages
@@ -958,6 +960,7 @@ def run(settings: Settings, summary: bool = True) -> int:
     global _watchdog, stopped_by_signal
     configure_logging(settings.logging.level, settings.logging.format)
     with _Signals() as signals:
+        chaos.install()
         try:
             # a stop during start-up unwinds it (closing what was opened) within the same
             # bound as a stop of the loop

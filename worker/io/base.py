@@ -62,8 +62,12 @@ class Source(Protocol):
     def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
         """Up to ``max_messages`` records, waiting at most ``timeout_s`` for the first."""
 
-    def take_revoked(self) -> set[tuple[str, int]]:
-        """Partitions (topic, partition) lost to a rebalance since the last call."""
+    def take_revoked(self) -> bool:
+        """Whether a partition was revoked or lost to a rebalance since the last call."""
+
+    def owns(self, rec: Record) -> bool:
+        """``rec`` was read under its partition's present assignment: still ours to deliver
+        (after take_revoked() said a rebalance ran)."""
 
     def commit(self, batch: list[Record]) -> None:
         """Commit the offsets after ``batch`` (at-least-once delivery)."""

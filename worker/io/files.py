@@ -48,9 +48,12 @@ class FileSource:
         file is replayed from its start by the next run)."""
         self._committed += len(batch)
 
-    def take_revoked(self) -> set:
+    def take_revoked(self) -> bool:
         """A file has no partitions to lose."""
-        return set()
+        return False
+
+    def owns(self, rec: Record) -> bool:
+        return True
 
     def rewind(self) -> None:
         """Back to the first message not delivered (a replay to a topic whose delivery

@@ -8,6 +8,7 @@ restart), ``StartupError`` (a setting librdkafka refuses, or a broker that does 
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -25,6 +26,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from .. import chaos
 from .base import BatchRolledBack, FatalError, StartupError
 from .records import Record
 
@@ -124,20 +126,31 @@ def to_record(msg) -> Record:
 
 
 class KafkaSource:
-    """A consumer-group member; every batch is committed before the next poll."""
+    """A consumer-group member; every batch is committed before the next poll.
+
+    Ownership is per assignment, not per partition: every assignment of a partition (and every
+    seek back to its committed offset) opens a new *epoch*, and each record carries the epoch
+    it was fetched under (``Record.epoch``). A record is dropped as revoked only when its epoch
+    is no longer the partition's (``owns``): its partition was revoked or lost since, and
+    whoever owns the partition now reads it again from the committed offset. A partition lost
+    and given back inside one poll (a session timeout after a pause, a cooperative rebalance)
+    keeps what was fetched under its new assignment."""
 
     def __init__(self, conf: dict, topics: list[str]):
         try:
             self.consumer = Consumer(conf)
         except KafkaException as exc:
             raise _startup_error(exc) from None
-        self.revoked: set[tuple[str, int]] = set()  # since the last take_revoked()
+        self.revoked = False  # an assignment was revoked or lost since the last take_revoked()
         # called first when partitions are revoked or lost: the run loop settles a batch whose
         # commit is still in flight, so the next owner starts after it
         self.before_revoke = None
         self.exhausted = False  # a topic never ends
         self.total = None
         self.assigned: set[tuple[str, int]] = set()  # the partitions this member owns now
+        # (topic, partition) -> the epoch of its present assignment
+        self._epoch: dict[tuple[str, int], int] = {}
+        self._epochs = itertools.count(1)  # 0 is no assignment's
         self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
         self.closing = False  # close() has begun: an assignment it serves is not taken
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -145,8 +158,8 @@ class KafkaSource:
 
     # Rebalance callbacks run inside poll/consume, on the loop's thread. A batch whose commit
     # is in flight (overlapped with the next poll) is settled first (before_revoke); within
-    # a batch, the worker drops the messages of revoked partitions (take_revoked) before
-    # delivering.
+    # a batch, the worker drops the records fetched under a revoked assignment (take_revoked,
+    # owns) before delivering.
     def _on_assign(self, consumer, partitions):
         if self.closing:
             # close() serves an assignment that no poll took yet (a stop during start-up):
@@ -156,7 +169,8 @@ class KafkaSource:
         log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
                                                    for p in partitions])
         if partitions:
-            self._assign_at_committed(consumer, partitions)
+            for tp in self._assign_at_committed(consumer, partitions):
+                self._epoch[(tp.topic, tp.partition)] = next(self._epochs)
         self.assigned |= {(p.topic, p.partition) for p in partitions}
 
     def _assign_at_committed(self, consumer, partitions, timeout_s: float = 180.0) -> None:
@@ -166,7 +180,8 @@ class KafkaSource:
         itself, may then fall back to auto.offset.reset at the next rebalance and read the
         partition again from its start (found by bench/soak.py: 755 messages delivered twice
         under exactly_once; reproduced with confluent-kafka alone). ``committed()`` waits for
-        stable offsets, so the partitions are assigned where the last commit left them."""
+        stable offsets, so the partitions are assigned where the last commit left them. Returns
+        the partitions as assigned."""
         deadline = time.monotonic() + timeout_s
         told = False
         while True:
@@ -180,7 +195,7 @@ class KafkaSource:
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else exc
                 if self.stopping() or self.closing:
-                    return  # exiting: nothing is read from these partitions
+                    return []  # exiting: nothing is read from these partitions
                 if time.monotonic() >= deadline or (isinstance(err, KafkaError)
                                                      and err.fatal()):
                     raise FatalKafkaError(f"cannot read the committed offsets of newly "
@@ -199,35 +214,60 @@ class KafkaSource:
             consumer.incremental_assign(start)
         except KafkaException:  # an eager assignment strategy (set in kafka.client)
             consumer.assign(start)
+        return start
 
     def _on_revoke(self, consumer, partitions):
-        if self.before_revoke is not None:
-            self.before_revoke()
-        self.revoked |= {(p.topic, p.partition) for p in partitions}
-        self.assigned -= {(p.topic, p.partition) for p in partitions}
+        self._end(partitions)
         log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
     def _on_lost(self, consumer, partitions):
-        if self.before_revoke is not None:
-            self.before_revoke()
-        self.revoked |= {(p.topic, p.partition) for p in partitions}
-        self.assigned -= {(p.topic, p.partition) for p in partitions}
+        self._end(partitions)
         log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
-    def take_revoked(self) -> set[tuple[str, int]]:
-        """Partitions revoked or lost since the last call (rebalances run inside poll)."""
-        revoked, self.revoked = self.revoked, set()
+    def _end(self, partitions) -> None:
+        """Revoked or lost, the same for the records: their assignment's epoch ends."""
+        if self.before_revoke is not None:
+            self.before_revoke()
+        for p in partitions:
+            key = (p.topic, p.partition)
+            self._epoch.pop(key, None)
+            self.assigned.discard(key)
+        self.revoked = True
+
+    def take_revoked(self) -> bool:
+        """Whether an assignment was revoked or lost since the last call (rebalances run
+        inside poll): records fetched before may no longer be ours (``owns``)."""
+        revoked, self.revoked = self.revoked, False
         return revoked
+
+    def owns(self, rec: Record) -> bool:
+        """``rec`` was fetched under its partition's present assignment."""
+        return rec.epoch != 0 and self._epoch.get((rec.topic, rec.partition)) == rec.epoch
 
     def poll(self, max_messages: int, timeout_s: float) -> list[Record]:
         """Returns as soon as one message is there (waiting at most timeout_s), with whatever
-        else is already fetched, up to max_messages."""
+        else is already fetched, up to max_messages. Each record carries the epoch of the
+        assignment it was fetched under."""
+        out = self._consume(1, timeout_s)
+        if out and max_messages > 1:
+            out += self._consume(max_messages - 1, 0)
+        return out
+
+    def _consume(self, n: int, timeout_s: float) -> list[Record]:
+        """One consume() call, each record tagged with its partition's epoch as the call
+        returns. A rebalance inside the call cannot mix assignments in what it returns:
+        librdkafka pauses a partition's fetcher (a new version) before it serves the
+        rebalance, drops fetched messages of an older version as they are dequeued, and
+        purges those already gathered for the call when the version barrier arrives (1.7.0
+        on, #3340); confluent-kafka's consume() returns the first chunk that has messages.
+        So a record of a partition assigned during the call was fetched under that
+        assignment."""
+        chaos.point("poll")
+        msgs = self.consumer.consume(num_messages=n, timeout=timeout_s)
+        epoch = self._epoch
         out = []
-        msgs = self.consumer.consume(num_messages=1, timeout=timeout_s)
-        if msgs and max_messages > 1:
-            msgs += self.consumer.consume(num_messages=max_messages - 1, timeout=0)
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -237,7 +277,9 @@ class KafkaSource:
                     raise FatalKafkaError(str(err))
                 log.warning("consumer error", error=str(err))
                 continue
-            out.append(to_record(msg))
+            rec = to_record(msg)
+            rec.epoch = epoch.get((rec.topic, rec.partition), 0)
+            out.append(rec)
         return out
 
     @staticmethod
@@ -280,6 +322,10 @@ class KafkaSource:
                         lo, _hi = self.consumer.get_watermark_offsets(tp, timeout=10)
                         tp.offset = lo
                     self.consumer.seek(tp)
+                    # what was fetched before the seek is not read from here: a new epoch
+                    key = (tp.topic, tp.partition)
+                    if key in self._epoch:
+                        self._epoch[key] = next(self._epochs)
                 return
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else exc
@@ -686,6 +732,7 @@ class KafkaDelivery:
         self.offsets_committed = False
 
     def wait(self) -> None:
+        chaos.point("commit")
         try:
             if self.sink.transactional:
                 self.sink._txn_wait(self.sink.producer.commit_transaction)

@@ -40,6 +40,9 @@ class Record:
     # an output or dead letter: the (topic, partition, offset) of the input it answers, so a
     # message the broker refuses is traced back to the input that produced it
     origin: tuple[str, int, int] | None = None
+    # a consumed message: the epoch of the partition assignment it was fetched under
+    # (io.kafka.KafkaSource.owns); 0 for a recording's
+    epoch: int = 0
 
 
 def to_batch(records: list[Record]) -> pa.RecordBatch:
