@@ -87,6 +87,9 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", choices=list(chaos.BY_NAME))
     ap.add_argument("--mode", action="append", choices=chaos.MODES)
     ap.add_argument("--before", help="a commit whose workers run `pause` first")
+    ap.add_argument("--before-pauses", type=int, default=10,
+                    help="pauses in each mode of the run before the fix (it only has to show "
+                         "the loss)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "CHAOS-RESULTS.md")
     args = ap.parse_args()
     command = " ".join([".venv/bin/python", "bench/chaos.py", *map(shlex.quote, sys.argv[1:])])
@@ -96,7 +99,8 @@ def main() -> int:
     try:
         if args.before:
             res["before"] = chaos.play_all(bootstrap, args.seed, ["pause"], args.mode,
-                                           long=True, tree=before_tree(args.before))
+                                           long=True, tree=before_tree(args.before),
+                                           cycles=args.before_pauses)
         res["after"] = chaos.play_all(bootstrap, args.seed, args.scenario, args.mode,
                                       long=True)
     finally:

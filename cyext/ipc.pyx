@@ -265,6 +265,10 @@ cdef extern from *:
 
 # ---------------------------------------------------------------- the plan of one schema
 
+# The most rows one message may hold, whatever delivery.max_message_rows says: row counts,
+# bitmap sizes and byte offsets computed from it stay far inside int64.
+cdef int64_t ROW_CAP = 2147483647
+
 cdef enum:
     L_FIXED = 0   # validity, data of `width` bytes a row
     L_BITS = 1    # validity, bit-packed data
@@ -319,7 +323,8 @@ cdef class Plan:
     cdef int32_t* feat_kind
     cdef int64_t id_field
     cdef readonly object id_dtype    # numpy dtype of the ids (None: no id column)
-    cdef readonly int64_t row_bytes  # decoded bytes a row (features and id)
+    cdef readonly int64_t row_bytes  # decoded bytes a row: what the gather writes
+    cdef readonly int64_t row_cap    # the most rows a message may declare (then: too large)
 
     def __cinit__(self):
         self.field_node = self.field_buf = self.field_width = self.feat_field = NULL
@@ -334,11 +339,12 @@ cdef class Plan:
         free(self.feat_kind)
 
     @staticmethod
-    def build(schema, list feature_names, id_column):
+    def build(schema, list feature_names, id_column, max_rows=None):
         """The plan for ``schema`` (already checked by the decoder: every feature present once,
         of a numeric, boolean or null type), or None where its messages are pyarrow's to read
         (a field of a layout not known here, a float16 feature, an id that is not an
-        integer)."""
+        integer). ``max_rows``: messages that declare more rows are too large (at most
+        2^31 - 1 either way, so every count below fits in 64 bits many times over)."""
         cdef Plan p = Plan()
         cdef int64_t i, j, node = 0, buf = 0
         n = len(schema)
@@ -364,7 +370,7 @@ cdef class Plan:
             buf += 3 if lay[0] in (L_VAR32, L_VAR64) else 2
             index.setdefault(schema.field(i).name, i)
         p.n_nodes, p.n_bufs = node, buf
-        row_bytes = 0
+        p.row_cap = ROW_CAP if max_rows is None else max(0, min(<int64_t>max_rows, ROW_CAP))
         for j, name in enumerate(feature_names):
             i = index[name]
             t = schema.field(i).type
@@ -375,8 +381,7 @@ cdef class Plan:
                 p.feat_kind[j] = _FIXED_KIND[str(t)]
             else:  # float16 and anything else the stager does not convert
                 return None
-            row_bytes += t.byte_width if p.field_layout[i] == L_FIXED else \
-                1 if p.field_layout[i] == L_BITS else 0  # bits: rounded up to a byte
+        row_bytes = 4 * p.nf  # the gather writes a float32 a feature, whatever the input width
         p.id_field, p.id_dtype = -1, None
         if id_column:
             i = index[id_column]
@@ -400,32 +405,41 @@ cdef class Plan:
             return buf_len(b, q + 1) >= (n + 7) // 8
         return buf_len(b, q + 1) // self.field_width[i] >= n
 
-    cdef bint _parse(self, const uint8_t* v, int64_t size, int64_t start,
-                     Batch* b) noexcept nogil:
+    cdef int _parse(self, const uint8_t* v, int64_t size, int64_t start,
+                    Batch* b) noexcept nogil:
+        """1: read here; 0: pyarrow's to judge; -1: more rows than row_cap (too large). The
+        row count is bounded before anything is computed from it: by row_cap, and by the
+        body, whose every field of the plan holds at least a bit a row."""
         cdef int64_t i, k
         if not parse_batch(v, size, start, True, b):
-            return False
+            return 0
+        if b.length > self.row_cap:
+            return -1
+        if b.length // 8 > b.body_len:
+            return 0
         if b.n_nodes != self.n_nodes or b.n_bufs != self.n_bufs:
-            return False
+            return 0
         for k in range(b.n_nodes):  # every column as long as the batch, null counts in range
             if node_len(b, k) != b.length or node_nulls(b, k) < 0 or \
                     node_nulls(b, k) > b.length:
-                return False
+                return 0
         for i in range(self.nf):
             if not self._check_field(b, self.feat_field[i], False):
-                return False
+                return 0
         if self.id_field >= 0 and not self._check_field(b, self.id_field, True):
-            return False
-        return True
+            return 0
+        return 1
 
     def rows(self, value, Py_ssize_t start):
         """The rows of the stream ``value`` (bytes; its schema message ends at ``start``)
-        when it is read here, else 0 (pyarrow's to read, accept or reject)."""
+        when it is read here, 0 when not (pyarrow's to read, accept or reject), -1 when it
+        declares more rows than ``row_cap`` (too large, read by nobody)."""
         cdef Batch b
-        if type(value) is not bytes or not self._parse(
-                <const uint8_t*>PyBytes_AS_STRING(value), len(value), start, &b):
+        cdef int ok
+        if type(value) is not bytes:
             return 0
-        return b.length
+        ok = self._parse(<const uint8_t*>PyBytes_AS_STRING(value), len(value), start, &b)
+        return b.length if ok == 1 else ok
 
     def gather(self, list values, Py_ssize_t start, float[:, ::1] X, ids):
         """Every message of ``values`` (each accepted by ``rows``), rows in order: features
@@ -453,7 +467,7 @@ cdef class Plan:
         try:
             for value in values:
                 v = <const uint8_t*>PyBytes_AS_STRING(value)
-                if not self._parse(v, len(value), start, &b):
+                if self._parse(v, len(value), start, &b) != 1:
                     raise ValueError("a message changed since it was checked")
                 if b.length > total - row:
                     raise ValueError("more rows than X holds")
@@ -467,7 +481,7 @@ cdef class Plan:
                     if node_nulls(&b, self.field_node[i]) > 0:
                         cols[j].valid = buf_ptr(&b, self.field_buf[i])
                 with nogil:
-                    stage_block(cols, self.nf, 0, <int32_t>b.length, &X[row, 0])
+                    stage_block(cols, self.nf, 0, b.length, &X[row, 0])
                 if id_out != NULL:
                     memcpy(id_out + row * w, buf_ptr(&b, self.field_buf[self.id_field] + 1),
                            b.length * w)
@@ -488,13 +502,15 @@ cdef class Shape:
     cdef readonly bytes meta
     cdef readonly int64_t n_rows, body_len
     cdef int64_t* data_pos
+    cdef int64_t* width   # bytes a row of each column, as the metadata was written for
     cdef int32_t n_cols
 
     def __cinit__(self):
-        self.data_pos = NULL
+        self.data_pos = self.width = NULL
 
     def __dealloc__(self):
         free(self.data_pos)
+        free(self.width)
 
     @staticmethod
     def of(bytes message, int64_t n_rows, list widths):
@@ -510,13 +526,15 @@ cdef class Shape:
             raise ValueError("the message's columns are not flat fixed-width columns")
         s.n_cols = len(widths)
         s.data_pos = <int64_t*>malloc(max(s.n_cols, 1) * sizeof(int64_t))
-        if s.data_pos == NULL:
+        s.width = <int64_t*>malloc(max(s.n_cols, 1) * sizeof(int64_t))
+        if s.data_pos == NULL or s.width == NULL:
             raise MemoryError()
         for c in range(s.n_cols):
             if node_len(&b, c) != n_rows or node_nulls(&b, c) != 0 or buf_len(&b, 2 * c) != 0 \
                     or buf_len(&b, 2 * c + 1) != n_rows * <int64_t>widths[c]:
                 raise ValueError(f"column {c} is not laid out as a no-null fixed-width column")
             s.data_pos[c] = rd64(b.bufs + 16 * (2 * c + 1))
+            s.width[c] = widths[c]
         meta_len = rd32(v + 4)
         s.meta = message[:8 + meta_len]
         s.n_rows, s.body_len = n_rows, b.body_len
@@ -595,6 +613,10 @@ def write_streams(list heads, list shapes, const int64_t[::1] offsets,
             r0, n = rows[k], rows[k + 1] - rows[k]
             if s.n_rows != n or s.n_cols != nc or r0 < 0 or rows[k + 1] > have:
                 raise ValueError(f"message {k}: its shape is not that of {n} rows")
+            for c in range(nc):  # the body holds n rows of the widths it was written for
+                if width[c] != s.width[c]:
+                    raise ValueError(f"message {k}: column {c} is {width[c]} bytes a row, "
+                                     f"its shape {s.width[c]}")
             hl = len(h.data)
             total = hl + len(s.meta) + s.body_len + 8
             out = PyBytes_FromStringAndSize(NULL, total)

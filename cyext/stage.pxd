@@ -6,11 +6,12 @@ from swtypes cimport (Column, COL_F32, COL_F64, COL_I8, COL_I16, COL_I32, COL_I6
                       COL_U16, COL_U32, COL_U64, COL_BITS, COL_ABSENT)
 
 
-cdef inline void stage_block(const Column* cols, int32_t nf, int64_t r0, int32_t n,
+cdef inline void stage_block(const Column* cols, int32_t nf, int64_t r0, int64_t n,
                              float* out) noexcept nogil:
-    """Rows r0..r0+n of every column into out[r * nf + j]; one typed loop per column."""
-    cdef int32_t j, r
-    cdef int64_t b
+    """Rows r0..r0+n of every column into out[r * <int64_t>nf + j]; one typed loop per column. Every
+    index in 64 bits: a block of 2^31 / nf rows or more indexes past 2^31."""
+    cdef int32_t j
+    cdef int64_t r, b
     cdef const Column* c
     cdef const char* p
     for j in range(nf):
@@ -18,43 +19,43 @@ cdef inline void stage_block(const Column* cols, int32_t nf, int64_t r0, int32_t
         p = c.data + (r0 + c.offset) * c.stride
         if c.kind == COL_F32:
             for r in range(n):
-                out[r * nf + j] = (<const float*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = (<const float*>(p + r * c.stride))[0]
         elif c.kind == COL_F64:
             for r in range(n):
-                out[r * nf + j] = <float>(<const double*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const double*>(p + r * c.stride))[0]
         elif c.kind == COL_I8:
             for r in range(n):
-                out[r * nf + j] = <float>(<const int8_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const int8_t*>(p + r * c.stride))[0]
         elif c.kind == COL_I16:
             for r in range(n):
-                out[r * nf + j] = <float>(<const int16_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const int16_t*>(p + r * c.stride))[0]
         elif c.kind == COL_I32:
             for r in range(n):
-                out[r * nf + j] = <float>(<const int32_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const int32_t*>(p + r * c.stride))[0]
         elif c.kind == COL_I64:
             for r in range(n):
-                out[r * nf + j] = <float>(<const int64_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const int64_t*>(p + r * c.stride))[0]
         elif c.kind == COL_U8:
             for r in range(n):
-                out[r * nf + j] = <float>(<const uint8_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const uint8_t*>(p + r * c.stride))[0]
         elif c.kind == COL_U16:
             for r in range(n):
-                out[r * nf + j] = <float>(<const uint16_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const uint16_t*>(p + r * c.stride))[0]
         elif c.kind == COL_U32:
             for r in range(n):
-                out[r * nf + j] = <float>(<const uint32_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const uint32_t*>(p + r * c.stride))[0]
         elif c.kind == COL_U64:
             for r in range(n):
-                out[r * nf + j] = <float>(<const uint64_t*>(p + r * c.stride))[0]
+                out[r * <int64_t>nf + j] = <float>(<const uint64_t*>(p + r * c.stride))[0]
         elif c.kind == COL_BITS:
             for r in range(n):
                 b = r0 + c.offset + r
-                out[r * nf + j] = <float>((c.data[b >> 3] >> (b & 7)) & 1)
+                out[r * <int64_t>nf + j] = <float>((c.data[b >> 3] >> (b & 7)) & 1)
         else:
             for r in range(n):
-                out[r * nf + j] = NAN
+                out[r * <int64_t>nf + j] = NAN
         if c.valid != NULL:
             for r in range(n):
                 b = r0 + c.offset + r
                 if not ((c.valid[b >> 3] >> (b & 7)) & 1):
-                    out[r * nf + j] = NAN
+                    out[r * <int64_t>nf + j] = NAN

@@ -554,10 +554,11 @@ def compile_models(workdir: Path) -> dict[str, Path]:
 
 
 def play(scenario: Scenario, mode: str, bootstrap: str, workdir: Path, models: dict,
-         seed: int, long: bool = False, tree: Path = REPO) -> dict:
-    """One scenario in one mode: the result row (see Run.check) with its seed."""
+         seed: int, long: bool = False, tree: Path = REPO, cycles: int | None = None) -> dict:
+    """One scenario in one mode (``cycles`` pauses or faults instead of its short or long
+    form's): the result row (see Run.check) with its seed."""
     workdir.mkdir(parents=True, exist_ok=True)
-    n = scenario.long if long else scenario.short
+    n = cycles or (scenario.long if long else scenario.short)
     say(f"{scenario.name} ({mode}, {n} cycles, seed {seed}) in {workdir}")
     run = Run(bootstrap, workdir, models, mode, seed, tree=tree, client=scenario.client,
               reload=scenario.reload)
@@ -593,7 +594,8 @@ def table(results: list[dict]) -> str:
 
 
 def play_all(bootstrap: str, seed: int, names=None, modes=None, long: bool = False,
-             tree: Path = REPO, restart_broker: bool = True) -> list[dict]:
+             tree: Path = REPO, restart_broker: bool = True,
+             cycles: int | None = None) -> list[dict]:
     """Every scenario named (all by default) in each of its delivery modes (those of its
     short or long form; only ``modes`` if given)."""
     workdir = REPO / "out" / "chaos"
@@ -609,7 +611,7 @@ def play_all(bootstrap: str, seed: int, names=None, modes=None, long: bool = Fal
                 say(f"{sc.name}: not run (it restarts the broker, which this run did not start)")
                 continue
             results.append(play(sc, mode, bootstrap, workdir / f"{sc.name}-{mode}", models,
-                                seed + 1000 * k + MODES.index(mode), long, tree))
+                                seed + 1000 * k + MODES.index(mode), long, tree, cycles))
     return results
 
 

@@ -17,7 +17,7 @@ import structlog
 from . import chaos, codec
 from .config import ConfigError, Settings, load_settings
 from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
-from .io.records import Record
+from .io.records import RESERVED_HEADERS, Record
 from .metrics import Metrics, observe_many
 from .model.compiled import CompiledModel
 from .model.result import STOP_REASONS, default_threads
@@ -89,7 +89,6 @@ class Pipeline:
         self.threads = settings.scoring.threads or default_threads()  # resolved once
         self.rows_seen = 0
         self.max_message_bytes = settings.message_byte_limit
-        self._row_bytes: dict[object, int | None] = {}  # per group key: fixed row width
         # inputs whose output or dead letter the broker refused: {(topic, partition, offset):
         # (reason code, dead letter refused too)}; dead-lettered (without the value if the
         # dead letter was refused) until a delivery of them succeeds
@@ -138,47 +137,55 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 (one message never stops the loop)
             return codec.InvalidMessage("invalid", f"{type(exc).__name__}: {exc}")
         nbytes = batch.num_rows * batch.plan.row_bytes if type(batch) is codec.Raw else \
-            self._decoded_bytes(batch, key)
+            self._decoded_bytes(batch)
         if nbytes > self.max_message_bytes:
             return codec.InvalidMessage(
                 "too_large", f"{nbytes} bytes decoded, more than delivery.max_message_bytes "
                 f"({self.max_message_bytes})")
         return batch, key, nbytes
 
-    def _decoded_bytes(self, batch: pa.RecordBatch, key) -> int:
-        """The decoded size: rows x the row width for fixed-width columns (known per schema,
-        cached), else the buffers' total (a string id column)."""
-        width = self._row_bytes.get(key, 0)
-        if width == 0:
+    def _decoded_bytes(self, batch: pa.RecordBatch) -> int:
+        """The decoded size, at the width the gather writes: a float32 a feature a row, plus
+        the id column (its fixed width a row, or its buffers' total)."""
+        n = batch.num_rows
+        size = 4 * len(self.model.feature_names) * n
+        idc = self.scoring.id_column
+        if idc:
+            t = batch.schema.field(idc).type
             try:
-                width = sum(f.type.byte_width for f in batch.schema)
-            except ValueError:  # a variable-width column
-                width = None
-            if len(self._row_bytes) > 1024:
-                self._row_bytes.clear()
-            self._row_bytes[key] = width
-        if width is None:
-            return batch.get_total_buffer_size()
-        return batch.num_rows * width
+                if pa.types.is_dictionary(t):  # its width is the indices'
+                    raise ValueError
+                size += t.byte_width * n
+            except ValueError:  # variable width, a dictionary: what its buffers hold
+                size += batch.column(idc).get_total_buffer_size()
+        return size
 
     def dead_letter(self, rec: Record, err: codec.InvalidMessage,
                     drop_value: bool = False) -> Record:
-        headers = list(rec.headers) + [
-            ("error", err.detail.encode()), ("error_code", err.code.encode()),
-            ("source_topic", rec.topic.encode()),
-            ("source_partition", str(rec.partition).encode()),
-            ("source_offset", str(rec.offset).encode()),
-            ("model_id", self.model.model_id.encode()),
-        ]
-        value = rec.value
-        if not drop_value and self.max_dead_bytes is not None and value is not None and \
-                _size(value, rec.key, headers) > self.max_dead_bytes:
+        """The worker's headers first, then the input's (renamed where they take a worker's
+        name). Too large for the dead-letter topic (or refused by it before): without the
+        value, and if still too large without the input's key and headers too."""
+        own = [("error", err.detail.encode()), ("error_code", err.code.encode()),
+               ("source_topic", rec.topic.encode()),
+               ("source_partition", str(rec.partition).encode()),
+               ("source_offset", str(rec.offset).encode()),
+               ("model_id", self.model.model_id.encode())]
+        headers = own + forwarded(rec.headers)
+        value, key = rec.value, rec.key
+        limit = self.max_dead_bytes
+        if not drop_value and limit is not None and value is not None and \
+                _size(value, key, headers) > limit:
             drop_value = True
         if drop_value:  # the broker would refuse (or refused) this dead letter with its value
             value = None
-            headers.append(("value_dropped", b"the dead letter with the value is larger than "
-                                             b"the dead-letter topic takes"))
-        return Record(rec.topic, rec.partition, rec.offset, rec.key, value,
+            dropped = [("value_dropped", b"the dead letter with the value is larger than the "
+                                         b"dead-letter topic takes")]
+            headers = own + dropped + forwarded(rec.headers)
+            if limit is not None and _size(b"", key, headers) > limit - 512:
+                key, headers = None, own + dropped + [
+                    ("input_dropped", b"the input's key and headers are larger than the "
+                                      b"dead-letter topic takes")]
+        return Record(rec.topic, rec.partition, rec.offset, key, value,
                       rec.timestamp_ms, headers, (rec.topic, rec.partition, rec.offset))
 
     def _refused_letter(self, rec: Record, decoded) -> Record | None:
@@ -384,9 +391,8 @@ class Pipeline:
     def _record(self, rec: Record, value: bytes) -> Record | codec.InvalidMessage:
         """The output record of ``rec`` (or why the output topic would refuse it): the
         worker's own headers, then the input's (trace context such as traceparent)."""
-        headers = self._headers + [(k, v) for k, v in rec.headers
-                                   if k not in ("content-type", "model_id")] \
-            if rec.headers else list(self._headers)
+        headers = self._headers + forwarded(rec.headers) if rec.headers \
+            else list(self._headers)
         if self.max_out_bytes is not None and len(value) > self.max_out_bytes - 512 and \
                 _size(value, rec.key, headers) > self.max_out_bytes:
             return codec.InvalidMessage(
@@ -401,6 +407,12 @@ class Pipeline:
         if isinstance(out, codec.InvalidMessage):
             raise out
         return out
+
+
+def forwarded(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The input's headers as outputs and dead letters carry them (trace context and the
+    like), a name the worker writes renamed input-NAME."""
+    return [(f"input-{k}" if k.lower() in RESERVED_HEADERS else k, v) for k, v in headers]
 
 
 def _offsets(counts) -> np.ndarray:

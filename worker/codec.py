@@ -85,10 +85,11 @@ class Decoder:
         group = (key,) if key is not None else None  # read by pyarrow: not with Raw messages
         if plan is not None and plan[2] is not None:
             n = plan[2].rows(value, len(key))
+            if n < 0:
+                cap = self.max_rows if self.max_rows is not None else 2**31 - 1
+                raise InvalidMessage("too_large", "the record batch declares more rows than "
+                                     f"delivery.max_message_rows ({cap})")
             if n:
-                if self.max_rows is not None and n > self.max_rows:
-                    raise InvalidMessage("too_large", f"{n} rows, more than "
-                                         f"delivery.max_message_rows ({self.max_rows})")
                 return Raw(value, n, plan[2], len(key)), key
         try:
             full = plan is None or not plan[3]  # the stream reader, else batches alone
@@ -113,8 +114,8 @@ class Decoder:
                         and not _has_dictionaries(schema):
                     if len(self._plans) >= self._cache_size:
                         self._plans.clear()
-                    native = _ipc.Plan.build(schema, self.feature_names, self.id_column) \
-                        if self.native else None
+                    native = _ipc.Plan.build(schema, self.feature_names, self.id_column,
+                                             self.max_rows) if self.native else None
                     # null-type columns: pyarrow's stream reader ignores the null count a
                     # message claims for them, reading batches against the schema does not
                     # (and full validation then refuses a lie): such schemas keep the reader

@@ -28,7 +28,7 @@ from confluent_kafka import (
 
 from .. import chaos
 from .base import BatchRolledBack, FatalError, StartupError
-from .records import Record
+from .records import RESERVED_HEADERS, Record
 
 log = structlog.get_logger("worker.kafka")
 
@@ -507,13 +507,21 @@ class KafkaSink:
                 if code in MESSAGE_ERRORS and r.origin is not None and \
                         topic != self.dead_letter_topic:
                     self._refused.append((exc.args[0], r, topic))  # dead-lettered next time
-                if topic != self.dead_letter_topic or code not in SIZE_ERRORS:
+                if topic != self.dead_letter_topic or code not in SIZE_ERRORS or \
+                        any(k == "input_dropped" for k, _v in r.headers):
                     raise
-                # a dead letter too large to carry its input: keep the headers (error, source
-                # partition and offset), drop the value, say so
-                r = Record(r.topic, r.partition, r.offset, r.key, None, r.timestamp_ms,
-                           list(r.headers) + [("value_dropped", b"message too large")],
-                           r.origin)
+                # a dead letter too large to carry its input: without the value first, then
+                # without the input's key and headers too, keeping the worker's own (error,
+                # source partition and offset): each step is taken once, nothing loops
+                if r.value is not None:
+                    r = Record(r.topic, r.partition, r.offset, r.key, None, r.timestamp_ms,
+                               list(r.headers) + [("value_dropped", b"message too large")],
+                               r.origin)
+                else:
+                    own = [(k, v) for k, v in r.headers if k in RESERVED_HEADERS]
+                    r = Record(r.topic, r.partition, r.offset, None, None, r.timestamp_ms,
+                               own + [("input_dropped", b"key and headers too large")],
+                               r.origin)
 
     def write(self, outputs: list[Record], dead: list[Record]) -> None:
         for r in outputs:  # scores, and a shadow model's scores to its own topic
