@@ -70,7 +70,8 @@ def write(out: Path, res: dict) -> None:
     if res.get("before"):
         lines += [f"## Before the fix (workers of {res['before_rev']})", "",
                   chaos.table(res["before"]), ""]
-    lines += ["## After", "", chaos.table(res["after"]), ""]
+    lines += [f"## After (workers of {res.get('after_rev', '?')})", "",
+              chaos.table(res["after"]), ""]
     failed = [r for r in res["after"] if not r["passed"]]
     lines.append("Every row passed." if not failed else
                  "Failed: " + ", ".join(f"{r['scenario']} ({r['mode']})" for r in failed) + ".")
@@ -95,7 +96,9 @@ def main() -> int:
     command = " ".join([".venv/bin/python", "bench/chaos.py", *map(shlex.quote, sys.argv[1:])])
     bootstrap, started = start_local_broker()
     res = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "seed": args.seed, "machine": machine(), "before_rev": args.before}
+           "seed": args.seed, "machine": machine(), "before_rev": args.before,
+           "after_rev": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                       capture_output=True, text=True).stdout.strip()}
     try:
         if args.before:
             res["before"] = chaos.play_all(bootstrap, args.seed, ["pause"], args.mode,

@@ -73,3 +73,126 @@ def lie(data: bytes, length: int | None = None, node_lengths: int | None = None,
         if null_counts and j in null_counts:
             struct.pack_into("<q", out, nulls, null_counts[j])
     return bytes(out)
+
+
+# ---------------------------------------------------------------- big-endian streams
+# pyarrow writes little-endian only; a big-endian stream is the same messages with a schema
+# that says so (Schema.endianness = Big) and every fixed-width value byte-swapped.
+
+
+class _Builder:
+    """A flatbuffer laid out front to back: every object a table refers to is written after
+    it, so each uoffset is positive; each table's vtable sits just before it."""
+
+    def __init__(self):
+        self.b = bytearray(4)  # the root offset, patched by finish()
+
+    def _align(self, n: int) -> None:
+        self.b.extend(b"\0" * (-len(self.b) % n))
+
+    def table(self, scalars: dict[int, tuple[str, object]], refs: dict[int, object]) -> int:
+        """scalars: field -> (struct format, value); refs: field -> a writer called after
+        the table, returning the position of what it wrote."""
+        fields = sorted(set(scalars) | set(refs))
+        layout, off = {}, 4
+        for i in fields:
+            size = struct.calcsize(scalars[i][0]) if i in scalars else 4
+            off += -off % size
+            layout[i] = off
+            off += size
+        size = off + (-off % 4)
+        n = fields[-1] + 1 if fields else 0
+        self._align(2)
+        vt = len(self.b)
+        self.b += struct.pack(f"<HH{n}H", 4 + 2 * n, size, *[layout.get(i, 0) for i in range(n)])
+        self._align(8)
+        pos = len(self.b)
+        self.b += b"\0" * size
+        struct.pack_into("<i", self.b, pos, pos - vt)
+        for i, (fmt, v) in scalars.items():
+            struct.pack_into("<" + fmt, self.b, pos + layout[i], v)
+        for i, write in refs.items():
+            target = write()
+            struct.pack_into("<I", self.b, pos + layout[i], target - (pos + layout[i]))
+        return pos
+
+    def string(self, s: str) -> int:
+        self._align(4)
+        pos = len(self.b)
+        data = s.encode()
+        self.b += struct.pack("<I", len(data)) + data + b"\0"
+        return pos
+
+    def tables(self, writers: list) -> int:
+        self._align(4)
+        pos = len(self.b)
+        self.b += struct.pack("<I", len(writers)) + b"\0" * (4 * len(writers))
+        for k, write in enumerate(writers):
+            slot = pos + 4 + 4 * k
+            struct.pack_into("<I", self.b, slot, write() - slot)
+        return pos
+
+    def finish(self, root: int) -> bytes:
+        struct.pack_into("<I", self.b, 0, root)
+        self._align(8)
+        return bytes(self.b)
+
+
+def _type(t):
+    """(Type union tag, table writer) of a flat type, for the schema message."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(t):
+        return 2, ({0: ("i", t.bit_width), 1: ("B", int(pa.types.is_signed_integer(t)))}, {})
+    if pa.types.is_floating(t):
+        return 3, ({0: ("h", {16: 0, 32: 1, 64: 2}[t.bit_width])}, {})
+    if pa.types.is_boolean(t):
+        return 6, ({}, {})
+    raise ValueError(f"no big-endian forge for {t}")
+
+
+def schema_message(schema, big_endian: bool = True) -> bytes:
+    """An encapsulated schema message for ``schema`` (integer, float and boolean fields)."""
+    fb = _Builder()
+
+    def field(f):
+        tag, (scalars, refs) = _type(f.type)
+        return lambda: fb.table({1: ("B", int(f.nullable)), 2: ("B", tag)},
+                                {0: lambda: fb.string(f.name),
+                                 3: lambda: fb.table(scalars, refs),
+                                 5: lambda: fb.tables([])})
+
+    def schema_table():
+        return fb.table({0: ("h", 1 if big_endian else 0)},
+                        {1: lambda: fb.tables([field(f) for f in schema])})
+
+    root = fb.table({0: ("h", 4), 1: ("B", 1), 3: ("q", 0)}, {2: schema_table})
+    meta = fb.finish(root)
+    return b"\xff\xff\xff\xff" + struct.pack("<i", len(meta)) + meta
+
+
+def big_endian(data: bytes, schema) -> bytes:
+    """The pyarrow-written stream ``data`` (flat fixed-width and boolean fields, no
+    dictionaries) as a big-endian writer would have written it."""
+    out = bytearray(schema_message(schema))
+    for k, (meta, n) in enumerate(messages(data)):
+        if k == 0:
+            continue
+        end = meta + n
+        msg = meta + _u32(data, meta)
+        body = struct.unpack_from("<q", data, _field(data, msg, 3))[0]
+        hdr = _field(data, msg, 2)
+        rb = hdr + _u32(data, hdr)
+        bufs = _field(data, rb, 2)
+        vec = bufs + _u32(data, bufs)
+        body_bytes = bytearray(data[end:end + body])
+        for j, f in enumerate(schema):  # two buffers a field: validity, values
+            if f.type.bit_width <= 8 or str(f.type) == "bool":
+                continue
+            off, ln = struct.unpack_from("<qq", data, vec + 4 + 16 * (2 * j + 1))
+            w = f.type.bit_width // 8
+            vals = body_bytes[off:off + ln]
+            body_bytes[off:off + ln] = b"".join(vals[i:i + w][::-1]
+                                                for i in range(0, len(vals), w))
+        out += data[meta - 8:end] + body_bytes
+    return bytes(out) + b"\xff\xff\xff\xff\0\0\0\0"

@@ -101,3 +101,132 @@ def test_a_dead_letter_too_large_for_its_input_key_and_headers_drops_them():
     h = dict(letter.headers)
     assert letter.value is None and letter.key is None and "big" not in h
     assert h["error_code"] == b"not_arrow" and "input_dropped" in h and "value_dropped" in h
+
+
+def out_columns(table: pa.Table) -> int:
+    return table.num_columns
+
+
+def _stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_big_endian_message_reads_the_same_three_ways():
+    # before: the first message of a big-endian schema was read by pyarrow's stream reader
+    # (which swaps), the later ones by the C reader or the cached-schema reader (which do
+    # not): id 2000 became -3456794188983566336 and the scores changed, nothing dead-lettered
+    def table(seed):
+        t = demo.generate(20, seed=seed).select(demo.FEATURES)
+        t = t.cast(pa.schema([pa.field(f.name, pa.float64() if pa.types.is_floating(f.type)
+                                       else f.type) for f in t.schema]))
+        return t.add_column(0, demo.ID_COLUMN, pa.array(np.arange(2000, 2020)))
+
+    first = F.big_endian(_stream(table(1)), table(1).schema)
+    second = F.big_endian(_stream(table(2)), table(2).schema)
+    alone = pa.ipc.open_stream(second).read_all()  # pyarrow's stream reader swaps
+    assert alone.column(demo.ID_COLUMN).to_pylist()[0] == 2000
+    for native in (True, False):  # the C reader, then the cached-schema pyarrow reader
+        dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, native=native)
+        dec.decode(first)
+        got = dec.decode(second)
+        for name in [demo.ID_COLUMN, *demo.FEATURES]:
+            assert got.column(name).equals(alone.column(name).combine_chunks()), name
+
+
+@pytest.mark.parametrize("kind", ["dictionary", "string", "list", "struct", "int64"])
+def test_each_output_carries_only_its_own_messages_ids(kind):
+    # before: a batch's dictionary-encoded id columns were unified by concat_batches and each
+    # output sliced from it carried the whole unified dictionary: every customer's ids in
+    # every output, outputs growing with the square of the batch
+    def ids(k, n=6):
+        names = [f"cust{k}-{i}" for i in range(n)]
+        return {"dictionary": pa.array(names).dictionary_encode(),
+                "string": pa.array(names),
+                "list": pa.array([[k, i] for i in range(n)]),
+                "struct": pa.array([{"c": k, "i": i} for i in range(n)]),
+                "int64": pa.array(np.arange(n) + 100 * k)}[kind]
+
+    import worker
+    from worker.app import Pipeline
+    from worker.config import load_settings
+
+    model = worker.load_model(MODEL)
+    settings = load_settings(None, model={"path": str(MODEL)},
+                             scoring={"id_column": demo.ID_COLUMN},
+                             source={"type": "kafka", "topic": "in"},
+                             logging={"progress": False})
+    msgs = [_message(6, k, ids(k)) for k in range(5)]
+    recs = [Record("in", 0, k, b"k", v, 1, []) for k, v in enumerate(msgs)]
+
+    def outputs(rs):
+        p = Pipeline(model, settings, "scores")
+        out, dead, _ = p.process([(r, p.decode(r)) for r in rs])
+        assert not dead, [dict(d.headers)["error"] for d in dead]
+        return out
+
+    together = outputs(recs)
+    assert len(together) == len(recs)
+    for r, out in zip(recs, together, strict=True):
+        (single,) = outputs([r])
+        got = pa.ipc.open_stream(out.value).read_all()
+        want = pa.ipc.open_stream(single.value).read_all()
+        assert got.equals(want)
+        # its own share: the size of that message's output alone (sliced result columns may
+        # pad a buffer: a few bytes a column, never another message's data)
+        assert len(out.value) <= len(single.value) + 8 * out_columns(got)
+        if kind == "dictionary":
+            assert got.column("id").chunk(0).dictionary.to_pylist() == \
+                [f"cust{r.offset}-{i}" for i in range(6)]
+
+
+def _compressed(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    opts = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _bomb_table(rows: int) -> pa.Table:
+    zeros = np.zeros(rows, np.float32)
+    t = pa.table({name: pa.array(zeros) for name in demo.FEATURES})
+    return t.add_column(0, demo.ID_COLUMN, pa.array(np.zeros(rows, dtype=np.int64)))
+
+
+def test_a_real_compression_bomb_is_refused_before_it_is_inflated():
+    # 4 M rows of zeros: ~250 MB decoded from well under 1 MB; the limit is 16 MB
+    value = _compressed(_bomb_table(4_000_000))
+    assert len(value) < 1 << 20
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=16 << 20)
+    with pytest.raises(codec.InvalidMessage, match="too_large"):
+        dec.decode_keyed(value)
+    small = _compressed(_bomb_table(1000))  # the same form, under the limit: scored
+    assert dec.decode(small).num_rows == 1000
+
+
+def test_a_lying_size_prefix_is_refused_before_anything_is_decompressed():
+    import struct
+
+    value = bytearray(_compressed(_bomb_table(1000)))
+    (meta, n), = F.messages(bytes(value))[1:]
+    body = meta + n  # the first buffer with data starts the body's compressed buffers
+    rb = F.record_batch(bytes(value))
+    assert rb  # a record batch is there
+    # every 8-byte size prefix of a compressed buffer in the body claims 1.25 GB
+    for off in range(body, len(value) - 16, 8):
+        if struct.unpack_from("<q", value, off)[0] == 4000:  # 1000 float32 values
+            struct.pack_into("<q", value, off, 1_250_000_000)
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    with pytest.raises(codec.InvalidMessage, match="too_large"):
+        dec.decode_keyed(bytes(value))
+
+
+def test_an_unread_compressed_column_is_never_decompressed():
+    # a large column the model does not read: only the columns read are decompressed
+    t = _bomb_table(1000).append_column("blob", pa.array(np.zeros(1000, np.float64)))
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    got = dec.decode(_compressed(t))
+    assert got.num_rows == 1000 and "blob" not in got.schema.names

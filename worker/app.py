@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import signal
 import sys
 import time
@@ -75,7 +76,9 @@ class Pipeline:
         self.scoring = settings.scoring
         self.decoder = codec.Decoder(model.feature_names, settings.scoring.id_column,
                                      settings.delivery.max_message_rows,
-                                     categories=model.categories)
+                                     categories=model.categories,
+                                     max_bytes=min(settings.message_byte_limit,
+                                                   settings.delivery.memory_budget_mb << 20))
         # what every output message carries, encoded once
         self.encoder = codec.StreamEncoder(codec.output_metadata(model))
         self._headers = [("content-type", codec.CONTENT_TYPE.encode()),
@@ -212,7 +215,7 @@ class Pipeline:
         self.rows_seen += len(r)
         return r
 
-    def _shadow(self, stats: BatchStats, big, cols, r, ids, members, items, offsets,
+    def _shadow(self, stats: BatchStats, big, cols, r, ids, own_ids, members, items, offsets,
                 results) -> list[Record]:
         """The shadow's outputs for the messages whose live output is published. Whatever
         fails here is counted and leaves the live outputs as they are."""
@@ -226,15 +229,15 @@ class Pipeline:
                                       thresholds=self.scoring.thresholds,
                                       n_threads=self.threads, **params)
             stats.shadow_kernel_s += time.perf_counter() - t0
-            sout = codec.ResultColumns(rs, sh.classifier).batch(ids)
-            key = ("schema", sout.schema.serialize().to_pybytes())
+            outputs = self._outputs(codec.ResultColumns(rs, sh.classifier), ids, own_ids,
+                                    offsets)
             for k, i in enumerate(members):
                 rec = items[i][0]
                 if i not in results or ("shadow", rec.topic, rec.partition, rec.offset) \
-                        in self.refused:
+                        in self.refused or isinstance(outputs[k], Exception):
                     continue
-                value = sh.encoder.encode(sout, slice(int(offsets[k]), int(offsets[k + 1])),
-                                          rec.topic, rec.partition, rec.offset, key)
+                sout, sl, key = outputs[k]
+                value = sh.encoder.encode(sout, sl, rec.topic, rec.partition, rec.offset, key)
                 limit = self.max_shadow_bytes or self.max_out_bytes
                 if limit is not None and len(value) > limit - 512:
                     continue  # too large for the topic: the live output goes on alone
@@ -288,7 +291,10 @@ class Pipeline:
                     r = self._score(X)
                     cols = X
                 else:
-                    batches = [items[i][1][0] for i in members]
+                    # the features alone: nothing of one message's id column (a dictionary,
+                    # say) is unified with another's
+                    batches = [items[i][1][0].select(self.model.feature_names)
+                               for i in members]
                     big = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
                     cols = self.model.columns(big)  # gathered once (the shadow reads it too)
                     # reason codes read the rows again: the batch, not the column descriptors
@@ -316,7 +322,6 @@ class Pipeline:
             if ids is None:  # each row's index in its message
                 ids = None if big is not None and self.scoring.id_column else \
                     np.arange(len(r), dtype=np.int64) - np.repeat(offsets[:-1], counts)
-            out = key = None
             published = None  # rows of messages that failed to encode are not counted
             if raw and self.encoder.native and r.reason_feature is None:
                 try:
@@ -326,24 +331,21 @@ class Pipeline:
                         results[i] = self._record(items[i][0], values[k])
                 except Exception:  # noqa: BLE001 (pyarrow's encoder below, message by message)
                     results.update({i: None for i in members})
+            # each message's ids: its own id column where pyarrow read it (a dictionary is
+            # that message's, never the batch's unified one), else slices of one array
+            own_ids = [items[i][1][0].column(self.scoring.id_column) for i in members] \
+                if self.scoring.id_column and not raw else None
             if not raw or not self.encoder.native or r.reason_feature is not None or \
                     results.get(members[0]) is None:
-                try:
-                    idc = self.scoring.id_column
-                    id_arr = big.column(idc) if (idc and not raw) else pa.array(ids)
-                    out = codec.ResultColumns(r, self.classifier,
-                                              self.model.feature_names).batch(id_arr)  # once
-                    key = ("schema", out.schema.serialize().to_pybytes())
-                except Exception:  # noqa: BLE001 (ids Arrow cannot put in a batch: one by one)
-                    out = key = None
+                columns = codec.ResultColumns(r, self.classifier, self.model.feature_names)
+                outputs = self._outputs(columns, ids, own_ids, offsets)
                 for k, i in enumerate(members):
                     rec = items[i][0]
-                    sl = slice(int(offsets[k]), int(offsets[k + 1]))
                     try:
-                        if out is None:
-                            raise ValueError("the output batch could not be built")
-                        results[i] = self._encode(rec, out, sl, key)
-                    except Exception as exc:  # noqa: BLE001 (e.g. an id column Arrow cannot slice)
+                        if isinstance(outputs[k], Exception):
+                            raise outputs[k]
+                        results[i] = self._encode(rec, *outputs[k])
+                    except Exception as exc:  # noqa: BLE001 (one message's failure is its own)
                         results.pop(i, None)
                         err = exc if isinstance(exc, codec.InvalidMessage) else \
                             codec.InvalidMessage("encode_error", str(exc))
@@ -351,7 +353,7 @@ class Pipeline:
                         stats.dead[err.code] += 1
                         if published is None:
                             published = np.ones(len(r), dtype=bool)
-                        published[sl] = False
+                        published[int(offsets[k]):int(offsets[k + 1])] = False
             else:  # encoded in C: refusals for size are dead letters, message by message
                 for k, i in enumerate(members):
                     if isinstance(results[i], codec.InvalidMessage):
@@ -363,18 +365,44 @@ class Pipeline:
                         published[int(offsets[k]):int(offsets[k + 1])] = False
             _account(stats, r, published)
             if self.shadow is not None:
-                if raw:
-                    id_arr = pa.array(ids)
-                    if not self.shadow.same_features:
-                        big = pa.RecordBatch.from_arrays(
-                            [pa.array(X[:, j]) for j in range(X.shape[1])],
-                            names=self.model.feature_names)
-                else:
-                    idc = self.scoring.id_column
-                    id_arr = big.column(idc) if idc else pa.array(ids)
-                shadow_out.extend(self._shadow(stats, big, cols, r, id_arr, members, items,
-                                               offsets, results))
+                if raw and not self.shadow.same_features:
+                    big = pa.RecordBatch.from_arrays(
+                        [pa.array(X[:, j]) for j in range(X.shape[1])],
+                        names=self.model.feature_names)
+                shadow_out.extend(self._shadow(stats, big, cols, r, ids, own_ids, members,
+                                               items, offsets, results))
         return [results[i] for i in sorted(results)] + shadow_out, dead, stats
+
+    @staticmethod
+    def _outputs(columns: codec.ResultColumns, ids, own_ids: list | None,
+                 offsets: np.ndarray) -> list:
+        """For each message, (output batch, its rows to encode, its schema key), or the
+        exception that kept its batch from being built: with ``own_ids``, a batch of that
+        message's rows and its own ids; else slices of one batch over ``ids``."""
+        keys: dict[int, tuple] = {}
+
+        def key_of(batch):  # equal schema objects (ResultColumns reuses them): one key
+            key = keys.get(id(batch.schema))
+            if key is None:
+                key = keys[id(batch.schema)] = ("schema", hashlib.blake2b(
+                    batch.schema.serialize().to_pybytes(), digest_size=16).digest())
+            return key
+
+        bounds = [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        if own_ids is None:
+            try:
+                whole = columns.batch(pa.array(ids))
+                return [(whole, sl, key_of(whole)) for sl in bounds]
+            except Exception as exc:  # noqa: BLE001 (ids Arrow cannot put in a batch)
+                return [exc] * len(bounds)
+        out = []
+        for sl, own in zip(bounds, own_ids, strict=True):
+            try:
+                batch = columns.batch(own, sl)
+                out.append((batch, slice(0, batch.num_rows), key_of(batch)))
+            except Exception as exc:  # noqa: BLE001 (this message alone is dead-lettered)
+                out.append(exc)
+        return out
 
     def _gather(self, members: list[int], items) -> tuple:
         """(None, features (n, features) float32, ids or None, row offsets) of messages read

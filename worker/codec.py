@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import numpy as np
 import pyarrow as pa
 
@@ -51,8 +54,10 @@ class Decoder:
 
     def __init__(self, feature_names: list[str], id_column: str | None,
                  max_rows: int | None = None, cache_size: int = 256, native: bool = True,
-                 categories: dict[str, list[str]] | None = None):
+                 categories: dict[str, list[str]] | None = None, max_bytes: int | None = None):
         self.feature_names, self.id_column, self.max_rows = feature_names, id_column, max_rows
+        # what compressed buffers may decompress to (delivery.max_message_bytes)
+        self.max_bytes = max_bytes if max_bytes is not None else 1 << 62
         # features whose strings are mapped to codes (the model's categories); a message's
         # dictionary-encoded strings become float32 codes as it is decoded
         self.categories = category_sets(categories or {})  # built once, not per message
@@ -64,9 +69,9 @@ class Decoder:
         """One self-contained Arrow IPC stream -> one RecordBatch of the columns read, fully
         validated: nothing native reads a buffer whose size pyarrow has not checked against
         the lengths, offsets and null counts the message claims."""
-        out = self.decode_keyed(value)[0]
+        out, key = self.decode_keyed(value)
         if isinstance(out, Raw):  # read here in C: the same rows as a RecordBatch
-            schema, keep = self._plans[value[:out.start]][:2]
+            schema, keep = self._plans[key][:2]
             out = _read_batches(value, out.start, schema, keep)
             if len(keep) != len(schema):
                 out = out.select(keep)
@@ -80,24 +85,37 @@ class Decoder:
         framing is unusual."""
         if not value:
             raise InvalidMessage("empty", "the message has no value")
-        key = _schema_bytes(value)
+        head = _schema_bytes(value)
+        # cached by a digest of the schema message: 16 bytes a schema, whatever its size
+        key = hashlib.blake2b(head, digest_size=16).digest() if head is not None else None
         plan = self._plans.get(key) if key is not None else None
         group = (key,) if key is not None else None  # read by pyarrow: not with Raw messages
         if plan is not None and plan[2] is not None:
-            n = plan[2].rows(value, len(key))
+            n = plan[2].rows(value, len(head))
             if n < 0:
                 cap = self.max_rows if self.max_rows is not None else 2**31 - 1
                 raise InvalidMessage("too_large", "the record batch declares more rows than "
                                      f"delivery.max_message_rows ({cap})")
             if n:
-                return Raw(value, n, plan[2], len(key)), key
+                return Raw(value, n, plan[2], len(head)), key
         try:
-            full = plan is None or not plan[3]  # the stream reader, else batches alone
-            if not full:
+            inflated = inflated_size(value, self.max_bytes)
+        except _Framing as exc:
+            raise InvalidMessage("not_arrow", f"not an Arrow IPC stream: {exc}") from None
+        if inflated > self.max_bytes:
+            raise InvalidMessage("too_large", f"its compressed buffers declare more than "
+                                 f"delivery.max_message_bytes ({self.max_bytes}) decoded")
+        options = None
+        if inflated:  # compressed: the columns not read are never decompressed
+            keep = plan[1] if plan is not None else self._plan(_schema_only(value))
+            options = pa.ipc.IpcReadOptions(included_fields=keep)
+        try:
+            full = plan is None or not plan[3] or inflated > 0  # the stream reader, else
+            if not full:                                         # batches alone
                 schema, keep = plan[0], plan[1]
-                batch = _read_batches(value, len(key), schema, keep)
+                batch = _read_batches(value, len(head), schema, keep)
             else:
-                reader = pa.ipc.open_stream(pa.py_buffer(value))
+                reader = pa.ipc.open_stream(pa.py_buffer(value), options=options)
                 table = reader.read_all()
                 schema = table.schema
                 dictionaries = reader.stats.num_dictionary_batches
@@ -107,11 +125,15 @@ class Decoder:
             raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                                  f"{_short(exc)}") from None
         if full:
-            if plan is None:
+            if inflated:
+                keep = list(range(len(schema)))  # read already cut to the columns kept
+            elif plan is None:
                 keep = self._plan(schema)  # InvalidMessage for a schema that cannot be used
                 # cached: schemas read without dictionary batches, of a sensible size
-                if key is not None and len(key) <= _MAX_CACHED_SCHEMA and not dictionaries \
-                        and not _has_dictionaries(schema):
+                # and little-endian: pyarrow's stream reader byte-swaps a big-endian stream,
+                # the C reader and batches read against a cached schema do not
+                if key is not None and len(head) <= _MAX_CACHED_SCHEMA and not dictionaries \
+                        and not _has_dictionaries(schema) and _little_endian(head):
                     if len(self._plans) >= self._cache_size:
                         self._plans.clear()
                     native = _ipc.Plan.build(schema, self.feature_names, self.id_column,
@@ -190,6 +212,105 @@ def _schema_bytes(value: bytes) -> bytes | None:
     if n <= 0 or 8 + n > len(value):
         return None
     return value[:8 + n]
+
+
+class _Framing(ValueError):
+    """The stream's message framing or flatbuffers are not as an Arrow writer makes them."""
+
+
+def _fb_field(fb: bytes, table: int, i: int) -> int:
+    """The position of field ``i`` of the flatbuffer table at ``table`` (0: absent)."""
+    vt = table - struct.unpack_from("<i", fb, table)[0]
+    if vt < 0 or 4 + 2 * i + 2 > struct.unpack_from("<H", fb, vt)[0]:
+        return 0
+    off = struct.unpack_from("<H", fb, vt + 4 + 2 * i)[0]
+    return table + off if off else 0
+
+
+def _fb_ref(fb: bytes, table: int, i: int) -> int:
+    """Where offset field ``i`` points (0: absent)."""
+    p = _fb_field(fb, table, i)
+    return p + struct.unpack_from("<I", fb, p)[0] if p else 0
+
+
+def inflated_size(value: bytes, limit: int) -> int:
+    """The bytes the stream's compressed buffers decompress to, as they declare it (0: no
+    body is compressed), read from the message headers alone, before anything is
+    decompressed; the count stops once past ``limit``. A compressed buffer declares its size
+    in its first 8 bytes (-1: stored as it is). An uncompressed body is read where it lies,
+    never copied. _Framing when the stream is not framed as an Arrow writer frames it:
+    struct reads are bounds-checked, every length and offset is checked against the bytes,
+    and sizes are Python integers, so nothing wraps."""
+    total, pos, n = 0, 0, len(value)
+    try:
+        while pos + 4 <= n:
+            length = struct.unpack_from("<i", value, pos)[0]
+            pos += 4
+            if length == -1:  # the continuation marker, then the length
+                length = struct.unpack_from("<i", value, pos)[0]
+                pos += 4
+            if length == 0:  # end of stream
+                break
+            if length < 0 or length > n - pos:
+                raise _Framing("a message is longer than the stream")
+            fb = value[pos:pos + length]
+            pos += length
+            msg = struct.unpack_from("<I", fb, 0)[0]
+            p = _fb_field(fb, msg, 1)
+            kind = fb[p] if p else 0
+            p = _fb_field(fb, msg, 3)
+            body = struct.unpack_from("<q", fb, p)[0] if p else 0
+            if body < 0 or body > n - pos:
+                raise _Framing("a message body is longer than the stream")
+            if kind in (2, 3):  # a dictionary batch (its data), a record batch
+                rb = _fb_ref(fb, msg, 2)
+                if kind == 2 and rb:
+                    rb = _fb_ref(fb, rb, 1)
+                if not rb:
+                    raise _Framing("a batch message without its batch")
+                if _fb_ref(fb, rb, 3):  # BodyCompression: each buffer says its size
+                    vec = _fb_ref(fb, rb, 2)
+                    count = struct.unpack_from("<I", fb, vec)[0] if vec else 0
+                    for k in range(count):
+                        off, ln = struct.unpack_from("<qq", fb, vec + 4 + 16 * k)
+                        if off < 0 or ln < 0 or off > body or ln > body - off:
+                            raise _Framing("a buffer outside its message body")
+                        if ln == 0:
+                            continue
+                        if ln < 8:
+                            raise _Framing("a compressed buffer without its size")
+                        size = struct.unpack_from("<q", value, pos + off)[0]
+                        total += ln - 8 if size == -1 else size
+                        if size < -1:
+                            raise _Framing("a compressed buffer of a negative size")
+                        if total > limit:
+                            return total
+            pos += body
+    except (struct.error, IndexError):
+        raise _Framing("a message header outside the stream") from None
+    return total
+
+
+def _schema_only(value: bytes) -> pa.Schema:
+    """The stream's schema, its batches not read; InvalidMessage when it has none."""
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(value)).schema
+    except (pa.ArrowException, OSError, ValueError, EOFError) as exc:
+        raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
+                             f"{_short(exc)}") from None
+
+
+def _little_endian(schema_message: bytes) -> bool:
+    """The schema message says little-endian (Schema.endianness, field 0, absent: Little).
+    Called only on a message pyarrow has read (its flatbuffer verified); anything unexpected
+    answers False (the stream reader then reads every message of that schema)."""
+    try:
+        fb = schema_message[8:]
+        schema = _fb_ref(fb, struct.unpack_from("<I", fb, 0)[0], 2)
+        end = _fb_field(fb, schema, 0) if schema else 0
+        return bool(schema) and (not end or struct.unpack_from("<h", fb, end)[0] == 0)
+    except (struct.error, IndexError):
+        return False
 
 
 def _read_batches(value: bytes, start: int, schema: pa.Schema,
