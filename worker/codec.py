@@ -294,7 +294,9 @@ def inflated_size(value: bytes, limit: int) -> int:
 def _schema_only(value: bytes) -> pa.Schema:
     """The stream's schema, its batches not read; InvalidMessage when it has none."""
     try:
-        return pa.ipc.open_stream(pa.py_buffer(value)).schema
+        schema = pa.ipc.open_stream(pa.py_buffer(value)).schema
+        schema.names  # noqa: B018 (field names are UTF-8, or the decode fails here)
+        return schema
     except (pa.ArrowException, OSError, ValueError, EOFError) as exc:
         raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                              f"{_short(exc)}") from None

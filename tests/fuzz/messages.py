@@ -1,12 +1,18 @@
 """Hostile input messages: Hypothesis builds Arrow tables of every shape a producer can send
 (numeric, boolean, null, dictionary, nested and string columns, slices, nulls, compression),
 then mutates their IPC bytes: bit flips, truncation, length and offset lies in the flatbuffer
-metadata, lies in the body (compressed-length prefixes, buffer contents).
+metadata, lies in the body (compressed-length prefixes, buffer contents), and structured lies
+(tests.ipc_forge) at integer edges in a record batch's row count, its field nodes' lengths and
+null counts; a schema pyarrow's writer never writes (big-endian); compressed buffers that
+declare huge sizes. Some cases are batches of several messages (dictionary ids of different
+dictionaries among them), processed together as the run loop processes a batch.
 
 Each case runs through the worker's message path (``Pipeline.decode`` + ``Pipeline.process``,
-the code the run loop calls) and must end scored or dead-lettered. A scored message must be
-valid Arrow (pyarrow's full validation is the oracle) and its scores must equal scoring the
-same rows from numpy; a crash is caught by the parent process (see ``tests.fuzz.runner``).
+the code the run loop calls) and must end scored or dead-lettered. The oracle reads each
+message alone with pyarrow's stream reader (the columns the worker reads): a scored message
+must be valid there, its output's ids must equal that message's own ids (type, dictionary and
+all) and its scores those of the same rows scored from numpy; a crash is caught by the parent
+process (see ``tests.fuzz.runner``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import strategies as st
 
+from tests import ipc_forge
 from worker import demo
 from worker.io.records import Record
 
@@ -182,11 +189,44 @@ def _body_length(meta: bytes) -> int:
 def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
     """One mutation of an IPC stream; returns (bytes, what was done)."""
     kind = draw(st.sampled_from(["none", "none", "row_lie", "row_lie", "row_lie", "meta_lie",
-                                 "meta_lie", "body_lie", "body_lie", "bitflip", "truncate"]))
+                                 "meta_lie", "body_lie", "body_lie", "bitflip", "truncate",
+                                 "field_lie", "field_lie", "field_lie", "big_endian",
+                                 "size_lie"]))
     buf = bytearray(data)
     msgs = messages_of(data)
     if kind == "none" or not buf:
         return bytes(buf), "none"
+    if kind == "field_lie":  # the batch's row count, node lengths, null counts at the edges
+        lie = draw(st.sampled_from(_LIES))
+        how = draw(st.sampled_from(["length", "nodes", "both", "nulls", "both_nulls"]))
+        try:
+            nodes = len(ipc_forge.record_batch(data, len(msgs) - 1)["nodes"])
+            nulls = {j: (1 if how == "both_nulls" else lie) for j in range(nodes)}
+            kw = {"length": {"length": lie}, "nodes": {"node_lengths": lie},
+                  "both": {"length": lie, "node_lengths": lie},
+                  "nulls": {"null_counts": nulls},
+                  "both_nulls": {"length": lie, "node_lengths": lie,
+                                 "null_counts": nulls}}[how]
+            return ipc_forge.lie(data, k=len(msgs) - 1, **kw), f"field_lie {how} {lie}"
+        except (IndexError, struct.error, TypeError):
+            return bytes(buf), "none"
+    if kind == "big_endian":  # flat fixed-width and boolean columns only
+        try:
+            schema = pa.ipc.open_stream(data).schema
+            if len(msgs) == 2:
+                return ipc_forge.big_endian(data, schema), "big_endian"
+        except (ValueError, pa.ArrowException, struct.error, IndexError):
+            pass
+        return bytes(buf), "none"
+    if kind == "size_lie":  # every compressed buffer's size prefix (a bomb of lies)
+        lie = draw(st.sampled_from(_LIES + [1 << 30, 5 << 30]))
+        start, end, body_end = msgs[-1] if msgs else (0, 0, 0)
+        hit = 0
+        for off in range(end, body_end - 8, 8):
+            if 0 < struct.unpack_from("<q", buf, off)[0] < 1 << 20:
+                struct.pack_into("<q", buf, off, lie)
+                hit += 1
+        return bytes(buf), f"size_lie {lie} x{hit}"
     if kind == "row_lie":
         # the record batch length and every field node length hold the row count
         lie = draw(st.sampled_from(_LIES))
@@ -220,13 +260,55 @@ def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
 
 
 @st.composite
-def cases(draw) -> tuple[bytes, str]:
+def one(draw) -> tuple[bytes, str]:
     table = draw(tables())
     compression = draw(st.sampled_from([None, None, "lz4", "zstd"]))
     chunks = draw(st.sampled_from([1, 1, 3]))
     data = ipc_bytes(table, compression, chunks)
     value, what = draw(mutated(data, table))
     return value, f"{what}; rows {table.num_rows}, compression {compression}, chunks {chunks}"
+
+
+BATCH = b"SWFUZZBATCH\0"  # a case of several messages: magic, count, lengths, messages
+
+
+def pack(values: list[bytes]) -> bytes:
+    return BATCH + struct.pack(f"<I{len(values)}Q", len(values), *map(len, values)) + \
+        b"".join(values)
+
+
+def unpack(data: bytes) -> list[bytes]:
+    if not data.startswith(BATCH):
+        return [data]
+    pos = len(BATCH)
+    (n,) = struct.unpack_from("<I", data, pos)
+    lens = struct.unpack_from(f"<{n}Q", data, pos + 4)
+    pos += 4 + 8 * n
+    out = []
+    for ln in lens:
+        out.append(data[pos:pos + ln])
+        pos += ln
+    return out
+
+
+@st.composite
+def cases(draw) -> tuple[bytes, str]:
+    if draw(st.integers(0, 5)):
+        return draw(one())
+    # a batch: messages of one schema (dictionary ids of different dictionaries, say) and
+    # others, scored together as the run loop scores a batch
+    n = draw(st.integers(2, 4))
+    parts = [draw(one()) for _ in range(n)]
+    if draw(st.booleans()):  # the same schema, each with its own dictionary of ids
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        values = []
+        for k in range(n):
+            t = _usual(draw, 5, 0, rng)
+            t = t.set_column(0, ID, pa.array([f"m{k}-{i}" for i in range(5)])
+                             .dictionary_encode())
+            values.append(ipc_bytes(t, None, 1))
+        return pack(values), f"batch of {n}: dictionary ids"
+    return pack([v for v, _ in parts]), "batch: " + " | ".join(w for _, w in parts)
 
 
 def as_record(value: bytes, i: int) -> Record:
@@ -262,19 +344,36 @@ def prime(pipeline, value: bytes) -> None:
             pipeline.decode(as_record(value[:8 + n] + b"\xff\xff\xff\xff\x00\x00\x00\x00", -1))
 
 
-def check(pipeline, value: bytes, i: int) -> str:
-    """Run one message through the worker's message path; raise AssertionError on any broken
-    invariant. Returns 'scored' or the dead-letter code."""
-    rec = as_record(value, i)
+def check(pipeline, data: bytes, i: int) -> str:
+    """Run one case (a message, or a batch of them) through the worker's message path; raise
+    AssertionError on any broken invariant. Returns 'scored' or the dead-letter code (of a
+    batch: its outcomes joined by '+')."""
+    values = unpack(data)
+    recs = [as_record(v, 10 * i + k) for k, v in enumerate(values)]
     if i % 2:  # every other case: its schema cached first (the C reader's path)
-        prime(pipeline, value)
-    decoded = pipeline.decode(rec)
-    outputs, dead, _stats = pipeline.process([(rec, decoded)])
-    assert len(outputs) + len(dead) == 1, f"{len(outputs)} outputs, {len(dead)} dead letters"
-    if dead:
-        h = dict(dead[0].headers)
-        code = h["error_code"].decode()
-        return code if code != "invalid" else f"invalid: {h['error'].decode()[:80]}"
+        prime(pipeline, values[0])
+    items = [(rec, pipeline.decode(rec)) for rec in recs]
+    outputs, dead, _stats = pipeline.process(items)
+    assert len(outputs) + len(dead) == len(recs), \
+        f"{len(outputs)} outputs, {len(dead)} dead letters for {len(recs)} messages"
+    by_origin = {r.origin[2]: r for r in outputs}
+    ends = []
+    for rec, value in zip(recs, values, strict=True):
+        letter = next((d for d in dead if d.offset == rec.offset), None)
+        if letter is not None:
+            h = dict(letter.headers)
+            code = h["error_code"].decode()
+            ends.append(code if code != "invalid" else f"invalid: {h['error'].decode()[:80]}")
+            continue
+        assert rec.offset in by_origin, "a message neither scored nor dead-lettered"
+        ends.append(_check_scored(pipeline, value, by_origin[rec.offset]))
+    if len(ends) == 1:
+        return ends[0]
+    return f"batch of {len(ends)}, {ends.count('scored')} scored"
+
+
+def _check_scored(pipeline, value: bytes, output) -> str:
+    """The oracle: the message read alone by pyarrow, the output read back."""
     try:
         # the columns the worker reads, read alone (extra columns are ignored, valid or not,
         # and never decompressed)
@@ -285,7 +384,7 @@ def check(pipeline, value: bytes, i: int) -> str:
         table.validate(full=True)
     except Exception as exc:  # noqa: BLE001
         raise AssertionError(f"scored a message that is not valid Arrow: {exc}") from None
-    out = pa.ipc.open_stream(outputs[0].value).read_all()
+    out = pa.ipc.open_stream(output.value).read_all()
     out.validate(full=True)
     assert out.num_rows == table.num_rows, (out.num_rows, table.num_rows)
     assert out.column("id").equals(table.column(ID)), "the ids are not the message's ids"
