@@ -7,8 +7,8 @@ in bench/CHAOS-RESULTS.md.
 The local single-node broker is started (and stopped at the end if this run started it).
 ``--before REV`` first runs ``pause`` (SIGSTOP at random moments: the scenario of issue 37,
 the only one code without the pause points of worker/chaos.py can take) with the workers of
-commit REV, from a worktree under out/chaos/before with this checkout's built extensions
-(REV must have the same Cython sources), to show what the fix changed. Rows and the machine
+commit REV, from a worktree under out/chaos/before with its own extensions built
+(bench/worktree.py), to show what the fix changed. Rows and the machine
 go to the .json beside --out.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -32,16 +31,9 @@ from tests.kafka_broker import BROKER_SCRIPT, start_local_broker  # noqa: E402
 
 
 def before_tree(rev: str) -> Path:
-    tree = REPO / "out" / "chaos" / "before"
-    if tree.exists():
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO,
-                       capture_output=True)
-        shutil.rmtree(tree, ignore_errors=True)
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO,
-                   check=True, capture_output=True)
-    for so in (REPO / "worker").glob("*.so"):
-        shutil.copy2(so, tree / "worker" / so.name)
-    return tree
+    from worktree import checkout
+
+    return checkout(rev, REPO / "out" / "chaos" / "before")
 
 
 def machine() -> dict:

@@ -329,8 +329,8 @@ class Run:
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"wm-{uuid.uuid4().hex}"})
         try:
             md = c.list_topics(self.topics["in"], timeout=10).topics[self.topics["in"]]
-            return {p: c.get_watermark_offsets(TopicPartition(self.topics["in"], p),
-                                               timeout=10)[1] for p in md.partitions}
+            return {p: K.high_watermark(c, TopicPartition(self.topics["in"], p))
+                    for p in md.partitions}
         finally:
             c.close()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from tests import models as M
 
@@ -144,14 +144,33 @@ def high_watermarks(bootstrap: str, topic: str, consumer=None) -> int:
 
     c = consumer or Consumer({"bootstrap.servers": bootstrap,
                               "group.id": f"wm-{uuid.uuid4().hex}"})
-    meta = c.list_topics(topic, timeout=10).topics[topic]
-    total = 0
-    for p in meta.partitions:
-        _lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-        total += max(hi, 0)
-    if consumer is None:
-        c.close()
-    return total
+    try:
+        meta = c.list_topics(topic, timeout=10).topics[topic]
+        total = 0
+        for p in meta.partitions:
+            total += max(high_watermark(c, TopicPartition(topic, p)), 0)
+        return total
+    finally:
+        if consumer is None:
+            c.close()
+
+
+# while a broker of a cluster is killed or restarts, a partition's leadership moves: the
+# cluster answers these until its metadata settles
+_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+           KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+           KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR}
+
+
+def high_watermark(c, tp, settle: float = 30.0) -> int:
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            return c.get_watermark_offsets(tp, timeout=10)[1]
+        except KafkaException as exc:
+            if exc.args[0].code() not in _MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 class SteadyProducer(threading.Thread):

@@ -230,3 +230,53 @@ def test_an_unread_compressed_column_is_never_decompressed():
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
     got = dec.decode(_compressed(t))
     assert got.num_rows == 1000 and "blob" not in got.schema.names
+
+
+def _stream(batches, **options):
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batches[0].schema,
+                           options=pa.ipc.IpcWriteOptions(**options)) as w:
+        for b in batches:
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def _small(start, rows=2, ids=None):
+    cols = {name: pa.array(np.full(rows, 0.5, np.float32)) for name in demo.FEATURES}
+    t = pa.table(cols).add_column(0, demo.ID_COLUMN, ids if ids is not None else
+                                  pa.array(np.arange(start, start + rows, dtype=np.int64)))
+    return t.to_batches()[0]
+
+
+def test_a_message_of_more_record_batches_than_the_cap_is_too_large():
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    at_cap = _stream([_small(2 * i) for i in range(codec.MAX_BATCHES)])
+    got = dec.decode(at_cap)  # the cap itself is read, every row
+    assert got.column(demo.ID_COLUMN).to_pylist() == list(range(2 * codec.MAX_BATCHES))
+    with pytest.raises(codec.InvalidMessage, match="too_large.*record batches"):
+        dec.decode_keyed(_stream([_small(2 * i) for i in range(codec.MAX_BATCHES + 1)]))
+
+
+def test_a_message_of_more_dictionary_batches_than_the_cap_is_too_large():
+    # every batch grows the id column's dictionary: one delta a batch
+    def batches(k):
+        words = [f"card-{i}" for i in range(2 * k)]
+        return [_small(0, ids=pa.DictionaryArray.from_arrays(
+            pa.array([2 * i, 2 * i + 1], pa.int32()), pa.array(words[:2 * i + 2])))
+            for i in range(k)]
+
+    def dictionary_batches(value):
+        reader = pa.ipc.open_stream(value)
+        reader.read_all()
+        return reader.stats.num_dictionary_batches
+
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    ok = _stream(batches(codec.MAX_DICTIONARY_BATCHES), emit_dictionary_deltas=True)
+    assert dictionary_batches(ok) == codec.MAX_DICTIONARY_BATCHES
+    got = dec.decode(ok)
+    assert got.column(demo.ID_COLUMN).to_pylist() == \
+        [f"card-{i}" for i in range(2 * codec.MAX_DICTIONARY_BATCHES)]
+    over = _stream(batches(codec.MAX_DICTIONARY_BATCHES + 1), emit_dictionary_deltas=True)
+    assert dictionary_batches(over) == codec.MAX_DICTIONARY_BATCHES + 1
+    with pytest.raises(codec.InvalidMessage, match="too_large.*dictionary batches"):
+        dec.decode_keyed(over)

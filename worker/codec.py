@@ -99,51 +99,48 @@ class Decoder:
             if n:
                 return Raw(value, n, plan[2], len(head)), key
         try:
-            inflated = inflated_size(value, self.max_bytes)
+            inflated = _headers_walk(value, self.max_bytes)
         except _Framing as exc:
             raise InvalidMessage("not_arrow", f"not an Arrow IPC stream: {exc}") from None
-        if inflated > self.max_bytes:
-            raise InvalidMessage("too_large", f"its compressed buffers declare more than "
-                                 f"delivery.max_message_bytes ({self.max_bytes}) decoded")
-        options = None
-        if inflated:  # compressed: the columns not read are never decompressed
-            keep = plan[1] if plan is not None else self._plan(_schema_only(value))
-            options = pa.ipc.IpcReadOptions(included_fields=keep)
+        except _TooMuch as exc:
+            raise InvalidMessage("too_large", str(exc)) from None
+        # the stream reader (the first message of a schema, compressed bodies, schemas that
+        # are not cached), else batches read against the cached schema; the reader reads only
+        # the columns kept: the others are never decompressed, their dictionaries never built
+        full = plan is None or not plan[3] or inflated > 0
+        if full:
+            schema = plan[0] if plan is not None else _schema_only(value)
+            keep = plan[1] if plan is not None else self._plan(schema)
         try:
-            full = plan is None or not plan[3] or inflated > 0  # the stream reader, else
-            if not full:                                         # batches alone
+            if not full:
                 schema, keep = plan[0], plan[1]
                 batch = _read_batches(value, len(head), schema, keep)
             else:
-                reader = pa.ipc.open_stream(pa.py_buffer(value), options=options)
+                reader = pa.ipc.open_stream(pa.py_buffer(value),
+                                            options=pa.ipc.IpcReadOptions(included_fields=keep))
                 table = reader.read_all()
-                schema = table.schema
                 dictionaries = reader.stats.num_dictionary_batches
-                schema.names  # noqa: B018 (field names are UTF-8, or the decode fails here)
                 batch = None
         except (pa.ArrowException, OSError, MemoryError, ValueError, EOFError) as exc:
             raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                                  f"{_short(exc)}") from None
         if full:
-            if inflated:
-                keep = list(range(len(schema)))  # read already cut to the columns kept
-            elif plan is None:
-                keep = self._plan(schema)  # InvalidMessage for a schema that cannot be used
-                # cached: schemas read without dictionary batches, of a sensible size
-                # and little-endian: pyarrow's stream reader byte-swaps a big-endian stream,
-                # the C reader and batches read against a cached schema do not
-                if key is not None and len(head) <= _MAX_CACHED_SCHEMA and not dictionaries \
-                        and not _has_dictionaries(schema) and _little_endian(head):
-                    if len(self._plans) >= self._cache_size:
-                        self._plans.clear()
-                    native = _ipc.Plan.build(schema, self.feature_names, self.id_column,
-                                             self.max_rows) if self.native else None
-                    # null-type columns: pyarrow's stream reader ignores the null count a
-                    # message claims for them, reading batches against the schema does not
-                    # (and full validation then refuses a lie): such schemas keep the reader
-                    self._plans[key] = (schema, keep, native, not _has_null_type(schema))
-            else:
-                keep = plan[1]
+            # cached: schemas read without dictionary batches or compression, of a sensible
+            # size and little-endian: pyarrow's stream reader byte-swaps a big-endian stream,
+            # the C reader and batches read against a cached schema do not
+            if plan is None and key is not None and len(head) <= _MAX_CACHED_SCHEMA and \
+                    not dictionaries and not inflated and not _has_dictionaries(schema) and \
+                    _little_endian(head):
+                if len(self._plans) >= self._cache_size:
+                    self._plans.clear()
+                native = _ipc.Plan.build(schema, self.feature_names, self.id_column,
+                                         self.max_rows) if self.native else None
+                # null-type columns: pyarrow's stream reader ignores the null count a
+                # message claims for them, reading batches against the schema does not
+                # (and full validation then refuses a lie): such schemas keep the reader
+                self._plans[key] = (schema, keep, native, not _has_null_type(schema))
+            schema = table.schema  # the columns kept, in the message's order
+            keep = list(range(len(schema)))
             n = table.num_rows
         else:
             n = batch.num_rows if batch is not None else 0
@@ -233,15 +230,28 @@ def _fb_ref(fb: bytes, table: int, i: int) -> int:
     return p + struct.unpack_from("<I", fb, p)[0] if p else 0
 
 
-def inflated_size(value: bytes, limit: int) -> int:
+# the most record batches and dictionary batches one message may hold: the stream reader builds
+# a dictionary anew for every delta (memory growing with their square) and validation reads a
+# shared dictionary once per batch
+MAX_BATCHES = 1024
+MAX_DICTIONARY_BATCHES = 16
+
+
+class _TooMuch(ValueError):
+    """More batches, or more decompressed bytes, than a message may hold."""
+
+
+def _headers_walk(value: bytes, limit: int) -> int:
     """The bytes the stream's compressed buffers decompress to, as they declare it (0: no
     body is compressed), read from the message headers alone, before anything is
-    decompressed; the count stops once past ``limit``. A compressed buffer declares its size
+    decompressed; _TooMuch past ``limit``, or past MAX_BATCHES record batches or
+    MAX_DICTIONARY_BATCHES dictionary batches. A compressed buffer declares its size
     in its first 8 bytes (-1: stored as it is). An uncompressed body is read where it lies,
     never copied. _Framing when the stream is not framed as an Arrow writer frames it:
     struct reads are bounds-checked, every length and offset is checked against the bytes,
     and sizes are Python integers, so nothing wraps."""
     total, pos, n = 0, 0, len(value)
+    counts, messages = {2: 0, 3: 0}, 0
     try:
         while pos + 4 <= n:
             length = struct.unpack_from("<i", value, pos)[0]
@@ -253,6 +263,10 @@ def inflated_size(value: bytes, limit: int) -> int:
                 break
             if length < 0 or length > n - pos:
                 raise _Framing("a message is longer than the stream")
+            messages += 1
+            if messages > MAX_BATCHES + MAX_DICTIONARY_BATCHES + 1:  # the schema, the batches
+                raise _TooMuch(f"more than {MAX_BATCHES} record batches or "
+                               f"{MAX_DICTIONARY_BATCHES} dictionary batches")
             fb = value[pos:pos + length]
             pos += length
             msg = struct.unpack_from("<I", fb, 0)[0]
@@ -263,6 +277,10 @@ def inflated_size(value: bytes, limit: int) -> int:
             if body < 0 or body > n - pos:
                 raise _Framing("a message body is longer than the stream")
             if kind in (2, 3):  # a dictionary batch (its data), a record batch
+                counts[kind] += 1
+                if counts[3] > MAX_BATCHES or counts[2] > MAX_DICTIONARY_BATCHES:
+                    raise _TooMuch(f"more than {MAX_BATCHES} record batches or "
+                                   f"{MAX_DICTIONARY_BATCHES} dictionary batches")
                 rb = _fb_ref(fb, msg, 2)
                 if kind == 2 and rb:
                     rb = _fb_ref(fb, rb, 1)
@@ -284,7 +302,8 @@ def inflated_size(value: bytes, limit: int) -> int:
                         if size < -1:
                             raise _Framing("a compressed buffer of a negative size")
                         if total > limit:
-                            return total
+                            raise _TooMuch(f"its compressed buffers declare more than "
+                                           f"delivery.max_message_bytes ({limit}) decoded")
             pos += body
     except (struct.error, IndexError):
         raise _Framing("a message header outside the stream") from None
@@ -520,7 +539,9 @@ class StreamEncoder:
                 head = self._head(batch, topic, partition)
                 if len(self._heads) >= self._cache_size:
                     self._heads.clear()
-                self._heads[key] = head
+                # bounded in bytes too: the id column's type is the input's, of any size
+                if head is None or len(head[0]) + len(head[2]) <= _MAX_CACHED_SCHEMA:
+                    self._heads[key] = head
         n = rows.stop - rows.start
         if head is None:
             return encode(batch.slice(rows.start, n), {
