@@ -65,16 +65,22 @@ ctypedef struct FbTable:
     int64_t size          # the table's inline size, as its vtable says
 
 
+# Alignment is checked as the flatbuffers verifier pyarrow runs checks it (tables on 4 bytes,
+# vtables on 2, a scalar on its width, vectors on 4, counted from the flatbuffer's start): a
+# message it would refuse is never scored here (an attacker's review found such messages
+# scored, 2026-12-03); they go to pyarrow, which refuses them.
+
 cdef bint fb_table(const uint8_t* buf, int64_t n, int64_t pos, FbTable* t) noexcept nogil:
     cdef int64_t vt
-    if pos < 0 or pos > n - 4:
+    if pos < 0 or pos > n - 4 or pos & 3:
         return False
     vt = pos - <int64_t>rd32(buf + pos)
-    if vt < 0 or vt > n - 4:
+    if vt < 0 or vt > n - 4 or vt & 1:
         return False
     t.vt_size = rd16(buf + vt)
     t.size = rd16(buf + vt + 2)
-    if t.vt_size < 4 or t.vt_size > n - vt or t.size < 4 or t.size > n - pos:
+    if t.vt_size < 4 or t.vt_size & 1 or t.vt_size > n - vt or t.size < 4 or \
+            t.size > n - pos:
         return False
     t.buf, t.n, t.pos, t.vt = buf, n, pos, vt
     return True
@@ -89,7 +95,7 @@ cdef int64_t fb_field(const FbTable* t, int i, int width) noexcept nogil:
     f = rd16(t.buf + t.vt + o)
     if f == 0:
         return 0
-    if f < 4 or f + width > t.size:
+    if f < 4 or f + width > t.size or (t.pos + f) & (width - 1):
         return -1
     return t.pos + f
 
@@ -104,13 +110,16 @@ cdef int fb_i64(const FbTable* t, int i, int64_t* out) noexcept nogil:
 
 cdef int fb_ref(const FbTable* t, int i, int64_t* out) noexcept nogil:
     """An offset field: the position it points to (-1: absent); -1 returned when invalid."""
-    cdef int64_t p = fb_field(t, i, 4), target
+    cdef int64_t p = fb_field(t, i, 4), target, o
     if p < 0:
         return -1
     if p == 0:
         out[0] = -1
         return 0
-    target = p + <int64_t>rdu32(t.buf + p)
+    o = rdu32(t.buf + p)
+    if o == 0 or o > 0x7FFFFFFF:  # the verifier's rule: forward, and a signed offset
+        return -1
+    target = p + o
     if target >= t.n:
         return -1
     out[0] = target
@@ -127,10 +136,12 @@ cdef int fb_vector(const FbTable* t, int i, int64_t elem, int64_t* start,
     if target < 0:
         start[0], count[0] = 0, 0
         return 0
-    if target > t.n - 4:
+    if target > t.n - 4 or target & 3:
         return -1
     count[0] = rdu32(t.buf + target)
     start[0] = target + 4
+    if elem >= 8 and start[0] & 7:  # structs of 8-byte fields (FieldNode, Buffer)
+        return -1
     if count[0] > (t.n - start[0]) // elem:
         return -1
     return 0

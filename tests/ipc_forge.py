@@ -196,3 +196,16 @@ def big_endian(data: bytes, schema) -> bytes:
                                                 for i in range(0, len(vals), w))
         out += data[meta - 8:end] + body_bytes
     return bytes(out) + b"\xff\xff\xff\xff\0\0\0\0"
+
+
+def shift(value: bytes, k: int = 1, by: int = 4) -> bytes:
+    """Message ``k``'s flatbuffer with every table moved ``by`` bytes on (the root offset grows
+    by ``by``, ``by`` zero bytes follow it): the same message, its fields aligned only when
+    ``by`` is a multiple of 8."""
+    meta, n = messages(value)[k]
+    fb = value[meta:meta + n]
+    root = struct.unpack_from("<I", fb, 0)[0]
+    new = struct.pack("<I", root + by) + b"\0" * by + fb[4:]
+    new += b"\0" * (-len(new) % 8)
+    return value[:meta - 8] + b"\xff\xff\xff\xff" + struct.pack("<i", len(new)) + new + \
+        value[meta + n:]

@@ -232,7 +232,7 @@ def test_an_unread_compressed_column_is_never_decompressed():
     assert got.num_rows == 1000 and "blob" not in got.schema.names
 
 
-def _stream(batches, **options):
+def _batches_stream(batches, **options):
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batches[0].schema,
                            options=pa.ipc.IpcWriteOptions(**options)) as w:
@@ -250,11 +250,11 @@ def _small(start, rows=2, ids=None):
 
 def test_a_message_of_more_record_batches_than_the_cap_is_too_large():
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
-    at_cap = _stream([_small(2 * i) for i in range(codec.MAX_BATCHES)])
+    at_cap = _batches_stream([_small(2 * i) for i in range(codec.MAX_BATCHES)])
     got = dec.decode(at_cap)  # the cap itself is read, every row
     assert got.column(demo.ID_COLUMN).to_pylist() == list(range(2 * codec.MAX_BATCHES))
     with pytest.raises(codec.InvalidMessage, match="too_large.*record batches"):
-        dec.decode_keyed(_stream([_small(2 * i) for i in range(codec.MAX_BATCHES + 1)]))
+        dec.decode_keyed(_batches_stream([_small(2 * i) for i in range(codec.MAX_BATCHES + 1)]))
 
 
 def test_a_message_of_more_dictionary_batches_than_the_cap_is_too_large():
@@ -271,12 +271,32 @@ def test_a_message_of_more_dictionary_batches_than_the_cap_is_too_large():
         return reader.stats.num_dictionary_batches
 
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
-    ok = _stream(batches(codec.MAX_DICTIONARY_BATCHES), emit_dictionary_deltas=True)
+    ok = _batches_stream(batches(codec.MAX_DICTIONARY_BATCHES), emit_dictionary_deltas=True)
     assert dictionary_batches(ok) == codec.MAX_DICTIONARY_BATCHES
     got = dec.decode(ok)
     assert got.column(demo.ID_COLUMN).to_pylist() == \
         [f"card-{i}" for i in range(2 * codec.MAX_DICTIONARY_BATCHES)]
-    over = _stream(batches(codec.MAX_DICTIONARY_BATCHES + 1), emit_dictionary_deltas=True)
+    over = _batches_stream(batches(codec.MAX_DICTIONARY_BATCHES + 1), emit_dictionary_deltas=True)
     assert dictionary_batches(over) == codec.MAX_DICTIONARY_BATCHES + 1
     with pytest.raises(codec.InvalidMessage, match="too_large.*dictionary batches"):
         dec.decode_keyed(over)
+
+
+@pytest.mark.parametrize("by", [2, 4, 8, 12])
+def test_a_misaligned_flatbuffer_is_read_only_if_pyarrow_verifies_it(by):
+    # before: the C reader scored a record batch whose int64 fields and structs sat 4 bytes
+    # off their alignment, which pyarrow's flatbuffer verifier refuses
+    first, second = _pair()
+    forged = F.shift(second, by=by)
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN)
+    dec.decode_keyed(first)  # the schema's plan: the C reader reads the second
+    try:
+        alone = pa.ipc.open_stream(forged).read_all()
+    except (pa.ArrowException, OSError):  # Invalid flatbuffers message
+        with pytest.raises(codec.InvalidMessage, match="not_arrow"):
+            dec.decode_keyed(forged)
+        return
+    assert by % 8 == 0  # aligned again: read as pyarrow reads it
+    got = dec.decode(forged)
+    for name in [demo.ID_COLUMN, *demo.FEATURES]:
+        assert got.column(name).equals(alone.column(name).combine_chunks())
