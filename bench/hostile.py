@@ -99,6 +99,27 @@ def findings() -> dict[str, tuple[str, list[Record]]]:
     out["schema-metadata"] = ("400 messages with distinct 1 MB schema metadata",
                               recs(meta))
 
+    out["misaligned"] = ("the second message of a schema with its flatbuffer's tables moved 4 "
+                         "bytes (int64 fields off their alignment: pyarrow refuses it)",
+                         recs([first, F.shift(second, by=4)]))
+
+    # a dictionary-encoded id column, K zstd dictionary deltas of one W-byte string each, a
+    # one-row batch after each: the stream reader concatenates the deltas for every batch
+    k_deltas, width = 600, 4000
+    f1 = demo.generate(1, seed=1).select(demo.FEATURES).combine_chunks().to_batches()[0]
+    dschema = f1.schema.insert(0, pa.field(demo.ID_COLUMN, pa.dictionary(pa.int32(), pa.string())))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, dschema, options=pa.ipc.IpcWriteOptions(
+            emit_dictionary_deltas=True, compression="zstd")) as w:
+        for k in range(k_deltas):
+            d = pa.array([f"{i:08d}" + "a" * (width - 8) for i in range(k + 1)])
+            ids = pa.DictionaryArray.from_arrays(pa.array([k], pa.int32()), d)
+            w.write_batch(pa.RecordBatch.from_arrays([ids, *f1.columns], schema=dschema))
+    delta = sink.getvalue().to_pybytes()
+    out["delta-bomb"] = (f"a {len(delta) // 1000} KB message of {k_deltas} compressed "
+                         f"dictionary deltas of one {width}-byte id each, a one-row batch after "
+                         "each", recs([delta]))
+
     hdr = [("MODEL_ID", b"forged"), ("Content-Type", b"text/plain"),
            ("error_code", b"none"), ("source_offset", b"-1")]
     out["headers"] = ("a message with MODEL_ID, Content-Type, error_code and source_offset "

@@ -198,6 +198,10 @@ cdef bint parse_batch(const uint8_t* v, int64_t size, int64_t start, bint whole,
         return False
     if fb_i64(&msg, 3, &body_len) < 0:
         return False
+    # custom metadata (which may name Arrow 0.17's compression, and which pyarrow verifies):
+    # pyarrow's path
+    if fb_field(&msg, 4, 4) != 0:
+        return False
     end = start + 8 + meta_len
     if body_len < 0 or body_len > size - end:
         return False

@@ -209,3 +209,30 @@ def shift(value: bytes, k: int = 1, by: int = 4) -> bytes:
     new += b"\0" * (-len(new) % 8)
     return value[:meta - 8] + b"\xff\xff\xff\xff" + struct.pack("<i", len(new)) + new + \
         value[meta + n:]
+
+
+def experimental_compression(data: bytes, k: int = 1) -> bytes:
+    """Message ``k`` (written compressed, with custom metadata naming the codec under
+    ``ARROW:experimental_compression``) as Arrow 0.17 wrote it: version V4, its RecordBatch's
+    BodyCompression field absent (its vtable entry zeroed). pyarrow still decompresses it."""
+    out = bytearray(data)
+    meta, _n = messages(data)[k]
+    msg = meta + _u32(data, meta)
+    version = _field(data, msg, 0)
+    struct.pack_into("<h", out, version, 3)  # MetadataVersion V4
+    hdr = _field(data, msg, 2)
+    rb = hdr + _u32(data, hdr)
+    vt = rb - _i32(data, rb)
+    struct.pack_into("<H", out, vt + 4 + 2 * 3, 0)  # RecordBatch.compression: absent
+    return bytes(out)
+
+
+def custom_metadata_offset(data: bytes, k: int = 1, value: int = 0x7FFFFFF0) -> bytes:
+    """Message ``k``'s Message.custom_metadata offset replaced by ``value``."""
+    out = bytearray(data)
+    meta, _n = messages(data)[k]
+    msg = meta + _u32(data, meta)
+    p = _field(data, msg, 4)
+    assert p is not None, "the message has no custom metadata"
+    struct.pack_into("<I", out, p, value)
+    return bytes(out)

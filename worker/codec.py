@@ -72,10 +72,14 @@ class Decoder:
         out, key = self.decode_keyed(value)
         if isinstance(out, Raw):  # read here in C: the same rows as a RecordBatch
             schema, keep = self._plans[key][:2]
-            out = _read_batches(value, out.start, schema, keep)
-            if len(keep) != len(schema):
-                out = out.select(keep)
-            out.validate(full=True)
+            try:
+                out = _read_batches(value, out.start, schema, keep)
+                if len(keep) != len(schema):
+                    out = out.select(keep)
+                out.validate(full=True)
+            except (pa.ArrowException, OSError, ValueError, EOFError) as exc:
+                raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
+                                     f"{_short(exc)}") from None
         return out
 
     def decode_keyed(self, value: bytes | None) -> tuple[pa.RecordBatch | Raw, object]:
@@ -154,6 +158,7 @@ class Decoder:
             if full:
                 if len(keep) != len(schema):
                     table = table.select(keep)
+                self._check_views(table)
                 # validated before anything concatenates the stream's batches
                 table.validate(full=True)
                 batches = table.to_batches()
@@ -161,13 +166,37 @@ class Decoder:
             else:
                 if len(keep) != len(schema):
                     batch = batch.select(keep)
+                self._check_views(batch)
                 batch.validate(full=True)
+        except InvalidMessage:
+            raise
         except (pa.ArrowException, ValueError) as exc:
             raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
                 from None
         if self.categories:
             batch = self._codes(batch)
         return batch, (group if group is not None else schema)
+
+    def _check_views(self, data: pa.Table | pa.RecordBatch) -> None:
+        """Full validation checks the UTF-8 of every string view, and views may all point at
+        the same bytes: the bytes they point at, summed, are held to the decode limit (after a
+        cheap validation has checked the views buffers' sizes)."""
+        if not any(_is_string_view(t) for t in data.schema.types):
+            return
+        data.validate()
+        total = 0
+        for column, t in zip(data.columns, data.schema.types, strict=True):
+            if not _is_string_view(t):
+                continue
+            for chunk in getattr(column, "chunks", [column]):
+                views = chunk.buffers()[1]
+                if views is None or not len(chunk):
+                    continue
+                lengths = np.frombuffer(views, np.int32, 4 * len(chunk), 16 * chunk.offset)[::4]
+                total += int(lengths[lengths > 12].sum(dtype=np.int64))
+                if total > self.max_bytes:
+                    raise InvalidMessage("too_large", "its string views point at more than "
+                                         f"delivery.max_message_bytes ({self.max_bytes})")
 
     def _codes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Dictionary-encoded strings of features with categories as float32 codes."""
@@ -193,6 +222,11 @@ class Decoder:
                                  + ", ".join(missing[:10]))
         if self.id_column and self.id_column not in present:
             raise InvalidMessage("missing_column", f"missing id column {self.id_column!r}")
+        if self.id_column:
+            t = schema.field(self.id_column).type
+            if not _is_string_view(t) and _nested(t, _is_view):
+                raise InvalidMessage("bad_type", f"id column {self.id_column!r} has type {t}: "
+                                     "views inside another type are not read")
         for f in self.feature_names:
             problem = feature_type_problem(f, schema.field(f).type, f in self.categories)
             if problem:
@@ -237,6 +271,9 @@ MAX_BATCHES = 1024
 MAX_DICTIONARY_BATCHES = 16
 
 
+_EXPERIMENTAL_COMPRESSION = b"ARROW:experimental_compression"
+
+
 class _TooMuch(ValueError):
     """More batches, or more decompressed bytes, than a message may hold."""
 
@@ -252,6 +289,8 @@ def _headers_walk(value: bytes, limit: int) -> int:
     and sizes are Python integers, so nothing wraps."""
     total, pos, n = 0, 0, len(value)
     counts, messages = {2: 0, 3: 0}, 0
+    dictionaries: dict[int, int] = {}  # dictionary id -> its decoded bytes, deltas summed
+    work = 0  # dictionary bytes in effect, summed over the record batches
     try:
         while pos + 4 <= n:
             length = struct.unpack_from("<i", value, pos)[0]
@@ -281,12 +320,18 @@ def _headers_walk(value: bytes, limit: int) -> int:
                 if counts[3] > MAX_BATCHES or counts[2] > MAX_DICTIONARY_BATCHES:
                     raise _TooMuch(f"more than {MAX_BATCHES} record batches or "
                                    f"{MAX_DICTIONARY_BATCHES} dictionary batches")
-                rb = _fb_ref(fb, msg, 2)
-                if kind == 2 and rb:
-                    rb = _fb_ref(fb, rb, 1)
+                # Arrow 0.17's compression, named in a batch's custom metadata (a key is a
+                # flatbuffer string: its bytes lie together): its buffers declare sizes the
+                # count below would not see
+                if _EXPERIMENTAL_COMPRESSION in fb:
+                    raise _Framing("compressed the pre-1.0 way (ARROW:experimental_compression)")
+                table = _fb_ref(fb, msg, 2)
+                rb = _fb_ref(fb, table, 1) if kind == 2 and table else table
                 if not rb:
                     raise _Framing("a batch message without its batch")
+                decoded = body
                 if _fb_ref(fb, rb, 3):  # BodyCompression: each buffer says its size
+                    decoded = 0
                     vec = _fb_ref(fb, rb, 2)
                     count = struct.unpack_from("<I", fb, vec)[0] if vec else 0
                     for k in range(count):
@@ -299,11 +344,25 @@ def _headers_walk(value: bytes, limit: int) -> int:
                             raise _Framing("a compressed buffer without its size")
                         size = struct.unpack_from("<q", value, pos + off)[0]
                         total += ln - 8 if size == -1 else size
+                        decoded += ln - 8 if size == -1 else size
                         if size < -1:
                             raise _Framing("a compressed buffer of a negative size")
                         if total > limit:
                             raise _TooMuch(f"its compressed buffers declare more than "
                                            f"delivery.max_message_bytes ({limit}) decoded")
+                if kind == 2:  # a delta adds to its dictionary, else replaces it
+                    p = _fb_field(fb, table, 0)
+                    ident = struct.unpack_from("<q", fb, p)[0] if p else 0
+                    p = _fb_field(fb, table, 2)
+                    delta = bool(fb[p]) if p else False
+                    dictionaries[ident] = decoded + (dictionaries.get(ident, 0) if delta else 0)
+                elif dictionaries:
+                    # validation reads, and concatenation unifies, each batch's dictionaries
+                    work += sum(dictionaries.values())
+                    if work > limit:
+                        raise _TooMuch(f"its record batches share dictionaries read once a "
+                                       f"batch: more than delivery.max_message_bytes "
+                                       f"({limit}) to check")
             pos += body
     except (struct.error, IndexError):
         raise _Framing("a message header outside the stream") from None
@@ -384,6 +443,14 @@ def _nested(t, test) -> bool:
         return _nested(t.index_type, test) or _nested(t.value_type, test)
     return any(_nested(t.field(i).type, test) for i in range(t.num_fields)) \
         if hasattr(t, "num_fields") else False
+
+
+def _is_string_view(t) -> bool:
+    return pa.types.is_string_view(t) or pa.types.is_binary_view(t)
+
+
+def _is_view(t) -> bool:
+    return _is_string_view(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t)
 
 
 def _nested_dictionary(t) -> bool:
