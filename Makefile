@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel "Cython>=3.0" "numpy>=1.26"
 	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
-	touch $@
+	touch $@ $(VENV)/.built  # that install built the extensions: no second build
 
 # Rebuild the Cython extensions when a source changes (pip's editable build is the only builder).
 build: setup $(VENV)/.built

@@ -132,6 +132,13 @@ class _Builder:
             struct.pack_into("<I", self.b, slot, write() - slot)
         return pos
 
+    def longs(self, values) -> int:
+        """A vector of int64: its elements start on 8 bytes."""
+        self.b.extend(b"\0" * ((4 - len(self.b)) % 8))
+        pos = len(self.b)
+        self.b += struct.pack(f"<I{len(values)}q", len(values), *values)
+        return pos
+
     def finish(self, root: int) -> bytes:
         struct.pack_into("<I", self.b, 0, root)
         self._align(8)
@@ -151,8 +158,9 @@ def _type(t):
     raise ValueError(f"no big-endian forge for {t}")
 
 
-def schema_message(schema, big_endian: bool = True) -> bytes:
-    """An encapsulated schema message for ``schema`` (integer, float and boolean fields)."""
+def schema_message(schema, big_endian: bool = True, features=None) -> bytes:
+    """An encapsulated schema message for ``schema`` (integer, float and boolean fields);
+    ``features``: the Schema.features flags to declare (pyarrow's writer declares none)."""
     fb = _Builder()
 
     def field(f):
@@ -163,8 +171,10 @@ def schema_message(schema, big_endian: bool = True) -> bytes:
                                  5: lambda: fb.tables([])})
 
     def schema_table():
-        return fb.table({0: ("h", 1 if big_endian else 0)},
-                        {1: lambda: fb.tables([field(f) for f in schema])})
+        refs = {1: lambda: fb.tables([field(f) for f in schema])}
+        if features is not None:
+            refs[3] = lambda: fb.longs(list(features))
+        return fb.table({0: ("h", 1 if big_endian else 0)}, refs)
 
     root = fb.table({0: ("h", 4), 1: ("B", 1), 3: ("q", 0)}, {2: schema_table})
     meta = fb.finish(root)
@@ -236,3 +246,10 @@ def custom_metadata_offset(data: bytes, k: int = 1, value: int = 0x7FFFFFF0) -> 
     assert p is not None, "the message has no custom metadata"
     struct.pack_into("<I", out, p, value)
     return bytes(out)
+
+
+def with_features(data: bytes, schema, features) -> bytes:
+    """The pyarrow-written stream ``data`` (flat fixed-width and boolean fields) with a schema
+    message declaring the Schema.features flags ``features``."""
+    meta, n = messages(data)[0]
+    return schema_message(schema, big_endian=False, features=features) + data[meta + n:]

@@ -3,8 +3,9 @@
 then mutates their IPC bytes: bit flips, truncation, length and offset lies in the flatbuffer
 metadata, lies in the body (compressed-length prefixes, buffer contents), and structured lies
 (tests.ipc_forge) at integer edges in a record batch's row count, its field nodes' lengths and
-null counts; a schema pyarrow's writer never writes (big-endian); compressed buffers that
-declare huge sizes. Some cases are batches of several messages (dictionary ids of different
+null counts; schemas pyarrow's writer never writes (big-endian, Schema.features flags);
+flatbuffers moved off their alignment; batches with custom metadata, broken or naming Arrow
+0.17's compression; compressed buffers that declare huge sizes; string-view ids. Some cases are batches of several messages (dictionary ids of different
 dictionaries among them), processed together as the run loop processes a batch.
 
 Each case runs through the worker's message path (``Pipeline.decode`` + ``Pipeline.process``,
@@ -71,7 +72,8 @@ def _feature_array(draw, name: str, n: int, rng: np.random.Generator, style: str
 
 
 def _id_array(draw, n: int, first: int, rng: np.random.Generator) -> pa.Array:
-    kind = draw(st.sampled_from(["int64", "int64", "string", "dictionary", "null", "float"]))
+    kind = draw(st.sampled_from(["int64", "int64", "string", "dictionary", "null", "float",
+                                 "string_view"]))
     ids = np.arange(first, first + n, dtype=np.int64)
     if kind == "int64":
         return pa.array(ids)
@@ -82,6 +84,8 @@ def _id_array(draw, n: int, first: int, rng: np.random.Generator) -> pa.Array:
                                               pa.array(["a", "b", "c", "d"]))
     if kind == "null":
         return pa.nulls(n, type=pa.int64())
+    if kind == "string_view":
+        return pa.array([f"t{i}-" + "v" * (i % 20) for i in ids], pa.string_view())
     return pa.array(ids.astype(np.float64))
 
 
@@ -191,7 +195,8 @@ def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
     kind = draw(st.sampled_from(["none", "none", "row_lie", "row_lie", "row_lie", "meta_lie",
                                  "meta_lie", "body_lie", "body_lie", "bitflip", "truncate",
                                  "field_lie", "field_lie", "field_lie", "big_endian",
-                                 "size_lie"]))
+                                 "size_lie", "shift", "batch_metadata", "experimental",
+                                 "schema_features"]))
     buf = bytearray(data)
     msgs = messages_of(data)
     if kind == "none" or not buf:
@@ -218,6 +223,42 @@ def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
         except (ValueError, pa.ArrowException, struct.error, IndexError):
             pass
         return bytes(buf), "none"
+    if kind == "shift" and len(msgs) >= 2:  # a batch's flatbuffer off its alignment
+        by = draw(st.sampled_from([1, 2, 4, 8, 12]))
+        try:
+            return ipc_forge.shift(data, k=len(msgs) - 1, by=by), f"shift {by}"
+        except (IndexError, struct.error):
+            return bytes(buf), "none"
+    if kind in ("batch_metadata", "experimental") and table.num_rows:
+        # custom metadata on the batches (Arrow 0.17 named its compression there), broken
+        # by an offset lie or not
+        codec_name = draw(st.sampled_from(["zstd", "lz4", "bogus"]))
+        experimental = kind == "experimental"
+        meta = {"ARROW:experimental_compression": codec_name} if experimental else \
+            {"k": "v" * draw(st.integers(0, 40))}
+        sink = pa.BufferOutputStream()
+        opts = pa.ipc.IpcWriteOptions(compression="zstd" if experimental else None)
+        try:
+            with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
+                for b in table.to_batches():
+                    w.write_batch(b, custom_metadata=meta)
+            out = sink.getvalue().to_pybytes()
+            if experimental:
+                return ipc_forge.experimental_compression(out), f"experimental {codec_name}"
+            if draw(st.booleans()):
+                lie = draw(st.sampled_from([0, 1, 2, 3, 2**31 - 1, 2**32 - 1]))
+                return ipc_forge.custom_metadata_offset(out, value=lie), f"batch_metadata @{lie}"
+            return out, "batch_metadata"
+        except (IndexError, struct.error, AssertionError, pa.ArrowException):
+            return bytes(buf), "none"
+    if kind == "schema_features":  # flags pyarrow's writer never declares
+        flags = draw(st.lists(st.sampled_from([0, 1, 2, 3, 2**31, 2**63 - 1, -1]),
+                              min_size=1, max_size=3))
+        try:
+            schema = pa.ipc.open_stream(data).schema
+            return ipc_forge.with_features(data, schema, flags), f"schema_features {flags}"
+        except (ValueError, pa.ArrowException, struct.error, IndexError):
+            return bytes(buf), "none"
     if kind == "size_lie":  # every compressed buffer's size prefix (a bomb of lies)
         lie = draw(st.sampled_from(_LIES + [1 << 30, 5 << 30]))
         start, end, body_end = msgs[-1] if msgs else (0, 0, 0)
