@@ -127,6 +127,21 @@ def findings() -> dict[str, tuple[str, list[Record]]]:
     return out
 
 
+# the test in make test that covers each finding (tests/test_hostile_input.py unless named)
+TESTS = {
+    "sigsegv": "test_a_row_count_near_2_63_with_a_null_is_dead_lettered_not_a_sigsegv",
+    "big-endian": "test_a_big_endian_message_reads_the_same_three_ways",
+    "dictionary-ids": "test_each_output_carries_only_its_own_messages_ids",
+    "bomb": "test_a_real_compression_bomb_is_refused_before_it_is_inflated",
+    "unread-bomb": "test_an_unread_compressed_column_is_never_decompressed, "
+                   "test_a_lying_size_prefix_is_refused_before_anything_is_decompressed",
+    "schema-metadata": "test_schemas_with_large_metadata_are_scored_and_not_kept",
+    "misaligned": "test_a_misaligned_flatbuffer_is_read_only_if_pyarrow_verifies_it",
+    "delta-bomb": "test_a_message_of_more_dictionary_batches_than_the_cap_is_too_large",
+    "headers": "test_input_headers_never_take_the_workers_names",
+}
+
+
 def oracle(value: bytes) -> tuple[np.ndarray, pa.Array] | None:
     """The message read alone by pyarrow: (features, ids), or None when it does not read."""
     try:
@@ -247,12 +262,13 @@ def main() -> int:
              f"Machine: {m.get('Model name', '?')}, {m.get('cpus_usable', '?')} usable CPUs; "
              f"Python {m['python']}.", "",
              "| finding | input | " + " | ".join(
-                 f"{label} ({r}) | peak RSS" for label, _t, r in trees) + " |",
-             "|---|---|" + "---|---:|" * len(trees)]
+                 f"{label} ({r}) | peak RSS" for label, _t, r in trees) + " | test |",
+             "|---|---|" + "---|---:|" * len(trees) + "---|"]
     for row in rows:
         cells = " | ".join(f"{row[label]['text']} | {row[label]['peak_rss_mb']:,.0f} MB"
                            for label, _t, _r in trees)
-        lines.append(f"| {row['finding']} | {row['what']} | {cells} |")
+        lines.append(f"| {row['finding']} | {row['what']} | {cells} | "
+                     f"`{TESTS.get(row['finding'], '-')}` |")
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "machine": m},
                                                         indent=1, default=str) + "\n")

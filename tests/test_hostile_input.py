@@ -411,3 +411,33 @@ def test_views_inside_an_id_column_are_refused(id_type):
     t = demo.generate(2, seed=3).select(demo.FEATURES).add_column(0, demo.ID_COLUMN, ids)
     with pytest.raises(codec.InvalidMessage, match="^bad_type.*views"):
         codec.Decoder(demo.FEATURES, demo.ID_COLUMN).decode_keyed(_stream(t))
+
+
+def test_schemas_with_large_metadata_are_scored_and_not_kept():
+    # before: a cache keyed by schema bytes of any size kept 400 MB for 400 messages of
+    # distinct 1 MB schema metadata
+    import worker
+    from worker.app import Pipeline
+    from worker.config import load_settings
+
+    model = worker.load_model(MODEL)
+    settings = load_settings(None, model={"path": str(MODEL)},
+                             scoring={"id_column": demo.ID_COLUMN},
+                             source={"type": "kafka", "topic": "in"}, logging={"progress": False})
+    p = Pipeline(model, settings, "scores")
+    values = []
+    for k in range(20):
+        t = demo.generate(5, seed=k).select(demo.FEATURES).add_column(
+            0, demo.ID_COLUMN, pa.array(np.arange(5, dtype=np.int64)))
+        values.append(_stream(t.replace_schema_metadata({"pad": f"{k}" * (256 << 10)})))
+    recs = [Record("in", 0, k, b"k", v, 1, []) for k, v in enumerate(values)]
+    for _ in range(2):  # a second time: the schemas are known, still nothing kept
+        outputs, dead, _stats = p.process([(r, p.decode(r)) for r in recs])
+        assert len(outputs) == 20 and not dead
+    assert not p.decoder._plans  # the schemas' plans: none kept
+    assert all(h is None or len(h[0]) + len(h[2]) <= codec._MAX_CACHED_SCHEMA
+               for h in p.encoder._heads.values())
+    small = _stream(demo.generate(5, seed=1).select(demo.FEATURES).add_column(
+        0, demo.ID_COLUMN, pa.array(np.arange(5, dtype=np.int64))))
+    p.decode(Record("in", 0, 99, b"k", small, 1, []))
+    assert len(p.decoder._plans) == 1  # a schema of a usual size is kept

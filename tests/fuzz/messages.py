@@ -5,8 +5,9 @@ metadata, lies in the body (compressed-length prefixes, buffer contents), and st
 (tests.ipc_forge) at integer edges in a record batch's row count, its field nodes' lengths and
 null counts; schemas pyarrow's writer never writes (big-endian, Schema.features flags);
 flatbuffers moved off their alignment; batches with custom metadata, broken or naming Arrow
-0.17's compression; compressed buffers that declare huge sizes; string-view ids. Some cases are batches of several messages (dictionary ids of different
-dictionaries among them), processed together as the run loop processes a batch.
+0.17's compression; compressed buffers that declare huge sizes; string-view ids. Some cases
+are batches of several messages (dictionary ids of different dictionaries among them),
+processed together as the run loop processes a batch.
 
 Each case runs through the worker's message path (``Pipeline.decode`` + ``Pipeline.process``,
 the code the run loop calls) and must end scored or dead-lettered. The oracle reads each
