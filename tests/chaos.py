@@ -2,8 +2,7 @@
 exactly once (at least once) still holds.
 
 Scenarios (``SCENARIOS``; ``make chaos`` runs each in both delivery modes unless it says
-otherwise, ``make test`` its short form in exactly_once, and pause, pause-points and pause-two
-in at_least_once too):
+otherwise, ``make test`` its short form in exactly_once, and pause in at_least_once too):
 
 - ``pause``: one worker alone in its group, SIGSTOP for 8-9 s (past ``session.timeout.ms``
   6000) at random moments, then SIGCONT: a long GC pause, a frozen VM, CPU throttling;
@@ -526,9 +525,9 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("pause", s_pause, 2, 50, short_modes=MODES),
-    Scenario("pause-points", s_pause_points, 3, 15, short_modes=MODES),
+    Scenario("pause-points", s_pause_points, 3, 15),
     Scenario("poll-interval", s_poll_interval, 2, 8, client={"max.poll.interval.ms": 7000}),
-    Scenario("pause-two", s_pause_two, 1, 10, short_modes=MODES),
+    Scenario("pause-two", s_pause_two, 1, 10),
     Scenario("join-leave", s_join_leave, 2, 10),
     Scenario("add-partitions", s_add_partitions, 1, 3,
              client={"topic.metadata.refresh.interval.ms": 2000}),

@@ -141,7 +141,7 @@ def test_a_transactional_call_that_never_returns_replaces_the_producer(monkeypat
     stuck, fresh = Wedged(), StubProducer()
     monkeypatch.setattr(kafka_mod, "Producer", lambda conf: fresh)
     sink = sink_with(stuck)
-    sink.stuck_after_s, sink._conf = 0.5, {}
+    sink.stuck_after_s, sink.abort_stuck_after_s, sink._conf = 0.5, 0.5, {}
     src = StubSource()
     try:
         with pytest.raises(TransactionAborted) as info:

@@ -452,6 +452,9 @@ class KafkaSink:
     # to socket.timeout.ms while a coordinator is away; replacing the producer then costs an
     # abort and a retry of the batch, as the error would.
     stuck_after_s = 30.0
+    # an abort is given 60 s (the broker's own transaction timeout ends it by then); past this
+    # bound it is stuck
+    abort_stuck_after_s = 75.0
 
     def _blocking(self, call, *args, bound_s: float | None = None):
         """A blocking producer call on the sink's call thread, bounded (ProducerStuck)."""
@@ -641,7 +644,8 @@ class KafkaSink:
             return self._left_open(exc)
         if not isinstance(exc, ProducerStuck):
             try:
-                self._blocking(self.producer.abort_transaction, 60, bound_s=75)
+                self._blocking(self.producer.abort_transaction, 60,
+                               bound_s=self.abort_stuck_after_s)
             except ProducerStuck as stuck:
                 exc = stuck
             except KafkaException as abort_exc:
