@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import shlex
+import struct
 import subprocess
 import sys
 import time
@@ -83,9 +84,19 @@ def findings() -> dict[str, tuple[str, list[Record]]]:
     out["bomb"] = (f"four real bombs: {len(bomb) // 1000} KB each, 4,000,000 rows of zeros "
                    f"({bomb_t.nbytes >> 20} MB decoded)", recs([bomb] * 4))
 
+    # the issue's lie: four small messages whose feature columns' size prefixes declare 1.25 GB
+    lie = bytearray(stream(demo_table(1000, 4, pa.array(np.arange(1000))), "zstd"))
+    (_meta, _n), (meta1, n1) = F.messages(bytes(lie))[:2]
+    hits = 0
+    for off in range(meta1 + n1, len(lie) - 16, 8):
+        if struct.unpack_from("<q", lie, off)[0] == 4000:  # 1000 float32 values
+            struct.pack_into("<q", lie, off, 1_250_000_000)
+            hits += 1
+    out["size-lie"] = (f"four {len(lie) // 1000} KB messages whose {hits} feature buffers each "
+                       "declare 1.25 GB", recs([bytes(lie)] * 4))
+
     t = demo_table(1000, 3, pa.array(np.arange(1000)))
     small = bytearray(stream(t.append_column("blob", pa.array(np.zeros(1000))), "zstd"))
-    import struct
 
     # the unread column's compressed buffer (the last one with data) claims 1.5 GB
     last = max(off for off in range(0, len(small) - 8, 8)
@@ -133,6 +144,7 @@ TESTS = {
     "big-endian": "test_a_big_endian_message_reads_the_same_three_ways",
     "dictionary-ids": "test_each_output_carries_only_its_own_messages_ids",
     "bomb": "test_a_real_compression_bomb_is_refused_before_it_is_inflated",
+    "size-lie": "test_a_lying_size_prefix_is_refused_before_anything_is_decompressed",
     "unread-bomb": "test_an_unread_compressed_column_is_never_decompressed, "
                    "test_a_lying_size_prefix_is_refused_before_anything_is_decompressed",
     "schema-metadata": "test_schemas_with_large_metadata_are_scored_and_not_kept",
@@ -152,6 +164,70 @@ def oracle(value: bytes) -> tuple[np.ndarray, pa.Array] | None:
         return None
 
 
+_KEPT = r"""
+import gc, os, sys
+import numpy as np, pyarrow as pa
+import worker
+from worker import demo
+from worker.app import Pipeline
+from worker.config import load_settings
+from worker.io.records import Record
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+model = worker.load_model(sys.argv[1])
+settings = load_settings(None, model={"path": sys.argv[1]}, scoring={"id_column": demo.ID_COLUMN},
+                         source={"type": "kafka", "topic": "in"}, logging={"progress": False})
+p = Pipeline(model, settings, "scores")
+
+def message(k):
+    t = demo.generate(5, seed=k).select(demo.FEATURES).add_column(
+        0, demo.ID_COLUMN, pa.array(np.arange(5, dtype=np.int64)))
+    t = t.replace_schema_metadata({"pad": os.urandom(1 << 19).hex()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+for k in range(8):  # warm up
+    r = Record("in", 0, k, b"k", message(k), 1, [])
+    p.process([(r, p.decode(r))])
+gc.collect()
+base = rss()
+for k in range(400):
+    r = Record("in", 0, k, b"k", message(1000 + k), 1, [])
+    outs, dead, _ = p.process([(r, p.decode(r))])
+    assert len(outs) == 1 and not dead
+    del r, outs, dead
+gc.collect()
+print(f"{rss() - base:.0f}")
+"""
+
+
+def kept_after(tree: Path) -> float:
+    """MB the worker's pipeline still holds after 400 messages of distinct 1 MB schema
+    metadata went through it one at a time (RSS after, less RSS before, in one process)."""
+    proc = subprocess.run([sys.executable, "-c", _KEPT, str(MODEL)], cwd=tree,
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(tree)})
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-2000:])
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def _records(path: Path) -> list[Record]:
+    """What a sink file holds: nothing when the child died before writing its first record."""
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    try:
+        return list(read_records(path))
+    except (pa.ArrowInvalid, OSError):
+        return []
+
+
 def replay(tree: Path, rec: Path, out: Path) -> dict:
     for p in (out, out.with_name(out.stem + "-dlq.arrows")):
         p.unlink(missing_ok=True)
@@ -160,14 +236,27 @@ def replay(tree: Path, rec: Path, out: Path) -> dict:
                              str(MODEL), "--output", str(out)], cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(tree)})
-    _pid, status, usage = os.wait4(proc.pid, 0)
+    # the child's own peak (VmHWM of its address space, read every 10 ms until it exits):
+    # wait4's ru_maxrss would carry this process's own peak, inherited through fork and exec
+    peak_kb = 0
+    while True:
+        try:
+            status_text = Path(f"/proc/{proc.pid}/status").read_text()
+            for line in status_text.splitlines():
+                if line.startswith("VmHWM:"):
+                    peak_kb = max(peak_kb, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.01)
     err = proc.stderr.read().decode(errors="replace")
     rc = os.waitstatus_to_exitcode(status)
-    res = {"rc": rc, "peak_rss_mb": usage.ru_maxrss / 1024, "s": time.monotonic() - t0,
+    res = {"rc": rc, "peak_rss_mb": peak_kb / 1024, "s": time.monotonic() - t0,
            "stderr": err[-400:]}
-    outputs = list(read_records(out)) if out.exists() else []
-    dlq = out.with_name(out.stem + "-dlq.arrows")
-    dead = list(read_records(dlq)) if dlq.exists() else []
+    outputs = _records(out)
+    dead = _records(out.with_name(out.stem + "-dlq.arrows"))
     res["scored"] = len(outputs)
     res["dead"] = {}
     for d in dead:
@@ -217,6 +306,8 @@ def describe(res: dict, name: str, ok) -> str:
     text = f"{res['scored']} scored, {dead}"
     if ok is not None:
         text += "; ids and scores " + ("exact" if ok else "WRONG")
+    if "kept_mb" in res:
+        text += f"; {res['kept_mb']:,.0f} MB still held after 400 such messages one at a time"
     if name == "dictionary-ids":
         text += f"; largest output {res['output_bytes_max'] / 1e6:.2f} MB"
     if name == "headers":
@@ -244,6 +335,8 @@ def main() -> int:
         for label, tree, _rev in trees:
             res = replay(tree, rec, OUT / f"{name}-{label}.arrows")
             ok = exact(res, records) if res["rc"] == 0 else None
+            if name == "schema-metadata":
+                res["kept_mb"] = kept_after(tree)
             row[label] = {"text": describe(res, name, ok), "peak_rss_mb": res["peak_rss_mb"],
                           "rc": res["rc"], "exact": ok}
             print(f"{name} {label}: {row[label]['text']}, peak RSS "
