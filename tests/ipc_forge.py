@@ -253,3 +253,74 @@ def with_features(data: bytes, schema, features) -> bytes:
     message declaring the Schema.features flags ``features``."""
     meta, n = messages(data)[0]
     return schema_message(schema, big_endian=False, features=features) + data[meta + n:]
+
+
+def _ref(b: bytes, table: int, i: int) -> int | None:
+    p = _field(b, table, i)
+    return p + _u32(b, p) if p is not None else None
+
+
+def share_dictionary_ids(data: bytes, ident: int = 1) -> bytes:
+    """The stream with every dictionary-encoded field of its schema (nested ones too) naming
+    dictionary ``ident``, and the dictionary batches of the other ids dropped: one dictionary
+    that every field looks up (pyarrow's reader accepts it; its writer never writes it)."""
+    meta, _n = messages(data)[0]
+    out = bytearray(data)
+    msg = meta + _u32(data, meta)
+    schema = _ref(data, msg, 2)
+
+    def walk(vec):
+        if vec is None:
+            return
+        for k in range(_u32(data, vec)):
+            slot = vec + 4 + 4 * k
+            f = slot + _u32(data, slot)
+            enc = _ref(data, f, 4)
+            if enc is not None:
+                p = _field(data, enc, 0)  # absent: id 0, the default
+                assert p is not None or ident == 0, "no id field to write"
+                if p is not None:
+                    struct.pack_into("<q", out, p, ident)
+            walk(_ref(data, f, 5))
+
+    walk(_ref(data, schema, 1))
+    parts = []
+    for k, (meta, n) in enumerate(messages(data)):
+        start = meta - 8
+        msg = meta + _u32(data, meta)
+        at = _field(data, msg, 3)
+        body = struct.unpack_from("<q", data, at)[0] if at is not None else 0
+        kind = data[_field(data, msg, 1)]
+        end = meta + n + body
+        if k and kind == 2:  # a dictionary batch: kept only for ``ident``
+            p = _field(data, _ref(data, msg, 2), 0)
+            if (struct.unpack_from("<q", data, p)[0] if p else 0) != ident:
+                continue
+        parts.append(bytes(out[start:end]))
+    return b"".join(parts) + b"\xff\xff\xff\xff\0\0\0\0"
+
+
+def alias_buffers(data: bytes, k: int = 1) -> bytes:
+    """Message ``k`` (uncompressed) with buffers of equal content stored once in its body and
+    every Buffer entry of that content pointing at the one copy."""
+    import hashlib
+
+    meta, n = messages(data)[k]
+    msg = meta + _u32(data, meta)
+    body_at = _field(data, msg, 3)
+    body_len = struct.unpack_from("<q", data, body_at)[0]
+    vec = _ref(data, _ref(data, msg, 2), 2)
+    body0 = meta + n
+    out = bytearray(data[:body0])
+    body, placed = bytearray(), {}
+    for j in range(_u32(data, vec)):
+        p = vec + 4 + 16 * j
+        off, ln = struct.unpack_from("<qq", data, p)
+        content = data[body0 + off:body0 + off + ln]
+        h = hashlib.blake2b(content, digest_size=16).digest()
+        if h not in placed:
+            placed[h] = len(body)
+            body += content + b"\0" * (-len(content) % 8)
+        struct.pack_into("<qq", out, p, placed[h], ln)
+    struct.pack_into("<q", out, body_at, len(body))
+    return bytes(out) + bytes(body) + data[body0 + body_len:]

@@ -441,3 +441,69 @@ def test_schemas_with_large_metadata_are_scored_and_not_kept():
         0, demo.ID_COLUMN, pa.array(np.arange(5, dtype=np.int64))))
     p.decode(Record("in", 0, 99, b"k", small, 1, []))
     assert len(p.decoder._plans) == 1  # a schema of a usual size is kept
+
+
+def _struct_ids(children):
+    ids = pa.StructArray.from_arrays(children, [f"c{j}" for j in range(len(children))])
+    return pa.record_batch({demo.ID_COLUMN: ids, **{f: pa.array(np.zeros(1, np.float32))
+                                                   for f in demo.FEATURES}})
+
+
+@pytest.mark.parametrize("fields", [1, 40])
+def test_fields_sharing_one_dictionary_count_it_once_a_field(fields):
+    # before: 200 fields naming one 100 MB dictionary validated it 200 times (16 s) from a
+    # message of 41 KB; the output wrote it once a field
+    idx = pa.array([0], pa.int32())
+    big = pa.array(["x" * (4 << 20)])  # 4 MB: 40 fields are 160 MB to check
+    value = F.share_dictionary_ids(_batches_stream(
+        [_struct_ids([pa.DictionaryArray.from_arrays(idx, big)] * fields)]), ident=0)
+    alone = pa.ipc.open_stream(value).read_all()  # pyarrow reads it: each field, one dictionary
+    assert alone.column(demo.ID_COLUMN).type.num_fields == fields
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    if fields == 1:
+        assert dec.decode(value).column(demo.ID_COLUMN).equals(
+            alone.column(demo.ID_COLUMN).combine_chunks())
+        return
+    with pytest.raises(codec.InvalidMessage, match="share dictionaries") as e:
+        dec.decode_keyed(value)
+    assert e.value.code == "too_large"
+
+
+def test_buffers_sharing_bytes_are_refused():
+    # before: 2,000 string fields whose buffers all pointed at one 420 KB region: a 637 KB
+    # message checked 840 MB of UTF-8 and wrote an 840 MB output
+    s = pa.array(["€" * 1000])
+    value = _batches_stream([_struct_ids([s] * 50)])
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    assert dec.decode(value).num_rows == 1  # as written: read
+    aliased = F.alias_buffers(value)
+    assert len(aliased) < len(value) // 10
+    alone = pa.ipc.open_stream(aliased).read_all()  # pyarrow reads it
+    assert alone.column(demo.ID_COLUMN).nbytes > 50 * 3000
+    with pytest.raises(codec.InvalidMessage, match="share bytes") as e:
+        dec.decode_keyed(aliased)
+    assert e.value.code == "invalid_arrow"
+
+
+def test_string_views_in_several_batches_are_bounded_before_validation():
+    # before: against a cached schema, each batch was validated before the views were
+    # counted: 25,000 views of one 500 KB string took 10 s to refuse. Not UTF-8 here: counted
+    # first, the views say too_large; validated first, they would fail validation
+    def batch(n, length):
+        data = b"\xff" * length
+        views = np.zeros((n, 4), np.int32)
+        views[:, 0] = len(data)
+        views[:, 1] = np.frombuffer(data[:4], np.int32)[0]
+        ids = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views.tobytes()),
+                                                          pa.py_buffer(data)])
+        return pa.record_batch({demo.ID_COLUMN: ids, **{f: pa.array(np.zeros(n, np.float32))
+                                                       for f in demo.FEATURES}})
+
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20, native=False)
+    with pytest.raises(codec.InvalidMessage):  # the schema, cached (its views not UTF-8)
+        dec.decode_keyed(_batches_stream([batch(2, 100)]))
+    assert dec._plans
+    value = _batches_stream([batch(2000, 100_000), batch(1, 100)])
+    with pytest.raises(codec.InvalidMessage, match="string views") as e:
+        dec.decode_keyed(value)
+    assert e.value.code == "too_large"

@@ -160,7 +160,9 @@ class Pipeline:
                     raise ValueError
                 size += t.byte_width * n
             except ValueError:  # variable width, a dictionary: what its buffers hold
-                size += batch.column(idc).get_total_buffer_size()
+                # nbytes as well: buffers shared by several fields count once there
+                col = batch.column(idc)
+                size += max(col.get_total_buffer_size(), col.nbytes)
         return size
 
     def dead_letter(self, rec: Record, err: codec.InvalidMessage,

@@ -103,28 +103,36 @@ class Decoder:
             if n:
                 return Raw(value, n, plan[2], len(head)), key
         try:
-            inflated = _headers_walk(value, self.max_bytes)
+            inflated, work = _headers_walk(value, self.max_bytes)
         except _Framing as exc:
             raise InvalidMessage("not_arrow", f"not an Arrow IPC stream: {exc}") from None
         except _TooMuch as exc:
             raise InvalidMessage("too_large", str(exc)) from None
+        except _Aliased as exc:
+            raise InvalidMessage("invalid_arrow", str(exc)) from None
         # the stream reader (the first message of a schema, compressed bodies, schemas that
         # are not cached), else batches read against the cached schema; the reader reads only
         # the columns kept: the others are never decompressed, their dictionaries never built
         full = plan is None or not plan[3] or inflated > 0
         if full:
             schema = plan[0] if plan is not None else _schema_only(value)
+            # several fields may name one dictionary: each validates it
+            if work and work * max(1, sum(_dictionary_fields(f.type) for f in schema)) > \
+                    self.max_bytes:
+                raise InvalidMessage("too_large", _SHARED.format(limit=self.max_bytes))
             keep = plan[1] if plan is not None else self._plan(schema)
         try:
             if not full:
                 schema, keep = plan[0], plan[1]
-                batch = _read_batches(value, len(head), schema, keep)
+                batch = _read_batches(value, len(head), schema, keep, self._check_views)
             else:
                 reader = pa.ipc.open_stream(pa.py_buffer(value),
                                             options=pa.ipc.IpcReadOptions(included_fields=keep))
                 table = reader.read_all()
                 dictionaries = reader.stats.num_dictionary_batches
                 batch = None
+        except InvalidMessage:
+            raise
         except (pa.ArrowException, OSError, MemoryError, ValueError, EOFError) as exc:
             raise InvalidMessage("not_arrow", f"not a readable Arrow IPC stream: "
                                  f"{_short(exc)}") from None
@@ -181,22 +189,29 @@ class Decoder:
         """Full validation checks the UTF-8 of every string view, and views may all point at
         the same bytes: the bytes they point at, summed, are held to the decode limit (after a
         cheap validation has checked the views buffers' sizes)."""
-        if not any(_is_string_view(t) for t in data.schema.types):
+        parts = data if isinstance(data, list) else [data]
+        if not parts or not any(_is_string_view(t) for t in parts[0].schema.types):
             return
-        data.validate()
         total = 0
-        for column, t in zip(data.columns, data.schema.types, strict=True):
-            if not _is_string_view(t):
+        for part in parts:
+            part.validate()
+            for column, t in zip(part.columns, part.schema.types, strict=True):
+                if _is_string_view(t):
+                    total = self._view_bytes(column, total)
+
+    def _view_bytes(self, column, total: int) -> int:
+        """``total`` plus the bytes ``column``'s views point at, out of line (too_large past
+        max_bytes)."""
+        for chunk in getattr(column, "chunks", [column]):
+            views = chunk.buffers()[1]
+            if views is None or not len(chunk):
                 continue
-            for chunk in getattr(column, "chunks", [column]):
-                views = chunk.buffers()[1]
-                if views is None or not len(chunk):
-                    continue
-                lengths = np.frombuffer(views, np.int32, 4 * len(chunk), 16 * chunk.offset)[::4]
-                total += int(lengths[lengths > 12].sum(dtype=np.int64))
-                if total > self.max_bytes:
-                    raise InvalidMessage("too_large", "its string views point at more than "
-                                         f"delivery.max_message_bytes ({self.max_bytes})")
+            lengths = np.frombuffer(views, np.int32, 4 * len(chunk), 16 * chunk.offset)[::4]
+            total += int(lengths[lengths > 12].sum(dtype=np.int64))
+            if total > self.max_bytes:
+                raise InvalidMessage("too_large", "its string views point at more than "
+                                     f"delivery.max_message_bytes ({self.max_bytes})")
+        return total
 
     def _codes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Dictionary-encoded strings of features with categories as float32 codes."""
@@ -330,6 +345,7 @@ def _headers_walk(value: bytes, limit: int) -> int:
                 if not rb:
                     raise _Framing("a batch message without its batch")
                 decoded = body
+                _disjoint(fb, _fb_ref(fb, rb, 2), body)
                 if _fb_ref(fb, rb, 3):  # BodyCompression: each buffer says its size
                     decoded = 0
                     vec = _fb_ref(fb, rb, 2)
@@ -360,13 +376,39 @@ def _headers_walk(value: bytes, limit: int) -> int:
                     # validation reads, and concatenation unifies, each batch's dictionaries
                     work += sum(dictionaries.values())
                     if work > limit:
-                        raise _TooMuch(f"its record batches share dictionaries read once a "
-                                       f"batch: more than delivery.max_message_bytes "
-                                       f"({limit}) to check")
+                        raise _TooMuch(_SHARED.format(limit=limit))
             pos += body
     except (struct.error, IndexError):
         raise _Framing("a message header outside the stream") from None
-    return total
+    return total, work
+
+
+_SHARED = ("its record batches share dictionaries read once a batch and a field: more than "
+           "delivery.max_message_bytes ({limit}) to check")
+
+
+def _disjoint(fb: bytes, vec: int, body: int) -> None:
+    """_Aliased when two of a batch's buffers (of any length) share bytes of its body: every
+    writer lays them one after another; aliased, a body of a few bytes validates and writes
+    out as many times over as the buffers that point at it."""
+    if not vec:
+        return
+    count = struct.unpack_from("<I", fb, vec)[0]
+    if 4 + 16 * count > len(fb) - vec:
+        raise _Framing("a buffer list longer than its message")
+    spans = sorted(s for s in struct.iter_unpack("<qq", fb[vec + 4:vec + 4 + 16 * count])
+                   if s[1] > 0)
+    end = 0
+    for off, ln in spans:
+        if off < end:
+            raise _Aliased("two buffers share bytes of the message body")
+        end = off + ln
+    if end > body:
+        raise _Framing("a buffer outside its message body")
+
+
+class _Aliased(ValueError):
+    """Buffers that share bytes."""
 
 
 def _schema_only(value: bytes) -> pa.Schema:
@@ -393,8 +435,8 @@ def _little_endian(schema_message: bytes) -> bool:
         return False
 
 
-def _read_batches(value: bytes, start: int, schema: pa.Schema,
-                  keep: list[int]) -> pa.RecordBatch | None:
+def _read_batches(value: bytes, start: int, schema: pa.Schema, keep: list[int],
+                  check=None) -> pa.RecordBatch | None:
     """The record batches after the schema message, read against the known schema; several
     are cut to the columns ``keep`` and validated before they are concatenated. None when
     there are none."""
@@ -415,6 +457,8 @@ def _read_batches(value: bytes, start: int, schema: pa.Schema,
     if len(batches) > 1:
         if len(keep) != len(schema):
             batches = [b.select(keep) for b in batches]
+        if check is not None:  # bounds the work of the validation (string views)
+            check(batches)
         for b in batches:
             b.validate(full=True)
         return pa.concat_batches(batches)
@@ -451,6 +495,16 @@ def _is_string_view(t) -> bool:
 
 def _is_view(t) -> bool:
     return _is_string_view(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t)
+
+
+def _dictionary_fields(t) -> int:
+    """The dictionary-encoded types in ``t`` and the types nested in it."""
+    if isinstance(t, pa.ExtensionType):
+        return _dictionary_fields(t.storage_type)
+    if pa.types.is_dictionary(t):
+        return 1 + _dictionary_fields(t.value_type)
+    return sum(_dictionary_fields(t.field(i).type) for i in range(t.num_fields)) \
+        if hasattr(t, "num_fields") else 0
 
 
 def _nested_dictionary(t) -> bool:
