@@ -12,7 +12,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def checkout(rev: str, where: Path) -> Path:
-    """A worktree of ``rev`` at ``where`` (replacing one there), extensions built."""
+    """A worktree of ``rev`` at ``where``, extensions built: one already there at ``rev``
+    with its extensions is kept, anything else there replaced."""
+    if where.exists() and list(where.glob("worker/_*.so")):
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                              text=True).stdout.strip()
+        want = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True,
+                              text=True).stdout.strip()
+        if head and head == want:
+            return where
     if where.exists():
         subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=REPO,
                        capture_output=True)
