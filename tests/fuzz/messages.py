@@ -5,7 +5,8 @@ metadata, lies in the body (compressed-length prefixes, buffer contents), and st
 (tests.ipc_forge) at integer edges in a record batch's row count, its field nodes' lengths and
 null counts; schemas pyarrow's writer never writes (big-endian, Schema.features flags);
 flatbuffers moved off their alignment; batches with custom metadata, broken or naming Arrow
-0.17's compression; compressed buffers that declare huge sizes; string-view ids. Some cases
+0.17's compression; compressed buffers that declare huge sizes and real bombs (1.1 M rows of
+zeros); string-view ids. Some cases
 are batches of several messages (dictionary ids of different dictionaries among them),
 processed together as the run loop processes a batch.
 
@@ -197,7 +198,7 @@ def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
                                  "meta_lie", "body_lie", "body_lie", "bitflip", "truncate",
                                  "field_lie", "field_lie", "field_lie", "big_endian",
                                  "size_lie", "shift", "batch_metadata", "experimental",
-                                 "schema_features"]))
+                                 "schema_features", "bomb"]))
     buf = bytearray(data)
     msgs = messages_of(data)
     if kind == "none" or not buf:
@@ -224,6 +225,13 @@ def mutated(draw, data: bytes, table: pa.Table) -> tuple[bytes, str]:
         except (ValueError, pa.ArrowException, struct.error, IndexError):
             pass
         return bytes(buf), "none"
+    if kind == "bomb":  # a real one: true sizes, past delivery.max_message_rows (1,000,000)
+        rows = 1_100_000
+        codec_name = draw(st.sampled_from(["zstd", "lz4"]))
+        zeros = pa.array(np.zeros(rows, np.float32))
+        t = pa.table({ID: pa.array(np.zeros(rows, np.int64)),
+                      **{name: zeros for name in FEATURES}})
+        return ipc_bytes(t, codec_name, 1), f"bomb {rows} rows {codec_name}"
     if kind == "shift" and len(msgs) >= 2:  # a batch's flatbuffer off its alignment
         by = draw(st.sampled_from([1, 2, 4, 8, 12]))
         try:
