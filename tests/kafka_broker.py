@@ -224,3 +224,55 @@ def cluster_topic_factory(kafka_cluster):
     yield factory
     delete_topics(clients[0], created)
     clients.clear()
+
+
+class SecureBroker:
+    """A secured single broker (``broker --security sasl_ssl|mtls``): its client listener
+    takes only that protocol, the StandardAuthorizer is on and no ACL means no access. Users:
+    ``admin`` (super user), ``worker`` (no ACLs until a test grants them), ``intruder``."""
+
+    def __init__(self, security: str, bootstrap: str):
+        self.security, self.bootstrap = security, bootstrap
+        self._configs: dict[str, dict] = {}
+
+    def client(self, user: str) -> dict:
+        """``user``'s librdkafka settings (from ``broker client-config USER``), bootstrap
+        included."""
+        if user not in self._configs:
+            out = subprocess.run([str(BROKER_SCRIPT), "--security", self.security,
+                                  "client-config", user], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            conf = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+            self._configs[user] = {"bootstrap.servers": self.bootstrap, **conf}
+        return dict(self._configs[user])
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.client("admin"))
+
+
+def _secure_broker(security: str):
+    run = [str(BROKER_SCRIPT), "--security", security]
+    already = subprocess.run([*run, "status"], capture_output=True, timeout=30).returncode == 0
+    proc = subprocess.run([*run, "start"], capture_output=True, text=True,
+                          timeout=BROKER_START_TIMEOUT_S, check=False)
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"broker --security {security} start failed (exit "
+                           f"{proc.returncode}):\n{proc.stderr}")
+    try:
+        yield SecureBroker(security, lines[-1])
+    finally:
+        if not already and os.environ.get(KEEP_ENV, "") not in ("1", "true", "yes"):
+            subprocess.run([*run, "stop"], capture_output=True, timeout=180, check=False)
+
+
+@pytest.fixture(scope="session")
+def sasl_ssl_broker():
+    """The SASL_SSL broker (SCRAM-SHA-512/256 and PLAIN over TLS), for the session."""
+    yield from _secure_broker("sasl_ssl")
+
+
+@pytest.fixture(scope="session")
+def mtls_broker():
+    """The mutual-TLS broker (a client certificate per user), for the session."""
+    yield from _secure_broker("mtls")

@@ -21,6 +21,12 @@ from tests import models as M
 REPO = Path(__file__).resolve().parent.parent
 
 
+def client(bootstrap: str | dict) -> dict:
+    """A client configuration from a bootstrap address, or a whole configuration (a secured
+    broker's: security protocol, credentials)."""
+    return dict(bootstrap) if isinstance(bootstrap, dict) else {"bootstrap.servers": bootstrap}
+
+
 def arrow_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
@@ -37,11 +43,10 @@ def input_table(first_id: int, n: int, seed: int) -> pa.Table:
     return pa.table(cols)
 
 
-def produce_inputs(bootstrap: str, topic: str, n_messages: int, rows: int,
+def produce_inputs(bootstrap: str | dict, topic: str, n_messages: int, rows: int,
                    partitions: int = 2) -> pa.Table:
     """Messages of ``rows`` rows each, ids 0..n*rows-1; returns every row produced."""
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                  "linger.ms": 5})
+    p = Producer({**client(bootstrap), "enable.idempotence": True, "linger.ms": 5})
     tables = []
     for i in range(n_messages):
         t = input_table(i * rows, rows, seed=i)
@@ -55,13 +60,13 @@ def produce_inputs(bootstrap: str, topic: str, n_messages: int, rows: int,
 
 def write_config(path: Path, bootstrap: str, model: Path, source: str, sink: str, dlq: str,
                  group: str, mode: str = "exactly_once", metrics_port: int = 0,
-                 client: dict | None = None, **delivery) -> Path:
+                 client: dict | None = None, kafka: dict | None = None, **delivery) -> Path:
     cfg = {
         "source": {"type": "kafka", "topic": source},
         "sink": {"type": "kafka", "topic": sink, "dead_letter_topic": dlq},
         "kafka": {"bootstrap_servers": bootstrap, "group_id": group,
                   "client": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000,
-                             **(client or {})}},
+                             **(client or {})}, **(kafka or {})},
         "model": {"path": str(model)},
         "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
         "delivery": {"mode": mode, "max_wait_ms": 20, **delivery},
@@ -85,10 +90,10 @@ def stop_worker(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 60)
     return proc.wait(timeout)
 
 
-def read_topic(bootstrap: str, topic: str, expect_messages: int | None = None,
+def read_topic(bootstrap: str | dict, topic: str, expect_messages: int | None = None,
                timeout: float = 120, committed: bool = True, idle: float = 3.0) -> list:
     """Every message of a topic, read from the start by a fresh group."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+    c = Consumer({**client(bootstrap), "group.id": f"reader-{uuid.uuid4().hex}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                   "isolation.level": "read_committed" if committed else "read_uncommitted"})
     c.subscribe([topic])
@@ -115,16 +120,20 @@ def output_ids(messages) -> np.ndarray:
     return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
 
 
-def wait_for_ids(bootstrap: str, topic: str, n_ids: int, timeout: float = 180) -> list:
-    """Read committed output until n_ids distinct ids arrived (or time out)."""
+def wait_for_ids(bootstrap: str | dict, topic: str, n_ids: int, timeout: float = 180,
+                 proc: subprocess.Popen | None = None) -> list:
+    """Read committed output until n_ids distinct ids arrived (or time out, or ``proc``, the
+    worker, exits)."""
     deadline = time.monotonic() + timeout
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+    c = Consumer({**client(bootstrap), "group.id": f"reader-{uuid.uuid4().hex}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                   "isolation.level": "read_committed"})
     c.subscribe([topic])
     out, seen = [], set()
     try:
         while time.monotonic() < deadline and len(seen) < n_ids:
+            if proc is not None and proc.poll() is not None:
+                break
             for m in c.consume(500, 0.5):
                 if m.error() is None:
                     out.append(m)

@@ -55,8 +55,47 @@ def _helm():
     pytest.skip("helm not found: go install helm.sh/helm/v3/cmd/helm@v3.22.0 (README)")
 
 
-@pytest.mark.parametrize("values", [{}, {"model.shadowFile": "challenger.model",
-                                         "keda.enabled": "false", "topics.inputPartitions": "3"}])
+def _check_hardening(docs, values):
+    """Non-root, read-only, no capabilities, RuntimeDefault seccomp; Kafka credentials and CA
+    as files from Secrets (never an environment variable for the password); a NetworkPolicy
+    letting out only the brokers and DNS and in only the metrics port; a PDB."""
+    sts, c = _worker_container(docs)
+    pod = sts["spec"]["template"]["spec"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    env = {e["name"] for e in c["env"]}
+    assert "SCORING_WORKER__KAFKA__SASL_PASSWORD" not in env
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    protocol = values.get("kafka.securityProtocol", "SASL_SSL")
+    if protocol.startswith("SASL"):
+        assert mounts["kafka-credentials"]["readOnly"] is True
+        assert volumes["kafka-credentials"]["secret"]["defaultMode"] == 0o440
+    if protocol != "PLAINTEXT":
+        assert volumes["kafka-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    if values.get("kafka.tlsSecret"):
+        assert volumes["kafka-tls"]["secret"]["secretName"] == values["kafka.tlsSecret"]
+    np_ = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert np_["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert [r["ports"] for r in np_["spec"]["ingress"]] == [[{"port": 9464, "protocol": "TCP"}]]
+    egress_ports = sorted(p["port"] for r in np_["spec"]["egress"] for p in r["ports"])
+    assert egress_ports == [53, 53, 9093]
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("values", [
+    {},
+    {"model.shadowFile": "challenger.model", "keda.enabled": "false",
+     "topics.inputPartitions": "3"},
+    {"kafka.securityProtocol": "SSL", "kafka.tlsSecret": "worker-tls"},
+    {"kafka.securityProtocol": "PLAINTEXT", "keda.enabled": "false"},
+], ids=["sasl_ssl", "shadow-no-keda", "mtls", "plaintext"])
 def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values):
     from worker.config import load_settings
 
@@ -68,10 +107,14 @@ def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
     keda = values.get("keda.enabled") != "false"
-    assert kinds == sorted(["ConfigMap", "Service", "StatefulSet"]
-                           + (["ScaledObject"] if keda else []))
+    secured = values.get("kafka.securityProtocol") != "PLAINTEXT"
+    assert kinds == sorted(["ConfigMap", "Service", "StatefulSet", "NetworkPolicy",
+                            "PodDisruptionBudget"]
+                           + (["ScaledObject"] if keda else [])
+                           + (["TriggerAuthentication"] if keda and secured else []))
     _validate(docs)
     _check_guarantees(docs)
+    _check_hardening(docs, values)
     if keda:
         so = next(d for d in docs if d["kind"] == "ScaledObject")
         assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -83,8 +126,22 @@ def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values
     # the worker config the chart renders is one the worker accepts
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     cfg = tmp_path / "prod.yaml"
-    cfg.write_text(cm["data"]["prod.yaml"])
-    s = load_settings(str(cfg))
+    text = cm["data"]["prod.yaml"]
+    # the Secrets' files, where the pod mounts them
+    for mounted in ("/etc/kafka-credentials/password", "/etc/kafka-ca/ca.crt",
+                    "/etc/kafka-tls/tls.crt", "/etc/kafka-tls/tls.key"):
+        local = tmp_path / mounted.strip("/").replace("/", "_")
+        local.write_text("x")
+        text = text.replace(mounted, str(local))
+    cfg.write_text(text)
+    os.environ["SCORING_WORKER__KAFKA__SASL_USERNAME"] = "scoring-worker"  # from the Secret
+    try:
+        s = load_settings(str(cfg))
+    finally:
+        del os.environ["SCORING_WORKER__KAFKA__SASL_USERNAME"]
+    if secured:
+        assert s.kafka.security_protocol == values.get("kafka.securityProtocol", "SASL_SSL")
+        assert s.kafka.ssl_ca_location.endswith("ca.crt")
     assert s.model.reload and s.delivery.mode == "exactly_once"
     assert s.model.path == "/var/lib/scoring-worker/models/fraud.model"
     if values.get("model.shadowFile"):

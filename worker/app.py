@@ -18,6 +18,7 @@ import structlog
 from . import chaos, codec
 from .config import ConfigError, Settings, load_settings
 from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
+from .io.base import NotAuthorized
 from .io.records import RESERVED_HEADERS, Record
 from .metrics import Metrics, observe_many
 from .model.compiled import CompiledModel
@@ -1075,6 +1076,8 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         # every start-up error is one line: exit 2 for what the configuration names (a file
         # that is not a recording, an unknown librdkafka property, a busy port), exit 1 for a
         # dependency that is down
+        if "kafka" in (settings.source.type, settings.sink.type):
+            log.info("kafka settings", **settings.kafka.masked())  # secrets as '***'
         try:
             source = open_source(settings)
             stack.callback(source.close)
@@ -1084,6 +1087,12 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             print(f"{'config error' if exc.exit_code == 2 else 'error'}: {exc}",
                   file=sys.stderr)
             return exc.exit_code
+        except ConfigError as exc:  # a secret file that went away since the config was read
+            print(exc, file=sys.stderr)
+            return 2
+        except NotAuthorized as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except FatalError as exc:
             log.error("cannot start the producer", error=str(exc))
             return 1
@@ -1135,6 +1144,9 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         t0 = time.perf_counter()
         try:
             rc = worker.run()
+        except NotAuthorized as exc:  # one line naming the permission
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except FatalError as exc:
             log.error("fatal Kafka error: exiting for a restart", error=str(exc))
             return 1

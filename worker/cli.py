@@ -197,8 +197,11 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
 
 
 @main.command("record")
-@click.option("--bootstrap-servers", "--bootstrap", "bootstrap_servers", default="127.0.0.1:9092",
-              show_default=True, help="Kafka bootstrap servers (host:port list).")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="Worker config whose kafka section (brokers, TLS, SASL) the recorder uses.")
+@click.option("--bootstrap-servers", "--bootstrap", "bootstrap_servers", default=None,
+              help="Kafka bootstrap servers (host:port list; default: the config's, else "
+                   "127.0.0.1:9092).")
 @click.option("--topic", required=True)
 @click.option("--output", required=True, type=click.Path(dir_okay=False),
               help="Recorded topic file (.arrows).")
@@ -208,23 +211,33 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
               help="Start at the first message at or after this Unix time in milliseconds.")
 @click.option("--max-messages", type=int, default=None)
 @click.option("--max-seconds", type=float, default=None)
-def record_cmd(bootstrap_servers, topic, output, from_offset, from_timestamp, max_messages,
-               max_seconds) -> None:
+def record_cmd(config_path, bootstrap_servers, topic, output, from_offset, from_timestamp,
+               max_messages, max_seconds) -> None:
     """Record a topic's committed messages into a file, for replay tests."""
+    from confluent_kafka import KafkaException
     from rich.progress import Progress
 
+    from .config import ConfigError, KafkaConfig, load_kafka_section
     from .replay import record_topic
 
     _exit_if_stopped()
+    try:
+        kafka = load_kafka_section(config_path) if config_path else KafkaConfig()
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    client = kafka.common()
+    bootstrap = bootstrap_servers or client.pop("bootstrap.servers")
+    client.pop("bootstrap.servers", None)
     with Progress(transient=True) as bar:
         task = bar.add_task(f"recording {topic}", total=max_messages)
         try:
-            n = record_topic(bootstrap_servers, topic, output, from_offset=from_offset,
+            n = record_topic(bootstrap, topic, output, from_offset=from_offset,
                              from_timestamp_ms=from_timestamp, max_messages=max_messages,
-                             max_seconds=max_seconds,
+                             max_seconds=max_seconds, client=client,
                              progress=lambda k: bar.advance(task, k))
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
+        except (ValueError, RuntimeError, KafkaException) as exc:
+            raise click.ClickException(str(exc).splitlines()[0]) from None
     click.echo(f"recorded {n} messages from {topic} -> {output}")
 
 

@@ -115,6 +115,19 @@ RESERVED_CLIENT_KEYS = {
 }
 SECRET_CLIENT_KEYS = {"sasl.password", "ssl.key.password", "ssl.keystore.password",
                       "sasl.oauthbearer.client.secret"}
+# the fields that hold a secret, each with the field that names a file holding it instead
+SECRET_FIELDS = {"sasl_password": "sasl_password_file",
+                 "ssl_key_password": "ssl_key_password_file",
+                 "sasl_oauthbearer_client_secret": "sasl_oauthbearer_client_secret_file"}
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+
+
+def read_secret_file(path: str) -> str:
+    """A secret mounted as a file (a Kubernetes Secret volume): its text, less one trailing
+    newline. Raises OSError or UnicodeDecodeError."""
+    text = Path(path).read_text(encoding="utf-8")
+    return text[:-1] if text.endswith("\n") else text
 
 
 class KafkaConfig(_Section):
@@ -124,21 +137,52 @@ class KafkaConfig(_Section):
     """Consumer group; workers with the same group share the partitions."""
     transactional_id: str | None = None
     """Exactly-once producer id (default <group_id>-<host>-<random>)."""
-    security_protocol: str | None = None
-    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
-    sasl_mechanism: str | None = None
-    """PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, ..."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    """PLAINTEXT, SSL (TLS; mutual TLS with ssl_certificate_location), SASL_PLAINTEXT or
+    SASL_SSL (default: PLAINTEXT)."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER",
+                            "GSSAPI"] | None = None
+    """PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or GSSAPI (with a SASL protocol)."""
     sasl_username: str | None = None
-    """SASL user name."""
+    """SASL user name (PLAIN, SCRAM)."""
     sasl_password: SecretStr | None = None
-    """SASL password: set it from the environment, never in the file."""
+    """SASL password: from the environment (SCORING_WORKER__KAFKA__SASL_PASSWORD) or
+    sasl_password_file, never in the config file."""
+    sasl_password_file: str | None = None
+    """A file holding the SASL password (a mounted Secret); one trailing newline is dropped."""
+    sasl_oauthbearer_method: Literal["default", "oidc"] | None = None
+    """OAUTHBEARER: oidc fetches tokens from sasl_oauthbearer_token_endpoint_url with the
+    client id and secret (client credentials grant)."""
+    sasl_oauthbearer_client_id: str | None = None
+    """OAUTHBEARER oidc: the client id."""
+    sasl_oauthbearer_client_secret: SecretStr | None = None
+    """OAUTHBEARER oidc: the client secret (from the environment or ..._secret_file)."""
+    sasl_oauthbearer_client_secret_file: str | None = None
+    """OAUTHBEARER oidc: a file holding the client secret."""
+    sasl_oauthbearer_token_endpoint_url: str | None = None
+    """OAUTHBEARER oidc: the identity provider's token endpoint."""
+    sasl_oauthbearer_scope: str | None = None
+    """OAUTHBEARER oidc: the scope asked for (optional)."""
+    sasl_oauthbearer_extensions: str | None = None
+    """OAUTHBEARER oidc: SASL extensions, key=value pairs separated by commas (optional)."""
     ssl_ca_location: str | None = None
-    """CA certificate file for SSL."""
+    """CA certificate file (PEM) that signed the brokers' certificates (default: the system's)."""
+    ssl_certificate_location: str | None = None
+    """Mutual TLS: this worker's certificate (PEM)."""
+    ssl_key_location: str | None = None
+    """Mutual TLS: this worker's private key (PEM)."""
+    ssl_key_password: SecretStr | None = None
+    """The private key's password (from the environment or ssl_key_password_file)."""
+    ssl_key_password_file: str | None = None
+    """A file holding the private key's password."""
+    ssl_endpoint_identification: bool = True
+    """Check that a broker's certificate names the host connected to (off only for a test)."""
     client: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Any librdkafka setting, passed through to consumer and producer (except those the
     delivery guarantees depend on)."""
     allow_secrets_in_file: bool = False
-    """Accept a password written in the config file (default: only from the environment)."""
+    """Accept a password written in the config file (default: only from the environment or
+    a *_file field)."""
 
     @field_validator("client")
     @classmethod
@@ -149,18 +193,116 @@ class KafkaConfig(_Section):
                 raise ValueError(f"{key!r} cannot be set here: {why}")
         return v
 
+    @field_validator("security_protocol", "sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, v):
+        return v.strip().upper() if isinstance(v, str) else v
+
+    @field_validator("ssl_ca_location", "ssl_certificate_location", "ssl_key_location",
+                     "sasl_password_file", "ssl_key_password_file",
+                     "sasl_oauthbearer_client_secret_file")
+    @classmethod
+    def _readable(cls, v: str | None) -> str | None:
+        if v is not None and not os.access(v, os.R_OK):
+            raise ValueError(f"{v} does not exist or cannot be read")
+        if v is not None and not os.path.isfile(v):
+            raise ValueError(f"{v} is not a file")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        protocol = self.security_protocol or "PLAINTEXT"
+        for secret, file in SECRET_FIELDS.items():
+            if getattr(self, secret) is not None and getattr(self, file) is not None:
+                raise ValueError(f"kafka.{secret} and kafka.{file} are both set: set one")
+        sasl = protocol in SASL_PROTOCOLS
+        if self.sasl_mechanism and not sasl:
+            raise ValueError(f"kafka.sasl_mechanism is {self.sasl_mechanism} but "
+                             f"kafka.security_protocol is {protocol}: use SASL_SSL")
+        if sasl:
+            mechanism = self.sasl_mechanism or "GSSAPI"
+            if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+                if not self.sasl_username:
+                    raise ValueError(f"kafka.sasl_username is required for {mechanism}")
+                if self.sasl_password is None and self.sasl_password_file is None and \
+                        "sasl.password" not in self.client:
+                    raise ValueError(f"kafka.sasl_password is required for {mechanism}: set "
+                                     f"{ENV_PREFIX}KAFKA__SASL_PASSWORD or "
+                                     "kafka.sasl_password_file")
+            if mechanism == "OAUTHBEARER" and self.sasl_oauthbearer_method == "oidc":
+                for need in ("sasl_oauthbearer_client_id",
+                             "sasl_oauthbearer_token_endpoint_url"):
+                    if not getattr(self, need):
+                        raise ValueError(f"kafka.{need} is required for OAUTHBEARER oidc")
+                if self.sasl_oauthbearer_client_secret is None and \
+                        self.sasl_oauthbearer_client_secret_file is None:
+                    raise ValueError("kafka.sasl_oauthbearer_client_secret is required for "
+                                     "OAUTHBEARER oidc (or ..._secret_file)")
+        oauth = [f for f in type(self).model_fields if f.startswith("sasl_oauthbearer_")
+                 and getattr(self, f) is not None]
+        if oauth and self.sasl_mechanism != "OAUTHBEARER":
+            raise ValueError(f"kafka.{oauth[0]} is set but kafka.sasl_mechanism is not "
+                             "OAUTHBEARER")
+        tls = [f for f in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location",
+                           "ssl_key_password", "ssl_key_password_file")
+               if getattr(self, f) is not None]
+        if tls and protocol not in TLS_PROTOCOLS:
+            raise ValueError(f"kafka.{tls[0]} is set but kafka.security_protocol is "
+                             f"{protocol} (no TLS): use SSL or SASL_SSL")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError("kafka.ssl_certificate_location and kafka.ssl_key_location go "
+                             "together (mutual TLS)")
+        return self
+
+    def _secret(self, name: str) -> str | None:
+        value, file = getattr(self, name), getattr(self, SECRET_FIELDS[name])
+        if value is not None:
+            return value.get_secret_value()
+        if file is not None:
+            try:
+                return read_secret_file(file)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"config error: kafka.{SECRET_FIELDS[name]}: cannot read "
+                                  f"{file}: {exc.__class__.__name__}") from None
+        return None
+
     def common(self) -> dict[str, Any]:
+        """The settings every Kafka client of the worker shares: brokers, security, and
+        kafka.client (secrets resolved here, from the environment or their files)."""
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
         for key, value in (("security.protocol", self.security_protocol),
                            ("sasl.mechanism", self.sasl_mechanism),
                            ("sasl.username", self.sasl_username),
-                           ("ssl.ca.location", self.ssl_ca_location)):
+                           ("sasl.password", self._secret("sasl_password")),
+                           ("sasl.oauthbearer.method", self.sasl_oauthbearer_method),
+                           ("sasl.oauthbearer.client.id", self.sasl_oauthbearer_client_id),
+                           ("sasl.oauthbearer.client.secret",
+                            self._secret("sasl_oauthbearer_client_secret")),
+                           ("sasl.oauthbearer.token.endpoint.url",
+                            self.sasl_oauthbearer_token_endpoint_url),
+                           ("sasl.oauthbearer.scope", self.sasl_oauthbearer_scope),
+                           ("sasl.oauthbearer.extensions", self.sasl_oauthbearer_extensions),
+                           ("ssl.ca.location", self.ssl_ca_location),
+                           ("ssl.certificate.location", self.ssl_certificate_location),
+                           ("ssl.key.location", self.ssl_key_location),
+                           ("ssl.key.password", self._secret("ssl_key_password"))):
             if value is not None:
                 conf[key] = value
+        if (self.security_protocol or "PLAINTEXT") in TLS_PROTOCOLS:
+            conf["ssl.endpoint.identification.algorithm"] = (
+                "https" if self.ssl_endpoint_identification else "none")
         conf.update(self.client)
-        if self.sasl_password is not None:
-            conf["sasl.password"] = self.sasl_password.get_secret_value()
         return conf
+
+    def masked(self) -> dict[str, Any]:
+        """This section for a log line: every secret shown as '***'."""
+        out = {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+        for secret in SECRET_FIELDS:
+            if secret in out:
+                out[secret] = "***"
+        out["client"] = {k: ("***" if str(k).lower() in SECRET_CLIENT_KEYS else v)
+                         for k, v in self.client.items()}
+        return out
 
 
 class ModelConfig(_Section):
@@ -424,9 +566,11 @@ def _format_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
-        if not loc and msg.startswith("Value error, "):  # a check across sections names
-            lines.append(f"config error: {msg[len('Value error, '):]}")  # its fields itself
-            continue
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+            if not loc or msg.startswith(f"{loc}."):  # a check across fields names them
+                lines.append(f"config error: {msg}")
+                continue
         lines.append(f"config error: {loc or '(top level)'}: {msg}")
     return "\n".join(lines)
 
@@ -457,14 +601,15 @@ def _check_file_secrets(data: dict, where: str) -> None:
     kafka = data.get("kafka")
     if not isinstance(kafka, dict) or kafka.get("allow_secrets_in_file") is True:
         return
-    found = ["kafka.sasl_password"] if kafka.get("sasl_password") is not None else []
+    found = [f"kafka.{k}" for k in SECRET_FIELDS if kafka.get(k) is not None]
     client = kafka.get("client")
     if isinstance(client, dict):
         found += [f"kafka.client.{k}" for k in client if str(k).lower() in SECRET_CLIENT_KEYS]
     if found:
         raise ConfigError(f"config error: {found[0]}: a password in {where}; set it from the "
-                          f"environment ({ENV_PREFIX}KAFKA__SASL_PASSWORD) or set "
-                          "kafka.allow_secrets_in_file: true")
+                          f"environment ({ENV_PREFIX}KAFKA__SASL_PASSWORD) or a file "
+                          "(kafka.sasl_password_file), or set kafka.allow_secrets_in_file: "
+                          "true")
 
 
 def _check_environment() -> None:
@@ -513,3 +658,9 @@ def load_settings(path: str | Path | None = None, **overrides) -> Settings:
         return settings
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
+
+
+def load_kafka_section(path: str | Path) -> KafkaConfig:
+    """The kafka section of a worker config (file, then the environment): what the `record`
+    command needs to reach the brokers."""
+    return load_settings(path).kafka

@@ -56,6 +56,10 @@ def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset:
                         if err.code() == KafkaError._PARTITION_EOF:
                             live.discard(m.partition())
                             continue
+                        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                            # the recorder assigns partitions and commits nothing: its group
+                            # (librdkafka still looks up its coordinator) needs no ACL
+                            continue
                         raise RuntimeError(f"consume error: {err}")
                     buf.append(to_record(m))
                 w.write(buf)
@@ -67,12 +71,14 @@ def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset:
         c.close()
 
 
-def produce_records(bootstrap: str, topic: str, path: str | Path, keep_partition: bool = True
-                    ) -> int:
-    """Publish a recorded topic's messages to ``topic`` (same keys, headers, partitions)."""
+def produce_records(bootstrap: str, topic: str, path: str | Path, keep_partition: bool = True,
+                    client: dict | None = None) -> int:
+    """Publish a recorded topic's messages to ``topic`` (same keys, headers, partitions);
+    ``client``: more librdkafka settings (security)."""
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                  **(client or {})})
     n = 0
     for r in read_records(path):
         kw = {"partition": r.partition} if keep_partition and r.partition >= 0 else {}

@@ -14,10 +14,16 @@ def open_source(settings) -> Source:
         from .files import FileSource
 
         return FileSource(settings.source.path)
+    from .access import check_access
     from .kafka import KafkaSource
 
     topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
+    check_access(settings, transactional=_transactional(settings))
     return KafkaSource(settings.consumer_config(), topics)
+
+
+def _transactional(settings) -> bool:
+    return settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
 
 
 def open_sink(settings) -> Sink:
@@ -30,10 +36,17 @@ def open_sink(settings) -> Sink:
         return FileSink(s.path, s.dead_letter_path, shadow_path=s.shadow_path)
     from .kafka import KafkaSink, topic_max_bytes
 
-    transactional = settings.delivery.mode == "exactly_once" and settings.source.type == "kafka"
+    transactional = _transactional(settings)
+    if settings.source.type != "kafka":  # else checked with the source
+        from .access import check_access
+
+        check_access(settings, transactional=False)
     conf = settings.producer_config(transactional)
     topics = [s.topic, s.dead_letter_topic] + ([s.shadow_topic] if settings.model.shadow_path
                                               else [])
+    from .access import transactional_id_permission
+
     return KafkaSink(conf, s.topic, s.dead_letter_topic, transactional,
                      topic_max_bytes(conf, topics), shadow_topic=s.shadow_topic
-                     if settings.model.shadow_path else None)
+                     if settings.model.shadow_path else None,
+                     transactional_id_acl=transactional_id_permission(settings))

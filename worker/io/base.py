@@ -19,6 +19,7 @@ two errors above).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from .records import Record
@@ -53,6 +54,47 @@ class BatchRolledBack(RuntimeError):
 
 class FatalError(RuntimeError):
     """Unrecoverable: fenced by a newer instance, or a fatal client error."""
+
+
+_KAFKA_ACLS_FLAG = {"topic": "--topic", "group": "--group",
+                    "transactional-id": "--transactional-id", "cluster": "--cluster"}
+
+
+@dataclass(frozen=True)
+class Permission:
+    operation: str  # READ, WRITE, DESCRIBE_CONFIGS (the broker's AclOperation names)
+    resource: str  # topic, group, transactional-id
+    name: str
+    prefixed: bool = False  # a prefix ACL (transactional ids: <group_id>-...)
+    why: str = ""
+
+    def __str__(self) -> str:
+        name = f"{self.name}* (prefixed)" if self.prefixed else self.name
+        return f"{self.operation} on {self.resource} {name}"
+
+    def kafka_acls(self, principal: str) -> str:
+        """The kafka-acls arguments that grant it."""
+        op = "".join(w.capitalize() for w in self.operation.split("_"))
+        flag = _KAFKA_ACLS_FLAG[self.resource]
+        target = "" if self.resource == "cluster" else f" {self.name}"
+        prefix = " --resource-pattern-type prefixed" if self.prefixed else ""
+        return f"--add --allow-principal {principal} --operation {op} {flag}{target}{prefix}"
+
+
+class NotAuthorized(FatalError):
+    """The brokers refuse this principal an operation the worker needs: exit 1, one line."""
+
+    def __init__(self, missing: list[Permission] | Permission, principal: str,
+                 detail: str = ""):
+        missing = [missing] if isinstance(missing, Permission) else missing
+        self.missing, self.principal = missing, principal
+        what = "; ".join(str(p) for p in missing)
+        grant = missing[0].kafka_acls(principal)
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        text = (f"kafka: {principal} is not authorized: {what} "
+                f"(kafka-acls {grant}{more}; the README's Security section lists what the "
+                f"worker needs)")
+        super().__init__(f"{text}: {detail}" if detail else text)
 
 
 class Source(Protocol):

@@ -8,6 +8,7 @@ restart), ``StartupError`` (a setting librdkafka refuses, or a broker that does 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -27,6 +28,7 @@ from confluent_kafka import (
 )
 
 from .. import chaos
+from .access import NotAuthorized, principal_of, refusal
 from .base import BatchRolledBack, FatalError, StartupError
 from .records import RESERVED_HEADERS, Record
 
@@ -137,6 +139,8 @@ class KafkaSource:
     keeps what was fetched under its new assignment."""
 
     def __init__(self, conf: dict, topics: list[str]):
+        self.principal, self.group = principal_of(conf), conf.get("group.id")
+        self.topics = topics
         try:
             self.consumer = Consumer(conf)
         except KafkaException as exc:
@@ -194,6 +198,7 @@ class KafkaSource:
                 raise KafkaException(failed[0].error)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else exc
+                self._refused(err, partitions[0].topic)
                 if self.stopping() or self.closing:
                     return []  # exiting: nothing is read from these partitions
                 if time.monotonic() >= deadline or (isinstance(err, KafkaError)
@@ -273,6 +278,7 @@ class KafkaSource:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
+                self._refused(err, msg.topic())
                 if err.fatal():
                     raise FatalKafkaError(str(err))
                 log.warning("consumer error", error=str(err))
@@ -281,6 +287,15 @@ class KafkaSource:
             rec.epoch = epoch.get((rec.topic, rec.partition), 0)
             out.append(rec)
         return out
+
+    principal, group, topics = "User:ANONYMOUS", None, ()
+
+    def _refused(self, err, topic: str | None) -> None:
+        """An authorization error is fatal, named (NotAuthorized), never retried."""
+        denied = refusal(err, self.principal, topic=topic or ",".join(self.topics),
+                         group=self.group)
+        if denied is not None:
+            raise denied
 
     @staticmethod
     def next_offsets(batch: list[Record]) -> list[TopicPartition]:
@@ -299,6 +314,7 @@ class KafkaSource:
         try:
             self.consumer.commit(offsets=self.next_offsets(batch), asynchronous=False)
         except KafkaException as exc:
+            self._refused(exc.args[0] if exc.args else exc, batch[0].topic)
             log.warning("offset commit failed: these messages may be delivered again",
                         error=str(exc))
 
@@ -377,7 +393,14 @@ def _never() -> bool:
 RECORD_OVERHEAD = 128
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
 _CLIENT_PREFIXES = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.",
-                    "metadata.", "api.", "connections.", "reconnect.")
+                    "metadata.", "api.", "connections.", "reconnect.", "enable.ssl.",
+                    "enable.sasl.", "https.")
+
+
+def admin_config(conf: dict) -> dict:
+    """An admin client's share of a consumer's or producer's settings: the brokers, security
+    and connection settings."""
+    return {k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES)}
 
 
 def topic_max_bytes(conf: dict, topics: list[str]) -> dict[str, int]:
@@ -389,7 +412,7 @@ def topic_max_bytes(conf: dict, topics: list[str]) -> dict[str, int]:
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     out = dict.fromkeys(topics, BROKER_DEFAULT_MAX_MESSAGE_BYTES)
-    admin = AdminClient({k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES)})
+    admin = AdminClient(admin_config(conf))
     futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t)
                                       for t in set(topics)], request_timeout=10)
     told = False
@@ -406,7 +429,14 @@ def topic_max_bytes(conf: dict, topics: list[str]) -> dict[str, int]:
                                  "max.message.bytes", topics=sorted(set(topics)))
             if entry is not None and entry.value:
                 out[res.name] = int(entry.value)
-        except Exception as exc:  # noqa: BLE001 (absent topic, ACLs: keep the default)
+        except KafkaException as exc:
+            denied = refusal(exc.args[0] if exc.args else exc, principal_of(conf),
+                             topic=res.name, topic_operation="DESCRIBE_CONFIGS")
+            if denied is not None:
+                raise denied from None
+            log.info("cannot read a topic's max.message.bytes: using the broker default",
+                     topic=res.name, error=str(exc).splitlines()[0] if str(exc) else "")
+        except Exception as exc:  # noqa: BLE001 (absent topic: keep the default)
             log.info("cannot read a topic's max.message.bytes: using the broker default",
                      topic=res.name, error=str(exc).splitlines()[0] if str(exc) else "")
     return out
@@ -423,7 +453,8 @@ class KafkaSink:
     small messages into a batch the broker refuses."""
 
     def __init__(self, conf: dict, topic: str, dead_letter_topic: str, transactional: bool,
-                 topic_limits: dict[str, int] | None = None, shadow_topic: str | None = None):
+                 topic_limits: dict[str, int] | None = None, shadow_topic: str | None = None,
+                 transactional_id_acl=None):
         producer_max = int(conf.get("message.max.bytes", 1_000_000))
         limits = topic_limits or {}
         self.max_bytes = {t: min(limits.get(t, BROKER_DEFAULT_MAX_MESSAGE_BYTES), producer_max)
@@ -433,6 +464,10 @@ class KafkaSink:
             conf = {**conf, "batch.size": min(1_000_000, min(self.max_bytes.values()) +
                                               RECORD_OVERHEAD)}
         self._conf = conf
+        self.principal = principal_of(conf)
+        self.transactional_id_acl = transactional_id_acl
+        # a WRITE the broker refused during this delivery (NotAuthorized once it settles)
+        self._denied: NotAuthorized | None = None
         try:
             self.producer = Producer(conf)
         except KafkaException as exc:
@@ -475,6 +510,9 @@ class KafkaSink:
             except KafkaException as exc:
                 err = exc.args[0]
                 now = time.monotonic()
+                denied = self._refusal(err)
+                if denied is not None:
+                    raise denied from None
                 if isinstance(exc, ProducerStuck) or \
                         not (isinstance(err, KafkaError) and err.retriable()) or \
                         now >= deadline or self.stopping():
@@ -484,9 +522,38 @@ class KafkaSink:
                     log.info("waiting for the transaction coordinator", error=err.str(),
                              gives_up_in_s=round(deadline - now))
 
+    def _refusal(self, err, topic: str | None = None) -> NotAuthorized | None:
+        if topic is None and isinstance(err, KafkaError) and \
+                err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and \
+                getattr(self, "_conf", None):
+            # refused without the topic named (adding partitions to a transaction): ask the
+            # brokers which output topic this principal may no longer write
+            from .access import Permission, missing_permissions
+
+            try:
+                missing = missing_permissions(
+                    self._conf, [Permission("WRITE", "topic", t) for t in self.max_bytes],
+                    timeout_s=10)
+            except Exception:  # noqa: BLE001 (the refusal is reported anyway)
+                missing = []
+            if missing:
+                return NotAuthorized(missing, self.principal, err.str())
+        return refusal(err, self.principal, topic=topic, topic_operation="WRITE",
+                       transactional_id=self.transactional_id_acl or (
+                           getattr(self, "_conf", None) or {}).get("transactional.id"),
+                       group=self._group)
+
+    _group: str | None = None  # the consumer group whose offsets go into the transactions
+    principal = "User:ANONYMOUS"
+    _denied: NotAuthorized | None = None
+    # the ACL that covers this worker's transactional ids (a prefix when they are generated)
+    transactional_id_acl = None
+
     def _on_delivery(self, r: Record, topic: str, err, msg):
         if err is not None:
             self._errors.append(err)
+            if self._denied is None:
+                self._denied = self._refusal(err, topic)
             # a message's own error; and for a shadow model's output, any error (its topic
             # missing, not writable): the shadow output is dropped next time, never the live
             if r.origin is not None and (err.code() in MESSAGE_ERRORS
@@ -551,6 +618,9 @@ class KafkaSink:
                 return call(*args)
             except KafkaException as exc:
                 err = exc.args[0]
+                denied = self._refusal(err) if err.fatal() else None
+                if denied is not None:
+                    raise denied from exc
                 if err.fatal() or err.code() in (KafkaError._FENCED,
                                                  KafkaError.PRODUCER_FENCED):
                     raise FatalKafkaError(str(err)) from exc
@@ -576,6 +646,10 @@ class KafkaSink:
                 raise
             except KafkaException as exc:
                 err = exc.args[0]
+                denied = self._refusal(err) if isinstance(err, KafkaError) and err.fatal() \
+                    else None
+                if denied is not None:
+                    raise denied from exc
                 if isinstance(err, KafkaError) and (err.fatal() or err.code() in (
                         KafkaError._FENCED, KafkaError.PRODUCER_FENCED)):
                     raise FatalKafkaError(str(err)) from exc
@@ -633,7 +707,19 @@ class KafkaSink:
                     "again); nothing of it was committed")
         return TransactionAborted(str(exc.args[0]))
 
+    def _take_denied(self, exc: BaseException) -> NotAuthorized | None:
+        """A refusal of this delivery (an output topic, the group, the transactional id)."""
+        denied, self._denied = self._denied, None
+        if denied is None and isinstance(exc, KafkaException) and exc.args:
+            denied = self._refusal(exc.args[0])
+        return denied
+
     def _abort(self, source: KafkaSource, exc: KafkaException) -> TransactionAborted:
+        denied = self._take_denied(exc)
+        if denied is not None:  # aborted (a short try), then fatal: never retried
+            with contextlib.suppress(KafkaException):
+                self._blocking(self.producer.abort_transaction, 5, bound_s=10)
+            raise denied from exc
         log.warning("transaction aborted", error=str(exc.args[0]))
         if self.stopping():  # exiting with the broker away: a short try, then leave it
             try:
@@ -692,7 +778,8 @@ class KafkaSink:
         the input offsets to the transaction). The returned delivery's ``wait`` (the commit or
         the flush, which may run in another thread while the next batch is prepared) and
         ``finish`` (on the loop's thread) complete it."""
-        self._errors, self._refused = [], []
+        self._errors, self._refused, self._denied = [], [], None
+        self._group = getattr(source, "group", None)
         if self.transactional:
             try:
                 self._txn(self.producer.begin_transaction)
@@ -712,8 +799,11 @@ class KafkaSink:
         return KafkaDelivery(self, source, batch)
 
     def _rolled_back(self, source: KafkaSource, exc: KafkaException) -> BatchRolledBack:
-        log.warning("delivery failed: the batch will be read again", error=str(exc))
         self.producer.poll(0)  # serve the reports already in (a refused message names itself)
+        denied = self._take_denied(exc)
+        if denied is not None:
+            raise denied from exc
+        log.warning("delivery failed: the batch will be read again", error=str(exc))
         if not self.stopping():  # exiting: the next owner reads from the committed offsets
             source.rewind()
         return BatchRolledBack(str(exc), transaction=False, refused=self._take_refused(),

@@ -1,0 +1,222 @@
+"""Who the worker is to the brokers, and what it may do there.
+
+``check_access`` runs before the consumer and producer start: it authenticates (a wrong password,
+an unknown CA, a certificate the broker refuses: exit 1 with one line) and asks the brokers which
+operations this principal may perform on each topic and on the consumer group (Metadata and
+DescribeGroups with ``include_authorized_operations``), so a missing ACL is named at start-up
+instead of surfacing as a stalled consumer or a retried transaction. What the worker needs, per
+delivery mode, is ``required`` (the README's "Security" section lists the same as kafka-acls
+lines). A refusal that comes later (an ACL removed while the worker runs, a transactional id
+it may not use) is ``NotAuthorized`` at the point it happens: fatal, exit 1, never retried.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException
+
+from .base import NotAuthorized, Permission, StartupError
+
+log = structlog.get_logger("worker.kafka")
+
+# broker error code -> the resource type it refuses
+AUTHORIZATION_ERRORS = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional-id",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+}
+# the connection itself is refused: credentials, certificates
+AUTHENTICATION_ERRORS = frozenset({KafkaError._AUTHENTICATION,
+                                   KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL})
+# a coordinator still loading, or a broker not answering yet: asked again until the bound
+_TRANSIENT = frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+                        KafkaError._TIMED_OUT, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError._TRANSPORT})
+
+class AuthenticationFailed(StartupError):
+    """The brokers refuse the connection: credentials or certificates (exit 1)."""
+
+    def __init__(self, error: str, principal: str):
+        super().__init__("kafka", f"the brokers refuse the connection of {principal} "
+                                  f"(credentials or certificates): {error}", exit_code=1)
+
+
+def transactional_id_permission(settings) -> Permission:
+    k = settings.kafka
+    if k.transactional_id:
+        return Permission("WRITE", "transactional-id", k.transactional_id,
+                          why="exactly once: the producer's transactions")
+    return Permission("WRITE", "transactional-id", f"{k.group_id}-", prefixed=True,
+                      why="exactly once: the producer's transactions (default ids "
+                          "<group_id>-<host>-<random>)")
+
+
+def required(settings, transactional: bool) -> list[Permission]:
+    """Every permission the worker needs with these settings."""
+    out: list[Permission] = []
+    if settings.source.type == "kafka":
+        for topic in _topics(settings.source.topic):
+            out.append(Permission("READ", "topic", topic, why="consume the input"))
+        out.append(Permission("READ", "group", settings.kafka.group_id,
+                              why="join the group, commit its offsets"))
+    if settings.sink.type == "kafka":
+        s = settings.sink
+        outs = [(s.topic, "publish scores"), (s.dead_letter_topic, "publish dead letters")]
+        if settings.model.shadow_path:
+            outs.append((s.shadow_topic, "publish the shadow model's scores"))
+        for topic, why in outs:
+            out.append(Permission("WRITE", "topic", topic, why=why))
+        for topic, _why in outs:
+            out.append(Permission("DESCRIBE_CONFIGS", "topic", topic,
+                                  why="read max.message.bytes (outputs kept under it)"))
+        if transactional:
+            out.append(transactional_id_permission(settings))
+    return out
+
+
+def _topics(spec: str | None) -> list[str]:
+    return [t.strip() for t in (spec or "").split(",") if t.strip()]
+
+
+def check_access(settings, transactional: bool, timeout_s: float = 30.0) -> None:
+    """Authenticate, then compare what the brokers allow this principal on every topic and on
+    the group with ``required``. Raises AuthenticationFailed or NotAuthorized (exit 1); a
+    broker that does not answer within ``timeout_s`` is left to the clients (they say so)."""
+    conf = settings.kafka.common()
+    needs = [p for p in required(settings, transactional) if p.resource in ("topic", "group")]
+    if not needs:
+        return
+    missing = missing_permissions(conf, needs, timeout_s)
+    if missing:
+        raise NotAuthorized(missing, principal_of(conf))
+    log.info("kafka access checked", principal=principal_of(conf),
+             permissions=[str(p) for p in needs])
+
+
+def missing_permissions(client_conf: dict, needs: list[Permission],
+                        timeout_s: float = 30.0) -> list[Permission]:
+    """Which of ``needs`` (topics and groups) the brokers deny this client's principal, asked
+    with an admin client of its own. Raises AuthenticationFailed (or StartupError for a
+    setting librdkafka refuses)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    from .kafka import admin_config
+
+    principal = principal_of(client_conf)
+    refused: list[KafkaError] = []
+    conf = admin_config(client_conf)
+    conf["error_cb"] = lambda err: refused.append(err) if err.code() in \
+        AUTHENTICATION_ERRORS else None
+    try:
+        admin = AdminClient(conf)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        raise StartupError("kafka", err.str() if isinstance(err, KafkaError) else str(exc)) \
+            from None
+    deadline = time.monotonic() + timeout_s
+
+    told = []
+
+    def wait(futures: dict) -> dict:
+        """Each future's result or its error, serving error_cb (poll) while waiting."""
+        t0 = time.monotonic()
+        while not all(f.done() for f in futures.values()):
+            admin.poll(0.1)
+            if refused:
+                raise AuthenticationFailed(refused[0].str(), principal)
+            if not told and time.monotonic() - t0 > 1.0:
+                told.append(True)
+                log.info("waiting for the brokers to answer the access check",
+                         gives_up_in_s=round(deadline - time.monotonic()))
+            if time.monotonic() > deadline:
+                return {}
+        out = {}
+        for key, fut in futures.items():
+            try:
+                out[key] = fut.result()
+            except KafkaException as exc:
+                out[key] = exc.args[0] if exc.args else exc
+        return out
+
+    missing: list[Permission] = []
+    topics = sorted({p.name for p in needs if p.resource == "topic"})
+    allowed: dict[str, set[str]] = {}
+    hidden: set[str] = set()  # no Describe: neither Read nor Write (they imply it)
+    while topics and time.monotonic() < deadline:
+        results = wait(admin.describe_topics(TopicCollection(topics), request_timeout=10,
+                                             include_authorized_operations=True))
+        again = []
+        for topic, res in results.items():
+            if isinstance(res, KafkaError):
+                if res.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    hidden.add(topic)
+                elif res.code() in _TRANSIENT:
+                    again.append(topic)
+                # an absent topic (UNKNOWN_TOPIC_OR_PART): nothing to judge here
+            elif res.authorized_operations is not None:
+                allowed[topic] = {op.name for op in res.authorized_operations}
+        topics = again
+        if again:
+            time.sleep(0.5)
+    group = [p for p in needs if p.resource == "group"]
+    while group and time.monotonic() < deadline:
+        name = group[0].name
+        res = wait(admin.describe_consumer_groups([name], request_timeout=10,
+                                                  include_authorized_operations=True))
+        res = res.get(name)
+        if isinstance(res, KafkaError):
+            if res.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                missing.append(group[0])
+            elif res.code() in _TRANSIENT:
+                time.sleep(0.5)
+                continue
+        elif res is not None and res.authorized_operations is not None and \
+                "READ" not in {op.name for op in res.authorized_operations}:
+            missing.append(group[0])
+        break
+    for p in needs:
+        if p.resource != "topic":
+            continue
+        ops = allowed.get(p.name)
+        if ops is not None and p.operation not in ops and "ALL" not in ops:
+            missing.append(p)
+        elif p.name in hidden and p.operation in ("READ", "WRITE"):
+            missing.append(p)  # (DescribeConfigs there is not known: checked when read)
+    missing.sort(key=lambda p: (p.resource != "topic", p.operation != "READ"))
+    return missing
+
+
+def principal_of(conf: dict) -> str:
+    """Who the brokers see, as far as a client configuration tells (for messages)."""
+    protocol = str(conf.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol.startswith("SASL_"):
+        user = conf.get("sasl.username")
+        return f"User:{user}" if user else f"this worker ({conf.get('sasl.mechanism', 'SASL')})"
+    if protocol == "SSL" and conf.get("ssl.certificate.location"):
+        return f"the subject of {conf['ssl.certificate.location']}"
+    return "User:ANONYMOUS"
+
+
+def refusal(err, principal: str, *, topic: str | None = None, group: str | None = None,
+            transactional_id: str | Permission | None = None,
+            topic_operation: str = "READ") -> NotAuthorized | None:
+    """A broker's refusal met while running, as NotAuthorized naming the permission (None if
+    ``err`` is not an authorization error)."""
+    if not isinstance(err, KafkaError) or err.code() not in AUTHORIZATION_ERRORS:
+        return None
+    kind = AUTHORIZATION_ERRORS[err.code()]
+    if kind == "topic":
+        perm = Permission(topic_operation, "topic", topic or "(the topic named in the error)")
+    elif kind == "group":
+        perm = Permission("READ", "group", group or "(the consumer group)")
+    elif kind == "transactional-id":
+        perm = transactional_id if isinstance(transactional_id, Permission) else \
+            Permission("WRITE", "transactional-id", transactional_id or "(this worker's)")
+    else:
+        perm = Permission("IDEMPOTENT_WRITE", "cluster", "kafka-cluster")
+    return NotAuthorized(perm, principal, err.str())
