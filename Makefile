@@ -7,7 +7,7 @@ SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
 .PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e bench-explain \
-	bench-categorical golden clean \
+	bench-categorical bench-tls golden clean \
 	broker-start \
 	broker-stop fuzz soak chaos
 
@@ -80,6 +80,11 @@ bench-lazy: build
 bench-e2e: build
 	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
 	$(PY) bench/e2e.py
+
+# What TLS and SASL cost: exactly-once one-row throughput on the plaintext broker against the
+# SASL_SSL one (started here), alternating; writes bench/SECURITY-RESULTS.md (~5 minutes).
+bench-tls: build
+	$(PY) bench/tls_cost.py
 
 # Soak (not in CI, ~12 minutes): 1,000,000 records through two exactly-once workers on the
 # three-node cluster while workers are SIGKILLed 20 times and brokers 3 times; writes

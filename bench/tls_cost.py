@@ -1,7 +1,7 @@
 """What TLS and SASL cost: exactly-once throughput of one-row messages, PLAINTEXT against
 SASL_SSL (SCRAM-SHA-512 over TLS, the README's ACLs only), in one run, alternating.
 
-    python bench/tls_cost.py [--messages 20000] [--rounds 3] [--out bench/SECURITY-RESULTS.md]
+    python bench/tls_cost.py [--messages 50000] [--rounds 3] [--out bench/SECURITY-RESULTS.md]
 
 Starts (or reuses) `deploy/kafka-local/broker start` and `broker --security sasl_ssl start`.
 Each round publishes ``--messages`` one-row Arrow messages (two partitions) on each broker,
@@ -36,6 +36,16 @@ from tests.kafka_broker import SecureBroker, create_topic  # noqa: E402
 from tests.test_security import acls_for, bindings, grant, worker_config  # noqa: E402
 
 BROKER = REPO / "deploy" / "kafka-local" / "broker"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def start(*args: str) -> str:
@@ -93,7 +103,7 @@ def one_round(kind: str, client: dict, broker, model: Path, n: int, tmp: Path) -
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--messages", type=int, default=50000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(REPO / "bench" / "SECURITY-RESULTS.md"))
     args = ap.parse_args()
@@ -129,9 +139,9 @@ def main() -> int:
         "# What TLS costs: exactly-once one-row throughput, PLAINTEXT against SASL_SSL",
         "",
         f"`python bench/tls_cost.py --messages {args.messages} --rounds {args.rounds}`, "
-        f"{time.strftime('%Y-%m-%d')}. Machine: {platform.processor() or platform.machine()}, "
+        f"{time.strftime('%Y-%m-%d')}. Machine: {cpu_model()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, confluent-kafka "
-        f"{confluent_kafka.version()[0]} / librdkafka {confluent_kafka.libversion()[0]}, "
+        f"{confluent_kafka.__version__} / librdkafka {confluent_kafka.libversion()[0]}, "
         f"Apache Kafka 4.1.1 (one KRaft node each, loopback). Load average before: {load:.2f}.",
         "",
         "One worker, `delivery.mode: exactly_once`, one scoring thread, "
