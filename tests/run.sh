@@ -28,4 +28,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 $BROKER start || exit 1
+# the secured brokers start beside the first tests (tests/test_security.py's fixtures wait
+# for them, or start them if this failed)
+((sasl_up)) || $BROKER --security sasl_ssl start >/dev/null 2>&1 &
+((mtls_up)) || $BROKER --security mtls start >/dev/null 2>&1 &
 "$PY" -m pytest -q -p no:cacheprovider --durations=30 "$@"
