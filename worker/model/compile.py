@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import artifact, lightgbm_loader, pack, sklearn_loader, xgboost_loader
+from . import artifact, lightgbm_loader, onnx_loader, pack, sklearn_loader, xgboost_loader
 from . import layout as layouts
 from .compiled import CompiledModel
 from .ir import Ensemble, UnsupportedModelError
@@ -36,6 +36,9 @@ def _read_estimator(path: Path, trust_pickle: bool = False):
                 f"{path} names types outside the allow-list of tree ensembles: "
                 + ", ".join(refused[:8]) + " (nothing was loaded)")
         return sio.load(path, trusted=list(untrusted))
+    kind = _sniff(path)
+    if kind != "pickle":
+        raise UnsupportedModelError(f"{path} is {kind}: the compiler reads {READS}")
     if not trust_pickle:
         raise UnsupportedModelError(
             f"{path} is a joblib/pickle file: loading it runs code from the file. Save the "
@@ -50,9 +53,39 @@ def _read_estimator(path: Path, trust_pickle: bool = False):
     return joblib.load(path)
 
 
+READS = ("XGBoost models (.json, .ubj), LightGBM model files (.txt, .lgb, .lgbm), ONNX tree "
+         "ensembles (.onnx), scikit-learn estimators saved with skops (.skops), and "
+         "joblib/pickle files (.joblib, .pkl, .pickle) with --trust-pickle")
+_PICKLE_SUFFIXES = (".joblib", ".pkl", ".pickle", ".jbl")
+
+
+def _sniff(path: Path) -> str:
+    """What a file that no loader claimed is: "pickle" only for a joblib/pickle file (by its
+    name and its first bytes: a pickle protocol 2+ header, or joblib's zlib/gzip/xz/lz4
+    compression), else a description for the refusal."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        return f"not readable ({exc.strerror})"
+    pickled = head[:1] == b"\x80" and 2 <= head[1:2][0] <= 5 if len(head) >= 2 else False
+    zlib = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+    compressed = zlib or head[:2] == b"\x1f\x8b" or \
+        head[:6] == b"\xfd7zXZ\x00" or head[:4] == b"\x04\x22\x4d\x18" or \
+        head[:3] == b"ZF\x00"  # joblib's own zlib container
+    if pickled or (compressed and path.suffix.lower() in _PICKLE_SUFFIXES):
+        return "pickle"
+    if path.suffix.lower() == ".cbm" or head[:4] == b"CBM1":
+        return "a CatBoost model (.cbm), which this version does not compile"
+    if path.suffix.lower() in _PICKLE_SUFFIXES:
+        return "named as a joblib/pickle file but is not one"
+    return f"not a model file this compiler knows (suffix {path.suffix or 'none'!r})"
+
+
 def _library_source(source) -> bool:
-    """XGBoost or LightGBM: a model object, or a file of data (never code)."""
-    return xgboost_loader.is_xgboost_source(source) or lightgbm_loader.is_lightgbm_source(source)
+    """XGBoost, LightGBM or ONNX: a model object, or a file of data (never code)."""
+    return xgboost_loader.is_xgboost_source(source) or \
+        lightgbm_loader.is_lightgbm_source(source) or onnx_loader.is_onnx_source(source)
 
 
 def to_ir(source, trust_pickle: bool = False) -> Ensemble:
@@ -60,6 +93,8 @@ def to_ir(source, trust_pickle: bool = False) -> Ensemble:
         ens = xgboost_loader.to_ir(source)
     elif lightgbm_loader.is_lightgbm_source(source):
         ens = lightgbm_loader.to_ir(source)
+    elif onnx_loader.is_onnx_source(source):
+        ens = onnx_loader.to_ir(source)
     elif isinstance(source, (str, Path)):
         path = Path(source)
         if not path.exists():
@@ -92,6 +127,10 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
     if model.source.startswith("xgboost"):
         ref = xgboost_loader.reference_margin(source, X)
         ours = model.raw(X, n_threads=1)
+    elif model.source.startswith("onnx"):
+        ref = onnx_loader.reference(source, X)
+        ours = (model.predict_proba(X, n_threads=1) if model.task != "regression"
+                else model.predict(X, n_threads=1).reshape(-1, 1))
     elif model.source.startswith("lightgbm"):
         # a random forest's raw_score is LightGBM's sum; its average is the margin it links
         ref = lightgbm_loader.reference(source, X) / model.divisor

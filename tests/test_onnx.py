@@ -1,0 +1,343 @@
+"""ONNX tree ensembles: the exporters' files (skl2onnx, onnxmltools) and hand-built nodes for
+the modes they do not write, compiled and compared with ONNX Runtime on hostile rows: margins
+bit for bit, probabilities within ONNX Runtime's own float32 rounding of its transforms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import worker
+from tests import models as M
+from worker.model.ir import UnsupportedModelError
+
+onnx = pytest.importorskip("onnx", reason="pip install onnx (the test extras)")
+ort = pytest.importorskip("onnxruntime", reason="pip install onnxruntime (the test extras)")
+from onnx import TensorProto, helper  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+F = M.N_FEATURES
+# kernel block and task edges (one row, a block of 64 and its neighbours, several tasks)
+SIZES = (1, 7, 63, 64, 65, 161, 322, 1000)
+
+
+def _training(seed=0, n=1500):
+    X, y2 = M.training_data(seed=seed, n=n)[:2]
+    X = np.asarray(X, dtype=np.float32)  # float inputs, as exported for the worker's rows
+    rng = np.random.default_rng(seed)
+    y3 = rng.integers(0, 3, size=n)
+    y3[np.nan_to_num(X[:, 0]) > 0.5] = 2
+    return X, np.asarray(y2), y3
+
+
+def _exports():
+    """name -> ONNX model, as each exporter writes it (probabilities as tensors, no ZipMap)."""
+    warnings.filterwarnings("ignore")
+    import lightgbm as lgb
+    import xgboost as xgb
+    from onnxmltools import convert_lightgbm, convert_xgboost
+    from onnxmltools.convert.common.data_types import FloatTensorType
+    from skl2onnx import to_onnx
+    from sklearn.ensemble import (
+        ExtraTreesRegressor,
+        GradientBoostingClassifier,
+        GradientBoostingRegressor,
+        RandomForestClassifier,
+        RandomForestRegressor,
+    )
+
+    X, y2, y3 = _training()
+    Xf = np.nan_to_num(X)  # scikit-learn's forests here are fitted without NaN
+    t = [("input", FloatTensorType([None, F]))]
+    sk = {"zipmap": False}
+    return {
+        "sklearn-rf-binary": to_onnx(RandomForestClassifier(n_estimators=25, max_depth=8,
+                                                            random_state=0).fit(Xf, y2),
+                                     Xf[:1], options=sk),
+        "sklearn-rf-multiclass": to_onnx(RandomForestClassifier(
+            n_estimators=25, max_depth=8, random_state=0).fit(Xf, y3), Xf[:1], options=sk),
+        "sklearn-rf-regression": to_onnx(RandomForestRegressor(
+            n_estimators=20, max_depth=8, random_state=0).fit(Xf, Xf[:, 1]), Xf[:1]),
+        "sklearn-et-regression": to_onnx(ExtraTreesRegressor(
+            n_estimators=20, max_depth=8, random_state=0).fit(Xf, Xf[:, 1]), Xf[:1]),
+        "sklearn-gb-regression": to_onnx(GradientBoostingRegressor(
+            n_estimators=40, max_depth=3, random_state=0).fit(Xf, Xf[:, 1]), Xf[:1]),
+        "sklearn-gb-binary": to_onnx(GradientBoostingClassifier(
+            n_estimators=40, max_depth=3, random_state=0).fit(Xf, y2), Xf[:1], options=sk),
+        "lightgbm-binary": convert_lightgbm(lgb.LGBMClassifier(
+            n_estimators=60, num_leaves=31, verbose=-1).fit(X, y2), initial_types=t,
+            zipmap=False),
+        "lightgbm-multiclass": convert_lightgbm(lgb.LGBMClassifier(
+            n_estimators=30, num_leaves=15, verbose=-1).fit(X, y3), initial_types=t,
+            zipmap=False),
+        "lightgbm-regression": convert_lightgbm(lgb.LGBMRegressor(
+            n_estimators=60, num_leaves=31, verbose=-1).fit(X, Xf[:, 1]), initial_types=t),
+        "xgboost-binary": convert_xgboost(xgb.XGBClassifier(
+            n_estimators=60, max_depth=5).fit(X, y2), initial_types=t),
+        "xgboost-multiclass": convert_xgboost(xgb.XGBClassifier(
+            n_estimators=30, max_depth=4).fit(X, y3), initial_types=t),
+        "xgboost-regression": convert_xgboost(xgb.XGBRegressor(
+            n_estimators=60, max_depth=5).fit(X, Xf[:, 1]), initial_types=t),
+    }
+
+
+@pytest.fixture(scope="module")
+def exports():
+    return _exports()
+
+
+def _thresholds(model) -> np.ndarray:
+    from worker.model.onnx_loader import _attrs, tree_node
+
+    a = _attrs(tree_node(model))
+    t = np.asarray(a["nodes_values"], dtype=np.float32)
+    return np.unique(np.concatenate([t, np.nextafter(t, np.float32(np.inf)),
+                                     np.nextafter(t, np.float32(-np.inf))]))
+
+
+def _ort_full(model, X: np.ndarray) -> np.ndarray:
+    """The whole exported graph in ONNX Runtime (one thread): probabilities or values."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    outs = sess.run(None, {inp.name: X.astype(np.float64) if inp.type == "tensor(double)"
+                           else X})
+    got = outs[-1] if len(outs) > 1 else outs[0]
+    return np.asarray(got, dtype=np.float64).reshape(X.shape[0], -1)
+
+
+EXPORTS = ["sklearn-rf-binary", "sklearn-rf-multiclass", "sklearn-rf-regression",
+           "sklearn-et-regression", "sklearn-gb-regression", "sklearn-gb-binary",
+           "lightgbm-binary", "lightgbm-multiclass", "lightgbm-regression", "xgboost-binary",
+           "xgboost-multiclass", "xgboost-regression"]
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_exported_models_match_onnx_runtime_on_hostile_rows(exports, name, tmp_path):
+    from worker.model import onnx_loader
+
+    assert sorted(exports) == sorted(EXPORTS)
+    model = exports[name]
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(model.SerializeToString())
+    compiled = worker.compile_model(path)  # from the file, as `compile` reads it
+    thresholds = _thresholds(model)
+    for seed, n in enumerate(SIZES):
+        X = M.hostile_rows(n, thresholds, seed=seed)
+        # the margins: ONNX Runtime's float32 sums, bit for bit
+        ref_raw = onnx_loader.reference(model, X, raw=True)
+        ours_raw = compiled.raw(X, n_threads=2)
+        # (its outputs are float32: a double model's sums are compared as it rounds them)
+        np.testing.assert_array_equal(ours_raw.astype(np.float32), ref_raw.astype(np.float32),
+                                      err_msg=f"{name}: margins, {n} rows")
+        # what the user's graph returns (ONNX Runtime rounds its logistic/softmax in float32)
+        full = _ort_full(model, X)
+        ours = compiled.predict_proba(X, n_threads=2) if compiled.task != "regression" \
+            else compiled.predict(X, n_threads=2).reshape(-1, 1)
+        np.testing.assert_allclose(ours, full, rtol=0, atol=3e-7,
+                                   err_msg=f"{name}: outputs, {n} rows")
+    # the artifact scores the same after a save and load
+    compiled.save(tmp_path / "m.model")
+    again = worker.load_model(tmp_path / "m.model")
+    X = M.hostile_rows(300, thresholds, seed=99)
+    np.testing.assert_array_equal(again.raw(X), compiled.raw(X))
+
+
+# ---- hand-built nodes: the modes and options no exporter above writes ----
+
+def _node_model(modes, tracks, values, aggregate="SUM", post="NONE", base=None,
+                classifier=False, n_classes=2, weights_by_class=None, double=False):
+    """Two trees over features 0 and 1: tree 0 splits ``modes[0]`` at ``values[0]`` then its
+    true child splits ``modes[1]`` at ``values[1]``; tree 1 splits ``modes[2]`` on feature 1."""
+    nodes = dict(treeids=[0, 0, 0, 0, 0, 1, 1, 1], nodeids=[0, 1, 2, 3, 4, 0, 1, 2],
+                 featureids=[0, 1, 0, 0, 0, 1, 0, 0],
+                 modes=[modes[0], modes[1], "LEAF", "LEAF", "LEAF", modes[2], "LEAF", "LEAF"],
+                 values=[values[0], values[1], 0, 0, 0, values[2], 0, 0],
+                 truenodeids=[1, 3, 0, 0, 0, 1, 0, 0], falsenodeids=[2, 4, 0, 0, 0, 2, 0, 0],
+                 missing_value_tracks_true=[tracks[0], tracks[1], 0, 0, 0, tracks[2], 0, 0])
+    leaves = [(0, 2, 0.25), (0, 3, -1.5), (0, 4, 3.0), (1, 1, 0.125), (1, 2, -0.75)]
+    attrs = {f"nodes_{k}": v for k, v in nodes.items()}
+    if not classifier:  # a classifier always sums
+        attrs["aggregate_function"] = aggregate
+    attrs["post_transform"] = post
+    if base is not None:
+        attrs["base_values"] = base
+    prefix = "class" if classifier else "target"
+    ids = []
+    rows = []
+    for t, nd, w in leaves:
+        for c in (weights_by_class or [0]):
+            rows.append((t, nd, c, w * (1 + c)))
+            ids.append(c)
+    attrs[f"{prefix}_treeids"] = [r[0] for r in rows]
+    attrs[f"{prefix}_nodeids"] = [r[1] for r in rows]
+    attrs[f"{prefix}_ids"] = [r[2] for r in rows]
+    attrs[f"{prefix}_weights"] = [r[3] for r in rows]
+    x = helper.make_tensor_value_info("X", TensorProto.DOUBLE if double else TensorProto.FLOAT,
+                                      [None, 2])
+    if double:  # thresholds and weights as double tensors (opset 3)
+        for key in ("nodes_values", "target_weights", "base_values"):
+            if key in attrs:
+                attrs[f"{key}_as_tensor"] = helper.make_tensor(
+                    key, TensorProto.DOUBLE, [len(attrs[key])], attrs.pop(key))
+    if classifier:
+        attrs["classlabels_int64s"] = list(range(n_classes))
+        op = "TreeEnsembleClassifier"
+        outs = [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+                helper.make_tensor_value_info("p", TensorProto.FLOAT, [None, n_classes])]
+    else:
+        attrs["n_targets"] = 1
+        op = "TreeEnsembleRegressor"
+        outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])]
+    node = helper.make_node(op, ["X"], [o.name for o in outs], domain="ai.onnx.ml",
+                            name="forest", **attrs)
+    graph = helper.make_graph([node], "g", [x], outs)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3),
+                                                helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _hostile_2(values) -> np.ndarray:
+    t = np.asarray(values, dtype=np.float32)
+    t = t[np.isfinite(t)]
+    near = np.concatenate([t, np.nextafter(t, np.float32(np.inf)),
+                           np.nextafter(t, np.float32(-np.inf))])
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
+    grid = np.concatenate([near, specials])
+    a, b = np.meshgrid(grid, grid)
+    return np.stack([a.ravel(), b.ravel()], axis=1).astype(np.float32)
+
+
+MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT"]
+
+
+@pytest.mark.parametrize("modes", [(a, b, c) for a, b, c in zip(MODES, MODES[1:] + MODES[:1],
+                                                                  MODES[2:] + MODES[:2],
+                                                                  strict=True)])
+@pytest.mark.parametrize("tracks", [(0, 0, 0), (1, 0, 1), (1, 1, 1)])
+def test_every_branch_mode_and_missing_track_matches_onnx_runtime(modes, tracks):
+    from worker.model import onnx_loader
+
+    values = [0.5, -1.25, 1e-3]
+    m = _node_model(modes, tracks, values, base=[0.0625])
+    compiled = worker.compile_model(m)
+    X = _hostile_2(values)
+    np.testing.assert_array_equal(compiled.raw(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference(m, X).astype(np.float32))
+
+
+@pytest.mark.parametrize("options", [
+    dict(aggregate="AVERAGE"),
+    dict(aggregate="SUM", double=True, base=[0.1]),
+    dict(aggregate="SUM", post="LOGISTIC", classifier=True, base=[-0.5]),
+    dict(aggregate="SUM", post="SOFTMAX", classifier=True, n_classes=3,
+         weights_by_class=[0, 1, 2], base=[0.1, -0.2, 0.3]),
+    dict(aggregate="SUM", post="NONE", classifier=True, n_classes=3,
+         weights_by_class=[0, 1, 2]),
+    dict(aggregate="SUM", post="NONE", classifier=True, base=[0.25]),
+], ids=["average", "double", "binary-logistic", "multiclass-softmax", "multiclass-probabilities",
+        "binary-probabilities"])
+def test_aggregations_transforms_and_base_values_match_onnx_runtime(options):
+    from worker.model import onnx_loader
+
+    values = [0.5, -1.25, 1e-3]
+    m = _node_model(("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"), (0, 1, 0), values, **options)
+    if options.get("classifier") and options.get("post", "NONE") == "NONE":
+        # probabilities: positive leaf weights
+        for a in m.graph.node[0].attribute:
+            if a.name == "class_weights":
+                a.floats[:] = [abs(w) for w in a.floats]
+    compiled = worker.compile_model(m)
+    X = _hostile_2(values)
+    ours = compiled.predict_proba(X, n_threads=1) if compiled.task != "regression" \
+        else compiled.predict(X, n_threads=1).reshape(-1, 1)
+    ref = onnx_loader.reference(m, X)
+    tol = 3e-7 if options.get("post", "NONE") != "NONE" or options["aggregate"] == "AVERAGE" \
+        or options.get("classifier") else 0
+    if tol == 0:  # ONNX Runtime's outputs are float32: a double model's sums as it rounds them
+        np.testing.assert_array_equal(ours.astype(np.float32), ref.astype(np.float32))
+    else:
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("change,message", [
+    (("modes", "BRANCH_EQ"), "node mode BRANCH_EQ is not supported"),
+    (("aggregate", "MAX"), "aggregate_function MAX is not supported"),
+    (("post", "PROBIT"), "post_transform PROBIT is not supported"),
+    (("value", float("nan")), "with threshold nan"),
+])
+def test_what_cannot_be_reproduced_is_refused_by_name(change, message):
+    kind, v = change
+    modes, values = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], [0.5, -1.25, 1e-3]
+    kw = {}
+    if kind == "modes":
+        modes[0] = v
+    elif kind == "value":
+        values[0] = v
+    else:
+        kw[kind] = v
+    with pytest.raises(UnsupportedModelError, match=message):
+        worker.compile_model(_node_model(modes, (0, 0, 0), values, **kw))
+
+
+def test_a_graph_with_other_nodes_is_refused_naming_them():
+    m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3])
+    g = m.graph
+    g.node.append(helper.make_node("Add", ["y", "y"], ["y2"], name="double_it"))
+    g.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [None, 1]))
+    with pytest.raises(UnsupportedModelError, match=r"double_it \(Add\)"):
+        worker.compile_model(m)
+
+
+def test_a_node_that_reads_past_the_input_is_refused():
+    m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3])
+    for a in m.graph.node[0].attribute:
+        if a.name == "nodes_featureids":
+            a.ints[0] = 5
+    with pytest.raises(UnsupportedModelError, match="feature 5 of a 2-wide input"):
+        worker.compile_model(m)
+
+
+def test_a_tree_with_a_cycle_or_two_parents_is_refused():
+    m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3])
+    for a in m.graph.node[0].attribute:
+        if a.name == "nodes_falsenodeids":
+            a.ints[1] = 3  # node 3 reached from both sides of node 1
+    with pytest.raises(UnsupportedModelError, match="two parents|not one tree"):
+        worker.compile_model(m)
+
+
+# ---- the command line: ONNX compiled; files it does not read named for what they are ----
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "worker.cli", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_compile_reads_onnx_and_names_files_it_does_not_read(exports, tmp_path):
+    path = tmp_path / "lgb.onnx"
+    path.write_bytes(exports["lightgbm-binary"].SerializeToString())
+    proc = _cli("compile", path, "-o", tmp_path / "lgb.model")
+    assert proc.returncode == 0, proc.stderr
+    cbm = tmp_path / "model.cbm"
+    cbm.write_bytes(b"CBM1" + bytes(64))
+    proc = _cli("compile", cbm, "-o", tmp_path / "x.model")
+    assert proc.returncode != 0 and "a CatBoost model (.cbm)" in proc.stderr
+    assert "joblib/pickle file:" not in proc.stderr and ".onnx" in proc.stderr
+    other = tmp_path / "model.bin"
+    other.write_bytes(b"\x00\x01 not a model")
+    proc = _cli("compile", other, "-o", tmp_path / "x.model")
+    assert proc.returncode != 0 and "not a model file this compiler knows" in proc.stderr
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"\xff\xff\xff not protobuf")
+    proc = _cli("compile", broken, "-o", tmp_path / "x.model")
+    assert proc.returncode != 0 and "not a readable ONNX model" in proc.stderr
+    assert "Traceback" not in proc.stderr

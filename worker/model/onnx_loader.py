@@ -1,0 +1,429 @@
+"""ONNX tree ensembles (``ai.onnx.ml`` TreeEnsembleRegressor / TreeEnsembleClassifier, opsets
+1-3) -> Ensemble. The file is read with the ``onnx`` package as data (protobuf): nothing in it
+is executed, and ONNX Runtime only runs it afterwards, in ``compile.verify``, to compare.
+
+A graph is accepted when it is one tree-ensemble node plus the nodes exporters add around it
+that do not change a score: ZipMap (probabilities as a map), Cast, Identity, and a Mul by a
+constant 1 (onnxmltools' LightGBM export). Anything else is refused with the node names.
+
+Split rule (ONNX Runtime, float input): a node's condition is ``x <= t``, ``x < t``,
+``x >= t`` or ``x > t`` with ``x`` the input's float32 value and ``t`` the threshold (float32,
+or double in ``nodes_values_as_tensor``: then ``x`` is widened); true goes to
+``nodes_truenodeids``. A missing value (NaN) goes to the true child when
+``nodes_missing_value_tracks_true`` is 1, else to the false child (its comparison is false).
+Each becomes "right iff x > float32 threshold" (ir): ``x <= t`` and ``x > t`` compare with
+the largest float32 not above ``t``; ``x < t`` and ``x >= t`` with the largest float32 below
+it. BRANCH_EQ and BRANCH_NEQ, a NaN threshold, and ``x < -inf`` are refused by name.
+
+Scores: SUM adds the leaves' weights (and ``base_values``) in float32 as ONNX Runtime does for
+float thresholds; AVERAGE divides by the number of trees; MIN and MAX are refused. Post
+transforms NONE, LOGISTIC and SOFTMAX; SOFTMAX_ZERO and PROBIT are refused. Two classes with
+weights on one class id are ONNX Runtime's binary case: that class's score is the positive
+class's (``[1 - s, s]`` for probabilities, a logistic of the margin otherwise).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .ir import Ensemble, Tree, UnsupportedModelError, float32_at_or_below, float32_below
+
+ML = "ai.onnx.ml"
+TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")
+# nodes that pass a tree ensemble's outputs on unchanged
+PASS_THROUGH = ("ZipMap", "Cast", "Identity")
+MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
+         "LEAF")
+MAX_NODES = 1 << 26  # far beyond any real ensemble; bounds the arrays built from a file
+
+
+def is_onnx_source(source) -> bool:
+    if isinstance(source, (str, Path)):
+        return Path(source).suffix.lower() == ".onnx"
+    return type(source).__name__ == "ModelProto" and type(source).__module__.startswith("onnx")
+
+
+def read(source):
+    """The ModelProto of a file (or the proto itself). Raises UnsupportedModelError."""
+    if not isinstance(source, (str, Path)):
+        return source
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"model source {path} does not exist")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as exc:
+        raise UnsupportedModelError(f"{path} is not a readable ONNX model: {exc}") from None
+
+
+def _attrs(node) -> dict:
+    """The node's attributes by name; a ``*_as_tensor`` (double) one under its plain name, and
+    ``"_double"`` naming those that were."""
+    from onnx import helper
+
+    out = {"_double": set()}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if a.name.endswith("_as_tensor"):
+            from onnx import numpy_helper
+
+            v = numpy_helper.to_array(v).astype(np.float64).ravel()
+            out[a.name[: -len("_as_tensor")]] = v
+            out["_double"].add(a.name[: -len("_as_tensor")])
+            continue
+        out.setdefault(a.name, v.decode() if isinstance(v, bytes) else v)
+    return out
+
+
+def tree_node(model):
+    """The one tree-ensemble node; everything else must pass its outputs through."""
+    graph = model.graph
+    trees = [n for n in graph.node if n.op_type in TREE_OPS and n.domain == ML]
+    init = {t.name: t for t in graph.initializer}
+    refused = []
+    for n in graph.node:
+        if n in trees or (n.op_type in PASS_THROUGH and n.domain in ("", ML)):
+            continue
+        if n.op_type == "Mul" and n.domain == "" and _times_one(n, init):
+            continue
+        if n.op_type == "TreeEnsemble" and n.domain == ML:
+            refused.append(f"{n.name or n.op_type} (TreeEnsemble, ai.onnx.ml opset 5)")
+            continue
+        refused.append(f"{n.name or '(unnamed)'} ({n.op_type})")
+    if refused:
+        raise UnsupportedModelError(
+            "the graph has nodes besides one tree ensemble that this compiler does not "
+            "reproduce: " + ", ".join(refused[:8]))
+    if len(trees) != 1:
+        raise UnsupportedModelError(f"the graph has {len(trees)} tree-ensemble nodes (one is "
+                                    "supported: TreeEnsembleRegressor or "
+                                    "TreeEnsembleClassifier, ai.onnx.ml opsets 1-3)")
+    return trees[0]
+
+
+def _times_one(node, init) -> bool:
+    from onnx import numpy_helper
+
+    consts = [numpy_helper.to_array(init[i]) for i in node.input if i in init]
+    return len(consts) == 1 and consts[0].size >= 1 and bool(np.all(consts[0] == 1))
+
+
+def _n_features(model, node, features: np.ndarray) -> int:
+    inputs = {i.name: i for i in model.graph.input}
+    declared = None
+    if node.input and node.input[0] in inputs:
+        dims = inputs[node.input[0]].type.tensor_type.shape.dim
+        if len(dims) == 2 and dims[1].HasField("dim_value"):
+            declared = int(dims[1].dim_value)
+    used = int(features.max()) + 1 if features.size else 0
+    if declared is not None and used > declared:
+        raise UnsupportedModelError(f"a node reads feature {used - 1} of a {declared}-wide "
+                                    "input")
+    return declared if declared is not None else max(used, 1)
+
+
+def _int_array(attrs: dict, key: str, n: int | None = None) -> np.ndarray:
+    v = np.asarray(attrs.get(key, []), dtype=np.int64).ravel()
+    if n is not None and v.shape[0] != n:
+        raise UnsupportedModelError(f"attribute {key} has {v.shape[0]} entries, expected {n}")
+    return v
+
+
+def to_ir(source) -> Ensemble:
+    model = read(source)
+    node = tree_node(model)
+    a = _attrs(node)
+    classifier = node.op_type == "TreeEnsembleClassifier"
+    modes = [m.decode() if isinstance(m, bytes) else str(m) for m in a.get("nodes_modes", [])]
+    n = len(modes)
+    if n == 0 or n > MAX_NODES:
+        raise UnsupportedModelError(f"{n} nodes: not a tree ensemble this compiler reads")
+    tree_ids = _int_array(a, "nodes_treeids", n)
+    node_ids = _int_array(a, "nodes_nodeids", n)
+    features = _int_array(a, "nodes_featureids", n)
+    true_ids = _int_array(a, "nodes_truenodeids", n)
+    false_ids = _int_array(a, "nodes_falsenodeids", n)
+    values = np.asarray(a.get("nodes_values", np.zeros(n)), dtype=np.float64).ravel()
+    if values.shape[0] != n:
+        raise UnsupportedModelError(f"nodes_values has {values.shape[0]} entries, expected {n}")
+    tracks = a.get("nodes_missing_value_tracks_true")
+    tracks = np.zeros(n, dtype=bool) if tracks is None or len(tracks) == 0 else \
+        _int_array(a, "nodes_missing_value_tracks_true", n).astype(bool)
+    if np.any(features < 0):
+        raise UnsupportedModelError("a node reads a negative feature index")
+    n_features = _n_features(model, node, features)
+
+    prefix = "class" if classifier else "target"
+    w_tree = _int_array(a, f"{prefix}_treeids")
+    w_node = _int_array(a, f"{prefix}_nodeids", w_tree.shape[0])
+    w_id = _int_array(a, f"{prefix}_ids", w_tree.shape[0])
+    w_val = np.asarray(a.get(f"{prefix}_weights", []), dtype=np.float64).ravel()
+    if w_val.shape[0] != w_tree.shape[0]:
+        raise UnsupportedModelError(f"{prefix}_weights and {prefix}_treeids differ in length")
+    if classifier:
+        labels = list(a.get("classlabels_int64s", [])) or \
+            [s.decode() if isinstance(s, bytes) else s for s in a.get("classlabels_strings", [])]
+        n_out = len(labels)
+        if n_out < 2:
+            raise UnsupportedModelError(f"a classifier with {n_out} class labels")
+    else:
+        labels = []
+        n_out = int(a.get("n_targets", 1))
+        if n_out != 1:
+            raise UnsupportedModelError(f"n_targets={n_out}: one regression target is supported")
+    if w_id.size and (w_id.min() < 0 or w_id.max() >= n_out):
+        raise UnsupportedModelError(f"a leaf weight for output {int(w_id.max())} of {n_out}")
+
+    agg = str(a.get("aggregate_function", "SUM"))
+    if isinstance(agg, bytes):
+        agg = agg.decode()
+    if agg not in ("SUM", "AVERAGE"):
+        raise UnsupportedModelError(f"aggregate_function {agg} is not supported (SUM, AVERAGE)")
+    post = str(a.get("post_transform", "NONE"))
+    if post not in ("NONE", "LOGISTIC", "SOFTMAX"):
+        raise UnsupportedModelError(f"post_transform {post} is not supported (NONE, LOGISTIC, "
+                                    "SOFTMAX)")
+    base = np.asarray(a.get("base_values", []), dtype=np.float64).ravel()
+
+    # leaf weights: (tree, node) -> [(output, weight)]
+    weights: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for t, nd, i, v in zip(w_tree.tolist(), w_node.tolist(), w_id.tolist(), w_val.tolist(),
+                           strict=True):
+        weights.setdefault((t, nd), []).append((i, v))
+
+    # the output columns: a binary classifier with weights on one class is ONNX Runtime's
+    # binary case (one score); otherwise one column per class (or the regression target)
+    used = sorted({i for ws in weights.values() for i, _v in ws})
+    binary_one = classifier and n_out == 2 and len(used) <= 1
+    positive = all(v >= 0 for v in w_val.tolist())
+    if classifier and n_out == 2 and not binary_one:
+        raise UnsupportedModelError("a two-class model with weights on both classes is not "
+                                    "supported (weights on the positive class only, as the "
+                                    "exporters write them, are)")
+    if classifier and n_out == 2 and base.size not in (0, 1):
+        raise UnsupportedModelError(f"{base.size} base_values for a binary classifier")
+    G = 1 if binary_one or not classifier else n_out
+    col = (lambda i: 0) if G == 1 else (lambda i: i)
+
+    order = list(dict.fromkeys(tree_ids.tolist()))  # trees in the order they first appear
+    by_tree: dict[int, list[int]] = {}
+    for k, t in enumerate(tree_ids.tolist()):
+        by_tree.setdefault(t, []).append(k)
+    trees, groups = [], []
+    for t in order:
+        tree, group = _tree(t, by_tree[t], node_ids, modes, features, values, tracks, true_ids,
+                            false_ids, weights, G, col)
+        trees.append(tree)
+        groups.append(group)
+
+    n_trees = len(trees)
+    divisor = float(n_trees) if agg == "AVERAGE" else 1.0
+    b = np.zeros(G)
+    if base.size:
+        if binary_one:
+            b[0] = base[0]
+        elif base.size == G:
+            b[:] = base
+        else:
+            raise UnsupportedModelError(f"{base.size} base_values for {G} outputs")
+    if agg == "SUM" and np.any(b != 0):
+        # ONNX Runtime adds the base values after the trees' float32 sum: a last tree of one
+        # leaf per output adds them in the same place (the ir's base comes first)
+        if G > 1 and -1 in groups:  # trees carry every class: so does the base's
+            trees.append(_constant(b))
+            groups.append(-1)
+        else:
+            for g in range(G):
+                if b[g] != 0:
+                    trees.append(_constant(b[g:g + 1]))
+                    groups.append(g if G > 1 else 0)
+        b = np.zeros(G)
+    n_units = len(trees)
+    b = b * divisor  # AVERAGE: ir (base + sum) / n, ONNX sum / n + base (within an ulp)
+    if classifier:
+        task = "binary" if n_out == 2 else "multiclass"
+        if post == "LOGISTIC" and task == "binary":
+            link = "sigmoid"
+        elif post == "SOFTMAX" and task == "multiclass":
+            link = "softmax"
+        elif post == "NONE" and positive:
+            link = "vote"  # the scores are probabilities already (forests)
+        else:
+            raise UnsupportedModelError(f"post_transform {post} on a {task} classifier with "
+                                        f"{'positive' if positive else 'signed'} weights is "
+                                        "not supported")
+    else:
+        task = "regression"
+        link = {"NONE": "identity", "LOGISTIC": "sigmoid"}.get(post)
+        if link is None:
+            raise UnsupportedModelError(f"post_transform {post} on a regressor")
+    opset = next((o.version for o in model.opset_import if o.domain == ML), 1)
+    from onnx import TensorProto
+
+    double_input = _input_type(model, node) == TensorProto.DOUBLE
+    return Ensemble(
+        trees=trees,
+        tree_group=np.asarray(groups, dtype=np.int32),
+        unit_ptr=np.arange(n_units + 1, dtype=np.int64),
+        n_outputs=G,
+        base=b,
+        divisor=divisor,
+        link=link,
+        task=task,
+        n_features=n_features,
+        feature_names=[f"f{i}" for i in range(n_features)],
+        classes=labels,
+        # ONNX Runtime sums in float32, or in double for a double input or *_as_tensor
+        # (double) attributes
+        accumulate="float64" if a["_double"] or double_input else "float32",
+        objective=f"{agg.lower()}/{post.lower()}",
+        source=f"onnx {node.op_type} (ai.onnx.ml opset {opset})",
+        kind=node.op_type,
+        notes=[f"exported by {model.producer_name} {model.producer_version}".strip()],
+    )
+
+
+def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_ids, weights,
+          G: int, col):
+    """One ONNX tree (its attribute rows) as an ir.Tree, nodes renumbered from the root."""
+    where = f"tree {t}"
+    pos = {}
+    for k in rows:
+        nid = int(node_ids[k])
+        if nid in pos:
+            raise UnsupportedModelError(f"{where}: node id {nid} appears twice")
+        pos[nid] = k
+    children = set()
+    for k in rows:
+        if modes[k] != "LEAF":
+            children.update((int(true_ids[k]), int(false_ids[k])))
+    roots = [nid for nid in pos if nid not in children]
+    if len(roots) != 1 or not children <= set(pos):
+        raise UnsupportedModelError(f"{where}: not one tree (a child outside it, or "
+                                    f"{len(roots)} roots)")
+    # breadth-first from the root: new index per node; a node reached twice is refused
+    index, queue = {roots[0]: 0}, [roots[0]]
+    for nid in queue:
+        k = pos[nid]
+        if modes[k] == "LEAF":
+            continue
+        for child in (int(true_ids[k]), int(false_ids[k])):
+            if child in index:
+                raise UnsupportedModelError(f"{where}: node {child} has two parents")
+            index[child] = len(queue)
+            queue.append(child)
+    m = len(queue)
+    feature = np.full(m, -1, dtype=np.int32)
+    threshold = np.zeros(m, dtype=np.float32)
+    left = np.full(m, -1, dtype=np.int32)
+    right = np.full(m, -1, dtype=np.int32)
+    default_left = np.zeros(m, dtype=bool)
+    value = np.zeros((m, G), dtype=np.float64)
+    groups = set()
+    for nid in queue:
+        i, k = index[nid], pos[nid]
+        mode = modes[k]
+        if mode == "LEAF":
+            for out, w in weights.get((t, nid), []):
+                value[i, col(out)] += w
+                groups.add(out)
+            continue
+        if mode not in MODES:
+            raise UnsupportedModelError(f"{where} node {nid}: unknown node mode {mode!r}")
+        if mode in ("BRANCH_EQ", "BRANCH_NEQ"):
+            raise UnsupportedModelError(f"{where} node {nid}: node mode {mode} is not "
+                                        "supported (BRANCH_LEQ, LT, GTE, GT are)")
+        v = values[k]
+        if np.isnan(v) or (mode in ("BRANCH_LT", "BRANCH_GTE") and v == -np.inf):
+            raise UnsupportedModelError(f"{where} node {nid}: {mode} with threshold {v}")
+        t_true, t_false = index[int(true_ids[k])], index[int(false_ids[k])]
+        if mode in ("BRANCH_LEQ", "BRANCH_LT"):  # true: x <= t or x < t, left
+            left[i], right[i] = t_true, t_false
+        else:  # true: x >= t or x > t, right
+            left[i], right[i] = t_false, t_true
+        if mode in ("BRANCH_LEQ", "BRANCH_GT"):
+            threshold[i] = float32_at_or_below(np.array([v]))[0]
+        else:
+            threshold[i] = _below(v)
+        feature[i] = int(features[k])
+        nan_child = t_true if tracks[k] else t_false
+        default_left[i] = nan_child == left[i]
+    if G == 1 or len(groups) <= 1:
+        group = int(next(iter(groups))) if G > 1 and groups else 0
+        if G > 1:
+            value = value[:, group:group + 1]
+    else:
+        group = -1
+    return Tree(feature=feature, threshold=threshold, left=left, right=right,
+                default_left=default_left, value=value), group
+
+
+def _constant(v: np.ndarray) -> Tree:
+    """A tree of one leaf: ``v`` (one value per output it adds to) for every row."""
+    return Tree(feature=np.array([-1], np.int32), threshold=np.zeros(1, np.float32),
+                left=np.array([-1], np.int32), right=np.array([-1], np.int32),
+                default_left=np.zeros(1, bool),
+                value=np.asarray(v, dtype=np.float64).reshape(1, -1))
+
+
+def _below(v: float) -> np.float32:
+    """The largest float32 below ``v`` (a float32 or a double threshold)."""
+    v32 = np.float32(v)
+    if float(v32) < v:  # a double between two float32s: the one below is at or below it
+        return v32
+    return float32_below(np.array([v], dtype=np.float64))[0]
+
+
+def reference(source, X: np.ndarray, raw: bool = False) -> np.ndarray:
+    """ONNX Runtime's scores for float32 rows, from the tree-ensemble node alone (the nodes
+    around it pass its outputs through): probabilities (n, n_classes) or values (n, 1).
+    ``raw``: the scores before the post transform (the margins; a binary classifier's
+    positive-class column only)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    model = read(source)
+    node = tree_node(model)
+    n_features = X.shape[1]
+    elem = _input_type(model, node)
+    x = helper.make_tensor_value_info("X", elem, [None, n_features])
+    if node.op_type == "TreeEnsembleClassifier":
+        strings = any(a.name == "classlabels_strings" for a in node.attribute)
+        outs = [helper.make_tensor_value_info(
+                    "label", TensorProto.STRING if strings else TensorProto.INT64, None),
+                helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)]
+    else:
+        outs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)]
+    bare = helper.make_node(node.op_type, ["X"], [o.name for o in outs], domain=ML)
+    bare.attribute.extend(a for a in node.attribute if not (raw and a.name == "post_transform"))
+    graph = helper.make_graph([bare], "tree", [x], outs)
+    opset = next((o.version for o in model.opset_import if o.domain == ML), 1)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid(ML, opset),
+                                                helper.make_opsetid("", 17)])
+    m.ir_version = min(model.ir_version or 8, 10) or 8
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    X = np.ascontiguousarray(X, dtype=np.float32)  # the worker's rows, widened if need be
+    got = sess.run(["scores"], {"X": X.astype(np.float64) if elem == TensorProto.DOUBLE
+                                else X})[0]
+    got = np.asarray(got, dtype=np.float64).reshape(X.shape[0], -1)
+    if raw and node.op_type == "TreeEnsembleClassifier" and got.shape[1] == 2:
+        got = got[:, 1:]  # the binary case: [-s, s] or [1 - s, s]
+    return got
+
+
+def _input_type(model, node) -> int:
+    """The element type of the tree node's input (FLOAT unless the graph declares DOUBLE)."""
+    from onnx import TensorProto
+
+    for i in model.graph.input:
+        if node.input and i.name == node.input[0]:
+            t = i.type.tensor_type.elem_type
+            return t if t in (TensorProto.FLOAT, TensorProto.DOUBLE) else TensorProto.FLOAT
+    return TensorProto.FLOAT
