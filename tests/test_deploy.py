@@ -33,8 +33,13 @@ def _worker_container(docs):
 def _check_guarantees(docs):
     sts, c = _worker_container(docs)
     env = {e["name"]: e for e in c["env"]}
-    assert env["SCORING_WORKER__KAFKA__TRANSACTIONAL_ID"]["valueFrom"]["fieldRef"][
-        "fieldPath"] == "metadata.name"
+    # a stable id per pod, under the README's ACL prefix <group id>-: the pod name through
+    # an earlier variable (Kubernetes expands $(POD_NAME))
+    names = [e["name"] for e in c["env"]]
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert names.index("POD_NAME") < names.index("SCORING_WORKER__KAFKA__TRANSACTIONAL_ID")
+    assert env["SCORING_WORKER__KAFKA__TRANSACTIONAL_ID"]["value"] == \
+        "scoring-worker-$(POD_NAME)"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     # the worker exits within stop_timeout (10 s) + 10 s of SIGTERM
@@ -95,7 +100,8 @@ def _check_hardening(docs, values):
      "topics.inputPartitions": "3"},
     {"kafka.securityProtocol": "SSL", "kafka.tlsSecret": "worker-tls"},
     {"kafka.securityProtocol": "PLAINTEXT", "keda.enabled": "false"},
-], ids=["sasl_ssl", "shadow-no-keda", "mtls", "plaintext"])
+    {"kafka.saslMechanism": "PLAIN"},
+], ids=["sasl_ssl", "shadow-no-keda", "mtls", "plaintext", "sasl-plain"])
 def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values):
     from worker.config import load_settings
 
@@ -115,6 +121,13 @@ def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values
     _validate(docs)
     _check_guarantees(docs)
     _check_hardening(docs, values)
+    if keda and secured:
+        trig = next(d for d in docs if d["kind"] == "ScaledObject")["spec"]["triggers"][0]
+        mech = values.get("kafka.saslMechanism", "SCRAM-SHA-512")
+        if values.get("kafka.securityProtocol", "SASL_SSL").startswith("SASL"):
+            assert trig["metadata"]["sasl"] == {"SCRAM-SHA-512": "scram_sha512",
+                                                "PLAIN": "plaintext"}[mech]
+        assert trig["metadata"]["tls"] == "enable"
     if keda:
         so = next(d for d in docs if d["kind"] == "ScaledObject")
         assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",

@@ -458,3 +458,53 @@ def test_an_acl_removed_while_running_is_fatal_not_retried(tmp_path, sasl_ssl_br
     # nothing of the refused batch was committed: the outputs are still the first 50 ids
     after = K.read_topic(sasl_ssl_broker.client("admin"), names["out"], idle=1.0, timeout=20)
     assert sorted(K.output_ids(after).tolist()) == list(range(50))
+
+
+# ---- a credential revoked while the worker runs ----
+
+def test_a_revoked_credential_stops_the_worker_instead_of_retrying(tmp_path, sasl_ssl_broker,
+                                                                  model_path):
+    """The broker re-authenticates clients every 10 s (connections.max.reauth.ms): once the
+    user's SCRAM credential is deleted, every attempt is refused, and after 30 s of refusals
+    the worker exits 1 with one line (a pod whose credentials went bad is restarted, not
+    left retrying behind a passing health check)."""
+    from confluent_kafka.admin import (
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = sasl_ssl_broker.admin()
+    user, password = f"rot-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    for fut in admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+            user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
+            password.encode())]).values():
+        fut.result(timeout=30)
+    names = names_for(admin, "rot", partitions=1)
+    grant(admin, bindings(acls_for("at_least_once"), names, principal=f"User:{user}"))
+    K.produce_inputs(sasl_ssl_broker.client("admin"), names["in"], n_messages=5, rows=10,
+                     partitions=1)
+    cfg, env = worker_config(tmp_path / "w.yaml", sasl_ssl_broker, names, model_path,
+                             "at_least_once", secret="env", sasl_username=user)
+    env["SCORING_WORKER__KAFKA__SASL_PASSWORD"] = password
+    log = tmp_path / "worker.log"
+    proc = K.start_worker(cfg, log, env)
+    try:
+        out = K.wait_for_ids(sasl_ssl_broker.client("admin"), names["out"], 50, timeout=90,
+                             proc=proc)
+        assert len(set(K.output_ids(out).tolist())) == 50, log.read_text()
+        for fut in admin.alter_user_scram_credentials([UserScramCredentialDeletion(
+                user, ScramMechanism.SCRAM_SHA_512)]).values():
+            fut.result(timeout=30)
+        t0 = time.monotonic()
+        rc = proc.wait(90)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    lines = error_lines(text)
+    assert rc == 1 and len(lines) == 1, text[-3000:]
+    assert f"refused the credentials of User:{user} for 30 s" in lines[0], lines
+    assert elapsed < 60 and "Traceback" not in text and password not in text

@@ -146,3 +146,42 @@ def test_bad_security_config_exits_2_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"config error: kafka.sasl_password_file: {tmp_path / 'absent'} does not exist or "
         "cannot be read"]
+
+
+def test_client_cannot_override_the_security_fields(tmp_path):
+    for key in ("security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm",
+                "enable.ssl.certificate.verification"):
+        with pytest.raises(ConfigError, match=f"kafka.client: .*'{key}' cannot be set here"):
+            _load(tmp_path, {"client": {key: "x"}})
+
+
+def test_every_secret_shaped_client_key_is_masked_and_refused_in_the_file(tmp_path):
+    s = _load(tmp_path, {"allow_secrets_in_file": True,
+                         "client": {"ssl.key.pem": "-----BEGIN PRIVATE KEY-----SECRET",
+                                    "sasl.oauthbearer.config": "principal=x secret=TOP",
+                                    "ssl.keystore.password": "ks", "linger.ms": 5}})
+    shown = json.dumps(s.kafka.masked())
+    assert "SECRET" not in shown and "TOP" not in shown and '"ks"' not in shown
+    assert '"linger.ms": 5' in shown
+    with pytest.raises(ConfigError, match=r"kafka.client.ssl.key.pem: a password in"):
+        _load(tmp_path, {"client": {"ssl.key.pem": "-----BEGIN PRIVATE KEY-----"}})
+
+
+def test_oauthbearer_needs_a_token_source(tmp_path):
+    with pytest.raises(ConfigError, match="kafka.sasl_oauthbearer_method: OAUTHBEARER needs"):
+        _load(tmp_path, {"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER"})
+
+
+def test_a_yaml_error_never_echoes_the_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("kafka:\n  sasl_password: Hunter2:secret: x\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert "Hunter2" not in str(info.value) and "line 2" in str(info.value)
+
+
+def test_plain_without_tls_is_warned_about(tmp_path, monkeypatch):
+    s = _load(tmp_path, {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                         "sasl_username": "w"},
+              env={"SCORING_WORKER__KAFKA__SASL_PASSWORD": "x"}, monkeypatch=monkeypatch)
+    assert any("clear text" in w for w in s.kafka.warnings())

@@ -18,7 +18,7 @@ import structlog
 from . import chaos, codec
 from .config import ConfigError, Settings, load_settings
 from .io import BatchRolledBack, FatalError, StartupError, open_sink, open_source
-from .io.base import NotAuthorized
+from .io.base import CredentialsRejected, NotAuthorized
 from .io.records import RESERVED_HEADERS, Record
 from .metrics import Metrics, observe_many
 from .model.compiled import CompiledModel
@@ -1078,6 +1078,8 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         # dependency that is down
         if "kafka" in (settings.source.type, settings.sink.type):
             log.info("kafka settings", **settings.kafka.masked())  # secrets as '***'
+            for warning in settings.kafka.warnings():
+                log.warning(warning)
         try:
             source = open_source(settings)
             stack.callback(source.close)
@@ -1144,8 +1146,8 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         t0 = time.perf_counter()
         try:
             rc = worker.run()
-        except NotAuthorized as exc:  # one line naming the permission
-            print(f"error: {exc}", file=sys.stderr)
+        except (NotAuthorized, CredentialsRejected) as exc:  # one line: the permission, the
+            print(f"error: {exc}", file=sys.stderr)          # credentials
             return 1
         except FatalError as exc:
             log.error("fatal Kafka error: exiting for a restart", error=str(exc))

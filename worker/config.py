@@ -112,9 +112,24 @@ RESERVED_CLIENT_KEYS = {
     "group.id": "set kafka.group_id",
     "bootstrap.servers": "set kafka.bootstrap_servers",
     "metadata.broker.list": "set kafka.bootstrap_servers",
+    # security: one place, validated together (a client key would override it silently)
+    "security.protocol": "set kafka.security_protocol",
+    "sasl.mechanism": "set kafka.sasl_mechanism",
+    "sasl.mechanisms": "set kafka.sasl_mechanism",
+    "ssl.endpoint.identification.algorithm": "set kafka.ssl_endpoint_identification",
+    "enable.ssl.certificate.verification": "the brokers' certificates are always verified "
+                                           "(set kafka.ssl_ca_location to their CA)",
 }
 SECRET_CLIENT_KEYS = {"sasl.password", "ssl.key.password", "ssl.keystore.password",
-                      "sasl.oauthbearer.client.secret"}
+                      "sasl.oauthbearer.client.secret", "ssl.key.pem", "ssl_key.pem",
+                      "sasl.oauthbearer.config"}
+
+
+def is_secret_key(key) -> bool:
+    """A librdkafka setting whose value is a secret (librdkafka's own sensitive settings, and
+    any key naming a password or a secret)."""
+    k = str(key).strip().lower()
+    return k in SECRET_CLIENT_KEYS or "password" in k or "secret" in k
 # the fields that hold a secret, each with the field that names a file holding it instead
 SECRET_FIELDS = {"sasl_password": "sasl_password_file",
                  "ssl_key_password": "ssl_key_password_file",
@@ -229,6 +244,12 @@ class KafkaConfig(_Section):
                     raise ValueError(f"kafka.sasl_password is required for {mechanism}: set "
                                      f"{ENV_PREFIX}KAFKA__SASL_PASSWORD or "
                                      "kafka.sasl_password_file")
+            if mechanism == "OAUTHBEARER" and self.sasl_oauthbearer_method != "oidc" and \
+                    not self.client.get("enable.sasl.oauthbearer.unsecure.jwt"):
+                raise ValueError("kafka.sasl_oauthbearer_method: OAUTHBEARER needs a token "
+                                 "source: set it to oidc (with the client id, secret and token "
+                                 "endpoint), or kafka.client.enable.sasl.oauthbearer.unsecure."
+                                 "jwt: true for a test broker")
             if mechanism == "OAUTHBEARER" and self.sasl_oauthbearer_method == "oidc":
                 for need in ("sasl_oauthbearer_client_id",
                              "sasl_oauthbearer_token_endpoint_url"):
@@ -294,14 +315,21 @@ class KafkaConfig(_Section):
         conf.update(self.client)
         return conf
 
+    def warnings(self) -> list[str]:
+        """Settings that work but expose something (logged at start-up)."""
+        out = []
+        if self.security_protocol == "SASL_PLAINTEXT" and self.sasl_mechanism == "PLAIN":
+            out.append("SASL PLAIN without TLS (SASL_PLAINTEXT) sends the password in clear "
+                       "text: use SASL_SSL")
+        return out
+
     def masked(self) -> dict[str, Any]:
         """This section for a log line: every secret shown as '***'."""
         out = {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
         for secret in SECRET_FIELDS:
             if secret in out:
                 out[secret] = "***"
-        out["client"] = {k: ("***" if str(k).lower() in SECRET_CLIENT_KEYS else v)
-                         for k, v in self.client.items()}
+        out["client"] = {k: ("***" if is_secret_key(k) else v) for k, v in self.client.items()}
         return out
 
 
@@ -604,7 +632,7 @@ def _check_file_secrets(data: dict, where: str) -> None:
     found = [f"kafka.{k}" for k in SECRET_FIELDS if kafka.get(k) is not None]
     client = kafka.get("client")
     if isinstance(client, dict):
-        found += [f"kafka.client.{k}" for k in client if str(k).lower() in SECRET_CLIENT_KEYS]
+        found += [f"kafka.client.{k}" for k in client if is_secret_key(k)]
     if found:
         raise ConfigError(f"config error: {found[0]}: a password in {where}; set it from the "
                           f"environment ({ENV_PREFIX}KAFKA__SASL_PASSWORD) or a file "
@@ -643,8 +671,15 @@ def load_settings(path: str | Path | None = None, **overrides) -> Settings:
             raise ConfigError(f"config error: --config: file {p} does not exist")
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config error: {p} is not valid YAML: {exc}") from None
+        except yaml.YAMLError as exc:
+            # the problem and where, never the offending line (it may hold a secret)
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ConfigError(f"config error: {p} is not valid YAML: {problem}{where}") \
+                from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config error: {p} is not valid YAML: {exc.reason}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config error: {p}: the top level must be a mapping of sections")
         _check_file_secrets(data, str(p))

@@ -17,7 +17,7 @@ import time
 import structlog
 from confluent_kafka import KafkaError, KafkaException
 
-from .base import NotAuthorized, Permission, StartupError
+from .base import CredentialsRejected, NotAuthorized, Permission, StartupError
 
 log = structlog.get_logger("worker.kafka")
 
@@ -36,6 +36,31 @@ _TRANSIENT = frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
                         KafkaError._TIMED_OUT, KafkaError.LEADER_NOT_AVAILABLE,
                         KafkaError._TRANSPORT})
+
+class AuthWatch:
+    """A client's ``error_cb``: authentication refused without a break for ``bound_s`` raises
+    CredentialsRejected (confluent-kafka re-raises it from the poll, consume or flush that
+    served the callback), so a worker whose credentials went bad exits instead of retrying
+    for ever while its health check passes. Other errors are librdkafka's to retry."""
+
+    def __init__(self, principal: str, bound_s: float = 30.0):
+        self.principal, self.bound_s = principal, bound_s
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def __call__(self, err) -> None:
+        if err.code() not in AUTHENTICATION_ERRORS:
+            return
+        now = time.monotonic()
+        if self.last is None or now - self.last > self.bound_s:
+            self.first = now  # a new run of refusals
+            log.warning("the brokers refuse this worker's credentials", error=err.str(),
+                        exits_in_s=self.bound_s)
+        self.last = now
+        if now - self.first >= self.bound_s:
+            raise CredentialsRejected(f"kafka: the brokers have refused the credentials of "
+                                      f"{self.principal} for {self.bound_s:.0f} s: {err.str()}")
+
 
 class AuthenticationFailed(StartupError):
     """The brokers refuse the connection: credentials or certificates (exit 1)."""
@@ -90,18 +115,26 @@ def check_access(settings, transactional: bool, timeout_s: float = 30.0) -> None
     needs = [p for p in required(settings, transactional) if p.resource in ("topic", "group")]
     if not needs:
         return
-    missing = missing_permissions(conf, needs, timeout_s)
+    unknown: list[Permission] = []
+    missing = missing_permissions(conf, needs, timeout_s, unknown=unknown)
     if missing:
         raise NotAuthorized(missing, principal_of(conf))
-    log.info("kafka access checked", principal=principal_of(conf),
-             permissions=[str(p) for p in needs])
+    checked = [str(p) for p in needs if p not in unknown]
+    if unknown:  # no answer in time, or brokers that do not report authorized operations
+        log.warning("kafka access not verified (the brokers did not say): a refusal will "
+                    "stop the worker when it comes", principal=principal_of(conf),
+                    not_verified=[str(p) for p in unknown], verified=checked)
+    else:
+        log.info("kafka access checked", principal=principal_of(conf), permissions=checked)
 
 
-def missing_permissions(client_conf: dict, needs: list[Permission],
-                        timeout_s: float = 30.0) -> list[Permission]:
+def missing_permissions(client_conf: dict, needs: list[Permission], timeout_s: float = 30.0,
+                        unknown: list | None = None) -> list[Permission]:
     """Which of ``needs`` (topics and groups) the brokers deny this client's principal, asked
-    with an admin client of its own. Raises AuthenticationFailed (or StartupError for a
-    setting librdkafka refuses)."""
+    with an admin client of its own; ``unknown`` collects those the brokers did not judge (no
+    answer in time, an absent topic, no authorized operations). Raises AuthenticationFailed
+    (or StartupError for a setting librdkafka refuses)."""
+    unknown = [] if unknown is None else unknown
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
 
@@ -164,6 +197,7 @@ def missing_permissions(client_conf: dict, needs: list[Permission],
         if again:
             time.sleep(0.5)
     group = [p for p in needs if p.resource == "group"]
+    judged_group = False
     while group and time.monotonic() < deadline:
         name = group[0].name
         res = wait(admin.describe_consumer_groups([name], request_timeout=10,
@@ -172,21 +206,26 @@ def missing_permissions(client_conf: dict, needs: list[Permission],
         if isinstance(res, KafkaError):
             if res.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
                 missing.append(group[0])
+                judged_group = True
             elif res.code() in _TRANSIENT:
                 time.sleep(0.5)
                 continue
-        elif res is not None and res.authorized_operations is not None and \
-                "READ" not in {op.name for op in res.authorized_operations}:
-            missing.append(group[0])
+        elif res is not None and res.authorized_operations is not None:
+            judged_group = True
+            if "READ" not in {op.name for op in res.authorized_operations}:
+                missing.append(group[0])
         break
+    if group and not judged_group:
+        unknown.append(group[0])
     for p in needs:
         if p.resource != "topic":
             continue
         ops = allowed.get(p.name)
-        if ops is not None and p.operation not in ops and "ALL" not in ops:
+        denied = ops is not None and p.operation not in ops and "ALL" not in ops
+        if denied or (p.name in hidden and p.operation in ("READ", "WRITE")):
             missing.append(p)
-        elif p.name in hidden and p.operation in ("READ", "WRITE"):
-            missing.append(p)  # (DescribeConfigs there is not known: checked when read)
+        elif ops is None:  # no answer, an absent topic, DescribeConfigs behind no Describe
+            unknown.append(p)
     missing.sort(key=lambda p: (p.resource != "topic", p.operation != "READ"))
     return missing
 
@@ -198,7 +237,9 @@ def principal_of(conf: dict) -> str:
         user = conf.get("sasl.username")
         return f"User:{user}" if user else f"this worker ({conf.get('sasl.mechanism', 'SASL')})"
     if protocol == "SSL" and conf.get("ssl.certificate.location"):
-        return f"the subject of {conf['ssl.certificate.location']}"
+        subject = _subject(conf["ssl.certificate.location"])
+        return f"User:{subject}" if subject else \
+            f"the subject of {conf['ssl.certificate.location']}"
     return "User:ANONYMOUS"
 
 
@@ -220,3 +261,18 @@ def refusal(err, principal: str, *, topic: str | None = None, group: str | None 
     else:
         perm = Permission("IDEMPOTENT_WRITE", "cluster", "kafka-cluster")
     return NotAuthorized(perm, principal, err.str())
+
+
+def _subject(path: str) -> str | None:
+    """A PEM certificate's subject as Kafka names it by default ("CN=worker,O=..."; the
+    brokers' ssl.principal.mapping.rules may shorten it), or None if it cannot be read."""
+    import ssl
+
+    try:
+        decoded = ssl._ssl._test_decode_cert(path)  # the stdlib's PEM reader (no dependency)
+    except Exception:  # noqa: BLE001 (an encrypted bundle, a key first: name the file instead)
+        return None
+    names = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+             "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST"}
+    parts = [f"{names.get(k, k)}={v}" for rdn in decoded.get("subject", ()) for k, v in rdn]
+    return ",".join(reversed(parts)) or None

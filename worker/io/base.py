@@ -97,6 +97,11 @@ class NotAuthorized(FatalError):
         super().__init__(f"{text}: {detail}" if detail else text)
 
 
+class CredentialsRejected(FatalError):
+    """The brokers have refused this worker's credentials for longer than the bound while it
+    ran (a revoked user, a rotated password, a certificate no longer trusted): exit 1."""
+
+
 class Source(Protocol):
     exhausted: bool  # a file source that has been read to its end
     total: int | None  # messages in a file source (progress bars), None for a stream

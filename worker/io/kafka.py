@@ -28,7 +28,7 @@ from confluent_kafka import (
 )
 
 from .. import chaos
-from .access import NotAuthorized, principal_of, refusal
+from .access import AuthWatch, NotAuthorized, principal_of, refusal
 from .base import BatchRolledBack, FatalError, StartupError
 from .records import RESERVED_HEADERS, Record
 
@@ -142,7 +142,7 @@ class KafkaSource:
         self.principal, self.group = principal_of(conf), conf.get("group.id")
         self.topics = topics
         try:
-            self.consumer = Consumer(conf)
+            self.consumer = Consumer({**conf, "error_cb": AuthWatch(self.principal)})
         except KafkaException as exc:
             raise _startup_error(exc) from None
         self.revoked = False  # an assignment was revoked or lost since the last take_revoked()
@@ -463,8 +463,9 @@ class KafkaSink:
         if "batch.size" not in conf:
             conf = {**conf, "batch.size": min(1_000_000, min(self.max_bytes.values()) +
                                               RECORD_OVERHEAD)}
-        self._conf = conf
         self.principal = principal_of(conf)
+        conf = {**conf, "error_cb": AuthWatch(self.principal)}
+        self._conf = conf
         self.transactional_id_acl = transactional_id_acl
         # a WRITE the broker refused during this delivery (NotAuthorized once it settles)
         self._denied: NotAuthorized | None = None
@@ -818,7 +819,10 @@ class KafkaSink:
         d.finish()
 
     def close(self) -> None:
-        self.producer.flush(0 if self.stopping() else 10)
+        try:
+            self.producer.flush(0 if self.stopping() else 10)
+        except (KafkaException, FatalError) as exc:  # a fatal producer (said why already)
+            log.info("the producer closed with an error", error=str(exc).splitlines()[0])
 
 
 class KafkaDelivery:
