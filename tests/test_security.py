@@ -413,8 +413,9 @@ def test_replay_to_a_topic_and_record_it_back(tmp_path, sasl_ssl_broker, model_p
 # ---- an ACL removed while the worker runs ----
 
 @pytest.mark.parametrize("removed", [("Write", "--topic", "scores", False),
-                                     ("Read", "--topic", "transactions", False)],
-                         ids=["write-scores", "read-input"])
+                                     ("Read", "--topic", "transactions", False),
+                                     ("Write", "--transactional-id", "scoring-worker-", True)],
+                         ids=["write-scores", "read-input", "write-transactional-id"])
 def test_an_acl_removed_while_running_is_fatal_not_retried(tmp_path, sasl_ssl_broker, model_path,
                                                            removed):
     """Past the start-up check: the refusal met by the producer (a transaction aborted) or the
@@ -451,8 +452,9 @@ def test_an_acl_removed_while_running_is_fatal_not_retried(tmp_path, sasl_ssl_br
             proc.kill()
     text = log.read_text()
     lines = error_lines(text)
-    op, _flag, readme_name, _p = removed
-    said = f"{_SAID[op]} on topic {names[_README_NAMES[readme_name]]}"
+    op, flag, readme_name, _p = removed
+    resource = {"--topic": "topic", "--transactional-id": "transactional-id"}[flag]
+    said = f"{_SAID[op]} on {resource} {names[_README_NAMES[readme_name]]}"
     assert rc == 1 and len(lines) == 1 and said in lines[0], text[-3000:]
     assert elapsed < 30 and "Traceback" not in text
     # nothing of the refused batch was committed: the outputs are still the first 50 ids

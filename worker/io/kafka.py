@@ -821,8 +821,11 @@ class KafkaSink:
     def close(self) -> None:
         try:
             self.producer.flush(0 if self.stopping() else 10)
-        except (KafkaException, FatalError) as exc:  # a fatal producer (said why already)
-            log.info("the producer closed with an error", error=str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001 (a fatal producer, which said why already:
+            # confluent-kafka raises its fatal error here, and then a SystemError from the
+            # delivery callbacks it runs with that error set)
+            log.info("the producer closed with an error",
+                     error=(str(exc).splitlines() or [type(exc).__name__])[0])
 
 
 class KafkaDelivery:
