@@ -146,7 +146,8 @@ def main() -> int:
         "",
         "One worker, `delivery.mode: exactly_once`, one scoring thread, "
         f"{args.messages:,} one-row Arrow messages on two partitions per run, rounds alternating "
-        "which broker goes first. SASL_SSL: SCRAM-SHA-512 over TLS (EC P-256 certificates, the JVM and OpenSSL defaults negotiated), "
+        "which broker goes first. SASL_SSL: SCRAM-SHA-512 over TLS (EC P-256 certificates, "
+        "the JVM and OpenSSL defaults negotiated), "
         "the StandardAuthorizer with exactly the README's ACLs. Medians of the rounds.",
         "",
         "| broker | steady records/s (first output to last) | whole records/s (from start) | "

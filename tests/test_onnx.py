@@ -341,3 +341,98 @@ def test_compile_reads_onnx_and_names_files_it_does_not_read(exports, tmp_path):
     proc = _cli("compile", broken, "-o", tmp_path / "x.model")
     assert proc.returncode != 0 and "not a readable ONNX model" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---- crafted files (an attack review's findings, each refused by name before the fix
+# compiled it, scored it differently from ONNX Runtime, or crashed the command) ----
+
+def _stump_model(**change):
+    return _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3],
+                       **change)
+
+
+def _attr(m, name):
+    return next(a for a in m.graph.node[0].attribute if a.name == name)
+
+
+def test_a_node_before_the_tree_or_an_output_it_does_not_make_is_refused():
+    m = _stump_model()
+    g = m.graph
+    tree = g.node[0]
+    tree.input[0] = "Xf"  # X -> Cast(int64) -> Cast(float) -> tree: rounds the input
+    g.node.insert(0, helper.make_node("Cast", ["X"], ["Xi"], to=TensorProto.INT64))
+    g.node.insert(1, helper.make_node("Cast", ["Xi"], ["Xf"], to=TensorProto.FLOAT))
+    with pytest.raises(UnsupportedModelError, match="does not read the graph's one input"):
+        worker.compile_model(m)
+    m = _stump_model()
+    m.graph.node.append(helper.make_node("Cast", ["y"], ["yi"], to=TensorProto.INT64))
+    m.graph.output[0].name = "yi"
+    with pytest.raises(UnsupportedModelError, match="casts the scores"):
+        worker.compile_model(m)
+
+
+def test_onnx_runtimes_root_is_the_first_listed_node():
+    m = _stump_model()
+    order = [1, 0, 2, 3, 4, 5, 6, 7]  # tree 0's second node listed first
+    for a in m.graph.node[0].attribute:
+        if a.name.startswith("nodes_"):
+            field = a.ints if a.ints else a.floats if a.floats else a.strings
+            values = list(field)
+            del field[:]
+            field.extend(values[i] for i in order)
+    with pytest.raises(UnsupportedModelError, match="not reached from its first-listed node"):
+        worker.compile_model(m)
+
+
+@pytest.mark.parametrize("change,message", [
+    ("tracks", "other than 0 or 1"),
+    ("tree_id", r"outside \[0, 2\^31\)"),
+    ("width", "features wide"),
+    ("external", "external file"),
+])
+def test_crafted_attributes_are_refused_by_name(change, message):
+    m = _stump_model()
+    if change == "tracks":
+        _attr(m, "nodes_missing_value_tracks_true").ints[0] = 2
+    elif change == "tree_id":
+        ids = _attr(m, "nodes_treeids").ints
+        for i in range(5, 8):
+            ids[i] = 1 << 32
+    elif change == "width":
+        m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 1 << 40
+    else:
+        from onnx.external_data_helper import set_external_data
+
+        m = _stump_model(double=True)
+        t = _attr(m, "nodes_values_as_tensor").t
+        t.raw_data = np.asarray(t.double_data, dtype=np.float64).tobytes()
+        del t.double_data[:]
+        set_external_data(t, location="thresholds.bin", offset=0, length=len(t.raw_data))
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+    with pytest.raises(UnsupportedModelError, match=message):
+        worker.compile_model(m)
+
+
+def test_a_chain_deeper_than_onnx_runtime_survives_is_refused_not_a_crash(tmp_path):
+    depth = 1200  # ONNX Runtime crashed (SIGSEGV) verifying a 14,000-deep chain
+    n = 2 * depth + 1
+    attrs = dict(nodes_treeids=[0] * n, nodes_nodeids=list(range(n)),
+                 nodes_featureids=[0] * n, nodes_values=[float(i) for i in range(n)],
+                 nodes_modes=["BRANCH_LEQ" if i < depth else "LEAF" for i in range(n)],
+                 nodes_truenodeids=[depth + i if i < depth else 0 for i in range(n)],
+                 nodes_falsenodeids=[i + 1 if i < depth - 1 else (n - 1 if i < depth else 0)
+                                     for i in range(n)],
+                 target_treeids=[0] * (depth + 1), target_nodeids=list(range(depth, n)),
+                 target_ids=[0] * (depth + 1), target_weights=[1.0] * (depth + 1),
+                 n_targets=1)
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])
+    node = helper.make_node("TreeEnsembleRegressor", ["X"], ["y"], domain="ai.onnx.ml", **attrs)
+    m = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)])
+    m.ir_version = 8
+    path = tmp_path / "chain.onnx"
+    path.write_bytes(m.SerializeToString())
+    proc = _cli("compile", path, "-o", tmp_path / "x.model")
+    assert proc.returncode == 1 and "deeper than 1000" in proc.stderr, proc.stderr

@@ -50,7 +50,11 @@ def _read_estimator(path: Path, trust_pickle: bool = False):
 
     warnings.warn(f"loading {path} with joblib/pickle runs code from the file (--trust-pickle)",
                   stacklevel=2)
-    return joblib.load(path)
+    try:
+        return joblib.load(path)
+    except Exception as exc:  # noqa: BLE001 (whatever unpickling a damaged file raises)
+        raise UnsupportedModelError(f"{path} is not a readable joblib/pickle file: "
+                                    f"{type(exc).__name__}: {exc}") from None
 
 
 READS = ("XGBoost models (.json, .ubj), LightGBM model files (.txt, .lgb, .lgbm), ONNX tree "
@@ -68,17 +72,16 @@ def _sniff(path: Path) -> str:
             head = f.read(8)
     except OSError as exc:
         return f"not readable ({exc.strerror})"
-    pickled = head[:1] == b"\x80" and 2 <= head[1:2][0] <= 5 if len(head) >= 2 else False
-    zlib = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
-    compressed = zlib or head[:2] == b"\x1f\x8b" or \
-        head[:6] == b"\xfd7zXZ\x00" or head[:4] == b"\x04\x22\x4d\x18" or \
-        head[:3] == b"ZF\x00"  # joblib's own zlib container
-    if pickled or (compressed and path.suffix.lower() in _PICKLE_SUFFIXES):
-        return "pickle"
     if path.suffix.lower() == ".cbm" or head[:4] == b"CBM1":
         return "a CatBoost model (.cbm), which this version does not compile"
+    other = head[:4] in (b"PK\x03\x04",) or head[:1] in (b"{", b"[") or head[:5] == b"tree\n"
     if path.suffix.lower() in _PICKLE_SUFFIXES:
-        return "named as a joblib/pickle file but is not one"
+        # named as one, and not another known format: any pickle protocol (0-5) or joblib's
+        # compressed containers; refused unless --trust-pickle, read only then
+        return "an empty file" if not head else ("not a joblib/pickle file (another format)"
+                                                  if other else "pickle")
+    if head[:1] == b"\x80" and len(head) >= 2 and 2 <= head[1] <= 5:
+        return "pickle"  # a pickle (protocol 2+) under another name
     return f"not a model file this compiler knows (suffix {path.suffix or 'none'!r})"
 
 
@@ -128,7 +131,7 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
         ref = xgboost_loader.reference_margin(source, X)
         ours = model.raw(X, n_threads=1)
     elif model.source.startswith("onnx"):
-        ref = onnx_loader.reference(source, X)
+        ref = onnx_loader.reference_full(source, X)  # the user's whole graph
         ours = (model.predict_proba(X, n_threads=1) if model.task != "regression"
                 else model.predict(X, n_threads=1).reshape(-1, 1))
     elif model.source.startswith("lightgbm"):

@@ -24,6 +24,7 @@ class's (``[1 - s, s]`` for probabilities, a logistic of the margin otherwise).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,11 @@ PASS_THROUGH = ("ZipMap", "Cast", "Identity")
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
          "LEAF")
 MAX_NODES = 1 << 26  # far beyond any real ensemble; bounds the arrays built from a file
+MAX_FEATURES = 1 << 17  # an input this wide costs gigabytes to probe; none is real
+MAX_OUTPUTS = 1 << 12  # classes
+MAX_LEAF_VALUES = 1 << 26  # nodes x outputs held as float64
+MAX_DEPTH = 1000  # ONNX Runtime itself crashes (SIGSEGV) verifying chains ~14,000 deep
+MAX_ID = (1 << 31) - 1  # ONNX Runtime keeps tree and node ids in 32 bits
 
 
 def is_onnx_source(source) -> bool:
@@ -64,32 +70,68 @@ def read(source):
 def _attrs(node) -> dict:
     """The node's attributes by name; a ``*_as_tensor`` (double) one under its plain name, and
     ``"_double"`` naming those that were."""
-    from onnx import helper
+    from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
     out = {"_double": set()}
+    seen = set()
     for a in node.attribute:
-        v = helper.get_attribute_value(a)
+        if a.name in seen:
+            raise UnsupportedModelError(f"attribute {a.name} is given twice")
+        seen.add(a.name)
+        kind = AttributeProto.TENSOR if a.name.endswith("_as_tensor") else \
+            _kinds().get(a.name)
+        if kind is not None and a.type != kind:
+            raise UnsupportedModelError(f"attribute {a.name} has the wrong type "
+                                        f"({AttributeProto.AttributeType.Name(a.type)})")
         if a.name.endswith("_as_tensor"):
-            from onnx import numpy_helper
-
-            v = numpy_helper.to_array(v).astype(np.float64).ravel()
-            out[a.name[: -len("_as_tensor")]] = v
-            out["_double"].add(a.name[: -len("_as_tensor")])
+            t = a.t
+            if t.data_location == TensorProto.EXTERNAL or len(t.external_data):
+                raise UnsupportedModelError(f"attribute {a.name} keeps its data in an external "
+                                            "file: only self-contained models are read")
+            if t.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+                raise UnsupportedModelError(f"attribute {a.name} is not a float tensor")
+            base = a.name[: -len("_as_tensor")]
+            if base in out:
+                raise UnsupportedModelError(f"both {base} and {a.name} are set")
+            out[base] = numpy_helper.to_array(t).astype(np.float64).ravel()
+            if t.data_type == TensorProto.DOUBLE:
+                out["_double"].add(base)
             continue
-        out.setdefault(a.name, v.decode() if isinstance(v, bytes) else v)
+        if a.name + "_as_tensor" in out:
+            raise UnsupportedModelError(f"both {a.name} and {a.name}_as_tensor are set")
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _kinds() -> dict:
+    """The attribute type each attribute this loader reads must have."""
+    from onnx import AttributeProto as A
+
+    ints = ["nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_truenodeids",
+            "nodes_falsenodeids", "nodes_missing_value_tracks_true", "target_treeids",
+            "target_nodeids", "target_ids", "class_treeids", "class_nodeids", "class_ids",
+            "classlabels_int64s"]
+    floats = ["nodes_values", "nodes_hitrates", "target_weights", "class_weights",
+              "base_values"]
+    kinds = {k: A.INTS for k in ints}
+    kinds.update({k: A.FLOATS for k in floats})
+    kinds.update({"nodes_modes": A.STRINGS, "classlabels_strings": A.STRINGS,
+                  "n_targets": A.INT, "aggregate_function": A.STRING,
+                  "post_transform": A.STRING})
+    return kinds
+
+
+
 def tree_node(model):
-    """The one tree-ensemble node; everything else must pass its outputs through."""
+    """The one tree-ensemble node, reading the graph's input directly; every other node must
+    pass its outputs through unchanged (see ``_check_wiring``)."""
     graph = model.graph
     trees = [n for n in graph.node if n.op_type in TREE_OPS and n.domain == ML]
-    init = {t.name: t for t in graph.initializer}
     refused = []
     for n in graph.node:
-        if n in trees or (n.op_type in PASS_THROUGH and n.domain in ("", ML)):
-            continue
-        if n.op_type == "Mul" and n.domain == "" and _times_one(n, init):
+        if n in trees or (n.op_type in PASS_THROUGH + ("Mul",) and n.domain in ("", ML)):
             continue
         if n.op_type == "TreeEnsemble" and n.domain == ML:
             refused.append(f"{n.name or n.op_type} (TreeEnsemble, ai.onnx.ml opset 5)")
@@ -103,19 +145,80 @@ def tree_node(model):
         raise UnsupportedModelError(f"the graph has {len(trees)} tree-ensemble nodes (one is "
                                     "supported: TreeEnsembleRegressor or "
                                     "TreeEnsembleClassifier, ai.onnx.ml opsets 1-3)")
+    _check_wiring(model, trees[0])
     return trees[0]
 
 
-def _times_one(node, init) -> bool:
-    from onnx import numpy_helper
+def _check_wiring(model, tree) -> None:
+    """The tree reads the graph's one input as it is; the other nodes sit after the tree and
+    change nothing a score is: Identity; Cast of the scores to float or double (of the label
+    to anything); Mul of the scores by a one-element constant 1; ZipMap of the probabilities
+    under the tree's own class labels, in its order. Whatever else a graph does is refused (a
+    Cast of the input to int, a graph output that is not the tree's, a ZipMap that reorders)."""
+    from onnx import TensorProto, numpy_helper
 
-    consts = [numpy_helper.to_array(init[i]) for i in node.input if i in init]
-    return len(consts) == 1 and consts[0].size >= 1 and bool(np.all(consts[0] == 1))
+    graph = model.graph
+    init = {t.name: t for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in init]
+    if len(inputs) != 1 or list(tree.input) != inputs:
+        raise UnsupportedModelError("the tree ensemble does not read the graph's one input "
+                                    "directly (a node before it, or several inputs)")
+    a = {x.name: x for x in tree.attribute}
+    labels = _labels(a) if tree.op_type == "TreeEnsembleClassifier" else []
+    # value name -> "label" or "scores": what it carries, from the tree onwards
+    path = dict(zip(tree.output, ("label", "scores") if tree.op_type ==
+                    "TreeEnsembleClassifier" else ("scores",), strict=False))
+    for n in graph.node:
+        if n is tree:
+            continue
+        name = n.name or n.op_type
+        src = [i for i in n.input if i not in init]
+        if len(src) != 1 or src[0] not in path:
+            raise UnsupportedModelError(f"node {name} ({n.op_type}) does not take the tree "
+                                        "ensemble's output alone")
+        kind = path[src[0]]
+        attrs = {x.name: x for x in n.attribute}
+        if n.op_type == "Cast" and kind == "scores" and attrs.get("to") is not None and \
+                attrs["to"].i not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+            raise UnsupportedModelError(f"node {name} casts the scores to another type")
+        if n.op_type == "Mul":
+            consts = [numpy_helper.to_array(init[i]) for i in n.input if i in init]
+            if kind != "scores" or len(consts) != 1 or consts[0].size != 1 or \
+                    not np.all(consts[0] == 1):
+                raise UnsupportedModelError(f"node {name} (Mul) changes the scores")
+        if n.op_type == "ZipMap":
+            zl = attrs.get("classlabels_int64s") or attrs.get("classlabels_strings")
+            z = list(zl.ints) if zl is not None and zl.ints else \
+                [v.decode() for v in zl.strings] if zl is not None else None
+            if kind != "scores" or z != [str(v) if isinstance(v, str) else v
+                                         for v in labels]:
+                raise UnsupportedModelError(f"node {name} (ZipMap) does not map the "
+                                            "probabilities to the tree's class labels in order")
+        for out in n.output:
+            path[out] = kind
+    outs = [o.name for o in graph.output]
+    if not outs or any(o not in path for o in outs) or \
+            not any(path[o] == "scores" for o in outs):
+        raise UnsupportedModelError("the graph's outputs are not the tree ensemble's scores")
+    return next(o for o in outs if path[o] == "scores")
+
+
+def _labels(attrs: dict) -> list:
+    ints = attrs.get("classlabels_int64s")
+    strings = attrs.get("classlabels_strings")
+    if ints is not None and strings is not None and list(ints.ints) and list(strings.strings):
+        raise UnsupportedModelError("both classlabels_int64s and classlabels_strings are set")
+    if ints is not None and list(ints.ints):
+        return list(ints.ints)
+    return [v.decode() for v in strings.strings] if strings is not None else []
 
 
 def _n_features(model, node, features: np.ndarray) -> int:
     inputs = {i.name: i for i in model.graph.input}
     declared = None
+    if features.size and int(features.max()) >= MAX_FEATURES:
+        raise UnsupportedModelError(f"a node reads feature {int(features.max())} (at most "
+                                    f"{MAX_FEATURES} features)")
     if node.input and node.input[0] in inputs:
         dims = inputs[node.input[0]].type.tensor_type.shape.dim
         if len(dims) == 2 and dims[1].HasField("dim_value"):
@@ -124,6 +227,9 @@ def _n_features(model, node, features: np.ndarray) -> int:
     if declared is not None and used > declared:
         raise UnsupportedModelError(f"a node reads feature {used - 1} of a {declared}-wide "
                                     "input")
+    if declared is not None and declared > MAX_FEATURES:
+        raise UnsupportedModelError(f"an input {declared} features wide (at most "
+                                    f"{MAX_FEATURES})")
     return declared if declared is not None else max(used, 1)
 
 
@@ -137,6 +243,15 @@ def _int_array(attrs: dict, key: str, n: int | None = None) -> np.ndarray:
 def to_ir(source) -> Ensemble:
     model = read(source)
     node = tree_node(model)
+    try:
+        return _to_ir(model, node)
+    except UnsupportedModelError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        raise UnsupportedModelError(f"malformed tree-ensemble attributes: {exc}") from None
+
+
+def _to_ir(model, node) -> Ensemble:
     a = _attrs(node)
     classifier = node.op_type == "TreeEnsembleClassifier"
     modes = [m.decode() if isinstance(m, bytes) else str(m) for m in a.get("nodes_modes", [])]
@@ -152,10 +267,17 @@ def to_ir(source) -> Ensemble:
     if values.shape[0] != n:
         raise UnsupportedModelError(f"nodes_values has {values.shape[0]} entries, expected {n}")
     tracks = a.get("nodes_missing_value_tracks_true")
-    tracks = np.zeros(n, dtype=bool) if tracks is None or len(tracks) == 0 else \
-        _int_array(a, "nodes_missing_value_tracks_true", n).astype(bool)
+    tracks = np.zeros(n, dtype=np.int64) if tracks is None or len(tracks) == 0 else \
+        _int_array(a, "nodes_missing_value_tracks_true", n)
+    if np.any((tracks != 0) & (tracks != 1)):  # ONNX Runtime tracks only where it is 1
+        raise UnsupportedModelError("nodes_missing_value_tracks_true holds a value other than "
+                                    "0 or 1")
+    tracks = tracks.astype(bool)
     if np.any(features < 0):
         raise UnsupportedModelError("a node reads a negative feature index")
+    for key, ids in (("nodes_treeids", tree_ids), ("nodes_nodeids", node_ids)):
+        if ids.size and (ids.min() < 0 or ids.max() > MAX_ID):
+            raise UnsupportedModelError(f"{key} outside [0, 2^31)")
     n_features = _n_features(model, node, features)
 
     prefix = "class" if classifier else "target"
@@ -166,10 +288,9 @@ def to_ir(source) -> Ensemble:
     if w_val.shape[0] != w_tree.shape[0]:
         raise UnsupportedModelError(f"{prefix}_weights and {prefix}_treeids differ in length")
     if classifier:
-        labels = list(a.get("classlabels_int64s", [])) or \
-            [s.decode() if isinstance(s, bytes) else s for s in a.get("classlabels_strings", [])]
+        labels = _labels({x.name: x for x in node.attribute})
         n_out = len(labels)
-        if n_out < 2:
+        if n_out < 2 or n_out > MAX_OUTPUTS:
             raise UnsupportedModelError(f"a classifier with {n_out} class labels")
     else:
         labels = []
@@ -207,10 +328,22 @@ def to_ir(source) -> Ensemble:
                                     "exporters write them, are)")
     if classifier and n_out == 2 and base.size not in (0, 1):
         raise UnsupportedModelError(f"{base.size} base_values for a binary classifier")
+    if binary_one and used == [1] and post != "NONE":
+        raise UnsupportedModelError(f"a binary classifier with weights on class 1 only and "
+                                    f"post_transform {post} (ONNX Runtime's output is not a "
+                                    "probability then)")
     G = 1 if binary_one or not classifier else n_out
+    if n * G > MAX_LEAF_VALUES:
+        raise UnsupportedModelError(f"{n} nodes x {G} outputs: too large")
     col = (lambda i: 0) if G == 1 else (lambda i: i)
 
-    order = list(dict.fromkeys(tree_ids.tolist()))  # trees in the order they first appear
+    # ONNX Runtime reads each tree from its first-listed node (the root) and counts a tree
+    # per run of equal ids: a tree's nodes must be listed together
+    order = list(dict.fromkeys(tree_ids.tolist()))
+    runs = 1 + int(np.count_nonzero(tree_ids[1:] != tree_ids[:-1]))
+    if runs != len(order):
+        raise UnsupportedModelError("a tree's nodes are not listed together (tree ids "
+                                    "interleaved)")
     by_tree: dict[int, list[int]] = {}
     for k, t in enumerate(tree_ids.tolist()):
         by_tree.setdefault(t, []).append(k)
@@ -258,14 +391,17 @@ def to_ir(source) -> Ensemble:
                                         f"{'positive' if positive else 'signed'} weights is "
                                         "not supported")
     else:
-        task = "regression"
-        link = {"NONE": "identity", "LOGISTIC": "sigmoid"}.get(post)
-        if link is None:
+        task, link = "regression", "identity"
+        if post != "NONE":  # ONNX Runtime does not apply LOGISTIC to one target
             raise UnsupportedModelError(f"post_transform {post} on a regressor")
     opset = next((o.version for o in model.opset_import if o.domain == ML), 1)
     from onnx import TensorProto
 
+    # ONNX Runtime's sums are double for a double input (its thresholds then compare doubles:
+    # exact for inputs that are float32 values, which the worker stages), float32 otherwise
     double_input = _input_type(model, node) == TensorProto.DOUBLE
+    if a["_double"] and not double_input:
+        raise UnsupportedModelError("double attributes (*_as_tensor) with a float input")
     return Ensemble(
         trees=trees,
         tree_group=np.asarray(groups, dtype=np.int32),
@@ -278,9 +414,7 @@ def to_ir(source) -> Ensemble:
         n_features=n_features,
         feature_names=[f"f{i}" for i in range(n_features)],
         classes=labels,
-        # ONNX Runtime sums in float32, or in double for a double input or *_as_tensor
-        # (double) attributes
-        accumulate="float64" if a["_double"] or double_input else "float32",
+        accumulate="float64" if double_input else "float32",
         objective=f"{agg.lower()}/{post.lower()}",
         source=f"onnx {node.op_type} (ai.onnx.ml opset {opset})",
         kind=node.op_type,
@@ -298,25 +432,27 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
         if nid in pos:
             raise UnsupportedModelError(f"{where}: node id {nid} appears twice")
         pos[nid] = k
-    children = set()
-    for k in rows:
-        if modes[k] != "LEAF":
-            children.update((int(true_ids[k]), int(false_ids[k])))
-    roots = [nid for nid in pos if nid not in children]
-    if len(roots) != 1 or not children <= set(pos):
-        raise UnsupportedModelError(f"{where}: not one tree (a child outside it, or "
-                                    f"{len(roots)} roots)")
+    root = int(node_ids[rows[0]])  # ONNX Runtime's root: the tree's first-listed node
     # breadth-first from the root: new index per node; a node reached twice is refused
-    index, queue = {roots[0]: 0}, [roots[0]]
+    index, queue, depth = {root: 0}, [root], {root: 0}
     for nid in queue:
         k = pos[nid]
         if modes[k] == "LEAF":
             continue
         for child in (int(true_ids[k]), int(false_ids[k])):
+            if child not in pos:
+                raise UnsupportedModelError(f"{where}: node {nid} points outside the tree")
             if child in index:
-                raise UnsupportedModelError(f"{where}: node {child} has two parents")
+                raise UnsupportedModelError(f"{where}: node {child} has two parents (or is "
+                                            "the root)")
             index[child] = len(queue)
+            depth[child] = depth[nid] + 1
+            if depth[child] > MAX_DEPTH:
+                raise UnsupportedModelError(f"{where}: deeper than {MAX_DEPTH}")
             queue.append(child)
+    if len(queue) != len(rows):
+        raise UnsupportedModelError(f"{where}: {len(rows) - len(queue)} nodes not reached from "
+                                    "its first-listed node (ONNX Runtime's root)")
     m = len(queue)
     feature = np.full(m, -1, dtype=np.int32)
     threshold = np.zeros(m, dtype=np.float32)
@@ -408,10 +544,8 @@ def reference(source, X: np.ndarray, raw: bool = False) -> np.ndarray:
     m.ir_version = min(model.ir_version or 8, 10) or 8
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     X = np.ascontiguousarray(X, dtype=np.float32)  # the worker's rows, widened if need be
-    got = sess.run(["scores"], {"X": X.astype(np.float64) if elem == TensorProto.DOUBLE
-                                else X})[0]
+    got = _run(m, "scores", X.astype(np.float64) if elem == TensorProto.DOUBLE else X)
     got = np.asarray(got, dtype=np.float64).reshape(X.shape[0], -1)
     if raw and node.op_type == "TreeEnsembleClassifier" and got.shape[1] == 2:
         got = got[:, 1:]  # the binary case: [-s, s] or [1 - s, s]
@@ -427,3 +561,37 @@ def _input_type(model, node) -> int:
             t = i.type.tensor_type.elem_type
             return t if t in (TensorProto.FLOAT, TensorProto.DOUBLE) else TensorProto.FLOAT
     return TensorProto.FLOAT
+
+
+def _run(model, output: str, X: np.ndarray):
+    """One output of ``model`` for ``X`` in ONNX Runtime (one thread); a model it refuses
+    (or a run that fails) is UnsupportedModelError, not a traceback."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        return sess.run([output], {name: X})[0]
+    except Exception as exc:  # noqa: BLE001 (onnxruntime's own error types)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedModelError(f"ONNX Runtime refuses the model: {text}") from None
+
+
+def reference_full(source, X: np.ndarray) -> np.ndarray:
+    """What the user's whole graph returns in ONNX Runtime: probabilities (n, n_classes)
+    (a ZipMap's maps read in the tree's label order) or values (n, 1)."""
+    from onnx import TensorProto
+
+    model = read(source)
+    node = tree_node(model)
+    output = _check_wiring(model, node)
+    elem = _input_type(model, node)
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    got = _run(model, output, X.astype(np.float64) if elem == TensorProto.DOUBLE else X)
+    if isinstance(got, list):  # ZipMap: one {label: probability} per row
+        labels = _labels({x.name: x for x in node.attribute})
+        got = [[row[label] for label in labels] for row in got]
+    return np.asarray(got, dtype=np.float64).reshape(X.shape[0], -1)
