@@ -327,12 +327,12 @@ def test_compile_reads_onnx_and_names_files_it_does_not_read(exports, tmp_path):
     path.write_bytes(exports["lightgbm-binary"].SerializeToString())
     proc = _cli("compile", path, "-o", tmp_path / "lgb.model")
     assert proc.returncode == 0, proc.stderr
-    cbm = tmp_path / "model.cbm"
+    cbm = tmp_path / "model.bin"
     cbm.write_bytes(b"CBM1" + bytes(64))
     proc = _cli("compile", cbm, "-o", tmp_path / "x.model")
-    assert proc.returncode != 0 and "a CatBoost model (.cbm)" in proc.stderr
+    assert proc.returncode != 0 and "a CatBoost model: name it .cbm" in proc.stderr
     assert "joblib/pickle file:" not in proc.stderr and ".onnx" in proc.stderr
-    other = tmp_path / "model.bin"
+    other = tmp_path / "model.dat"
     other.write_bytes(b"\x00\x01 not a model")
     proc = _cli("compile", other, "-o", tmp_path / "x.model")
     assert proc.returncode != 0 and "not a model file this compiler knows" in proc.stderr

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import artifact, lightgbm_loader, onnx_loader, pack, sklearn_loader, xgboost_loader
+from . import (
+    artifact,
+    catboost_loader,
+    lightgbm_loader,
+    onnx_loader,
+    pack,
+    sklearn_loader,
+    xgboost_loader,
+)
 from . import layout as layouts
 from .compiled import CompiledModel
 from .ir import Ensemble, UnsupportedModelError
@@ -57,8 +65,9 @@ def _read_estimator(path: Path, trust_pickle: bool = False):
                                     f"{type(exc).__name__}: {exc}") from None
 
 
-READS = ("XGBoost models (.json, .ubj), LightGBM model files (.txt, .lgb, .lgbm), ONNX tree "
-         "ensembles (.onnx), scikit-learn estimators saved with skops (.skops), and "
+READS = ("XGBoost models (.json, .ubj), LightGBM model files (.txt, .lgb, .lgbm), CatBoost "
+         "models (.cbm, or CatBoost's .json export), ONNX tree ensembles (.onnx), scikit-learn "
+         "estimators saved with skops (.skops), and "
          "joblib/pickle files (.joblib, .pkl, .pickle) with --trust-pickle")
 _PICKLE_SUFFIXES = (".joblib", ".pkl", ".pickle", ".jbl")
 
@@ -72,8 +81,8 @@ def _sniff(path: Path) -> str:
             head = f.read(8)
     except OSError as exc:
         return f"not readable ({exc.strerror})"
-    if path.suffix.lower() == ".cbm" or head[:4] == b"CBM1":
-        return "a CatBoost model (.cbm), which this version does not compile"
+    if head[:4] == b"CBM1":
+        return "a CatBoost model: name it .cbm"
     other = head[:4] in (b"PK\x03\x04",) or head[:1] in (b"{", b"[") or head[:5] == b"tree\n"
     if path.suffix.lower() in _PICKLE_SUFFIXES:
         # named as one, and not another known format: any pickle protocol (0-5) or joblib's
@@ -87,12 +96,15 @@ def _sniff(path: Path) -> str:
 
 def _library_source(source) -> bool:
     """XGBoost, LightGBM or ONNX: a model object, or a file of data (never code)."""
-    return xgboost_loader.is_xgboost_source(source) or \
+    return catboost_loader.is_catboost_source(source) or \
+        xgboost_loader.is_xgboost_source(source) or \
         lightgbm_loader.is_lightgbm_source(source) or onnx_loader.is_onnx_source(source)
 
 
 def to_ir(source, trust_pickle: bool = False) -> Ensemble:
-    if xgboost_loader.is_xgboost_source(source):
+    if catboost_loader.is_catboost_source(source):  # before XGBoost: both export .json
+        ens = catboost_loader.to_ir(source)
+    elif xgboost_loader.is_xgboost_source(source):
         ens = xgboost_loader.to_ir(source)
     elif lightgbm_loader.is_lightgbm_source(source):
         ens = lightgbm_loader.to_ir(source)
@@ -129,6 +141,9 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
     X[rng.random(X.shape) < 0.1] = np.nan
     if model.source.startswith("xgboost"):
         ref = xgboost_loader.reference_margin(source, X)
+        ours = model.raw(X, n_threads=1)
+    elif model.source.startswith("catboost"):
+        ref = catboost_loader.reference(source, X)
         ours = model.raw(X, n_threads=1)
     elif model.source.startswith("onnx"):
         ref = onnx_loader.reference_full(source, X)  # the user's whole graph

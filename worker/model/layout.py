@@ -86,8 +86,9 @@ def probe_rows(ens: Ensemble, n: int = PROBE_ROWS, seed: int = 0) -> np.ndarray:
         if thr.size:
             v = thr[rng.integers(0, thr.size, 2 * n)]
             step = rng.integers(-1, 2, 2 * n)
-            v = np.where(step < 0, np.nextafter(v, np.float32(-np.inf)),
-                         np.where(step > 0, np.nextafter(v, np.float32(np.inf)), v))
+            with np.errstate(over="ignore"):  # a threshold at +-FLT_MAX steps to +-inf
+                v = np.where(step < 0, np.nextafter(v, np.float32(-np.inf)),
+                             np.where(step > 0, np.nextafter(v, np.float32(np.inf)), v))
             # half the rows anywhere in the thresholds' range and an eighth of it beyond
             lo, hi = float(thr.min()), float(thr.max())
             pad = (hi - lo) / 8 or 1.0
