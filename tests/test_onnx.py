@@ -208,20 +208,22 @@ def _node_model(modes, tracks, values, aggregate="SUM", post="NONE", base=None,
 def _hostile_2(values) -> np.ndarray:
     t = np.asarray(values, dtype=np.float32)
     t = t[np.isfinite(t)]
-    near = np.concatenate([t, np.nextafter(t, np.float32(np.inf)),
-                           np.nextafter(t, np.float32(-np.inf))])
+    with np.errstate(over="ignore"):  # FLT_MAX steps to inf
+        near = np.concatenate([t, np.nextafter(t, np.float32(np.inf)),
+                               np.nextafter(t, np.float32(-np.inf))])
     specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
     grid = np.concatenate([near, specials])
     a, b = np.meshgrid(grid, grid)
     return np.stack([a.ravel(), b.ravel()], axis=1).astype(np.float32)
 
 
-MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT"]
+MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
 
 
 @pytest.mark.parametrize("modes", [(a, b, c) for a, b, c in zip(MODES, MODES[1:] + MODES[:1],
                                                                   MODES[2:] + MODES[:2],
-                                                                  strict=True)])
+                                                                  strict=True)]
+                         + [("BRANCH_EQ", "BRANCH_EQ", "BRANCH_NEQ")])
 @pytest.mark.parametrize("tracks", [(0, 0, 0), (1, 0, 1), (1, 1, 1)])
 def test_every_branch_mode_and_missing_track_matches_onnx_runtime(modes, tracks):
     from worker.model import onnx_loader
@@ -269,7 +271,7 @@ def test_aggregations_transforms_and_base_values_match_onnx_runtime(options):
 
 
 @pytest.mark.parametrize("change,message", [
-    (("modes", "BRANCH_EQ"), "node mode BRANCH_EQ is not supported"),
+    (("value_eq", float("-inf")), "BRANCH_EQ with threshold -inf"),
     (("aggregate", "MAX"), "aggregate_function MAX is not supported"),
     (("post", "PROBIT"), "post_transform PROBIT is not supported"),
     (("value", float("nan")), "with threshold nan"),
@@ -278,8 +280,8 @@ def test_what_cannot_be_reproduced_is_refused_by_name(change, message):
     kind, v = change
     modes, values = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], [0.5, -1.25, 1e-3]
     kw = {}
-    if kind == "modes":
-        modes[0] = v
+    if kind == "value_eq":
+        modes[0], values[0] = "BRANCH_EQ", v
     elif kind == "value":
         values[0] = v
     else:
@@ -436,3 +438,16 @@ def test_a_chain_deeper_than_onnx_runtime_survives_is_refused_not_a_crash(tmp_pa
     path.write_bytes(m.SerializeToString())
     proc = _cli("compile", path, "-o", tmp_path / "x.model")
     assert proc.returncode == 1 and "deeper than 1000" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("tracks", [(0, 0, 0), (1, 1, 1)])
+def test_equality_splits_at_zero_and_infinity_match_onnx_runtime(tracks):
+    """x == 0 holds for -0.0; x == +inf only for +inf (the unfolded pair of splits)."""
+    from worker.model import onnx_loader
+
+    values = [0.0, float("inf"), -2.5]
+    m = _node_model(("BRANCH_EQ", "BRANCH_NEQ", "BRANCH_EQ"), tracks, values)
+    compiled = worker.compile_model(m)
+    X = _hostile_2([0.0, np.finfo(np.float32).max, -2.5, 1e-45])
+    np.testing.assert_array_equal(compiled.raw(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference(m, X).astype(np.float32))

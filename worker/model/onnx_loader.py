@@ -10,10 +10,12 @@ Split rule (ONNX Runtime, float input): a node's condition is ``x <= t``, ``x < 
 ``x >= t`` or ``x > t`` with ``x`` the input's float32 value and ``t`` the threshold (float32,
 or double in ``nodes_values_as_tensor``: then ``x`` is widened); true goes to
 ``nodes_truenodeids``. A missing value (NaN) goes to the true child when
-``nodes_missing_value_tracks_true`` is 1, else to the false child (its comparison is false).
-Each becomes "right iff x > float32 threshold" (ir): ``x <= t`` and ``x > t`` compare with
-the largest float32 not above ``t``; ``x < t`` and ``x >= t`` with the largest float32 below
-it. BRANCH_EQ and BRANCH_NEQ, a NaN threshold, and ``x < -inf`` are refused by name.
+``nodes_missing_value_tracks_true`` is 1, else where its comparison sends it (false, but true
+for ``x != t``). Each becomes "right iff x > float32 threshold" (ir): ``x <= t`` and ``x > t``
+compare with the largest float32 not above ``t``; ``x < t`` and ``x >= t`` with the largest
+float32 below it. ``x == t`` and ``x != t`` (BRANCH_EQ, NEQ) become two such nodes, ``x > t``
+then ``x > below(t)``, the unequal side's subtree emitted twice. A NaN threshold, and ``-inf``
+with LT, GTE, EQ or NEQ, are refused by name.
 
 Scores: SUM adds the leaves' weights (and ``base_values``) in float32 as ONNX Runtime does for
 float thresholds; AVERAGE divides by the number of trees; MIN and MAX are refused. Post
@@ -43,6 +45,7 @@ MAX_OUTPUTS = 1 << 12  # classes
 MAX_LEAF_VALUES = 1 << 26  # nodes x outputs held as float64
 MAX_DEPTH = 1000  # ONNX Runtime itself crashes (SIGSEGV) verifying chains ~14,000 deep
 MAX_ID = (1 << 31) - 1  # ONNX Runtime keeps tree and node ids in 32 bits
+MAX_TREE_NODES = 1 << 20  # one tree, BRANCH_EQ/NEQ unfolded
 
 
 def is_onnx_source(source) -> bool:
@@ -453,50 +456,80 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
     if len(queue) != len(rows):
         raise UnsupportedModelError(f"{where}: {len(rows) - len(queue)} nodes not reached from "
                                     "its first-listed node (ONNX Runtime's root)")
-    m = len(queue)
-    feature = np.full(m, -1, dtype=np.int32)
-    threshold = np.zeros(m, dtype=np.float32)
-    left = np.full(m, -1, dtype=np.int32)
-    right = np.full(m, -1, dtype=np.int32)
-    default_left = np.zeros(m, dtype=bool)
-    value = np.zeros((m, G), dtype=np.float64)
+    # the ir's nodes, emitted from the root; BRANCH_EQ and NEQ become two nodes each (x > t,
+    # then x > the float32 below t), and their "not equal" side is emitted twice
+    feature: list[int] = []
+    threshold: list[np.float32] = []
+    left: list[int] = []
+    right: list[int] = []
+    default_left: list[bool] = []
+    value: list[np.ndarray] = []
+
+    def new() -> int:
+        feature.append(-1)
+        threshold.append(np.float32(0))
+        left.append(-1)
+        right.append(-1)
+        default_left.append(False)
+        value.append(np.zeros(G))
+        if len(feature) > MAX_TREE_NODES:
+            raise UnsupportedModelError(f"{where}: more than {MAX_TREE_NODES} nodes once its "
+                                        "BRANCH_EQ/NEQ splits are unfolded")
+        return len(feature) - 1
+
+    def split(i: int, f: int, thr, to_left: int, to_right: int, nan_left: bool) -> None:
+        feature[i], threshold[i] = f, np.float32(thr)
+        left[i], right[i], default_left[i] = to_left, to_right, nan_left
+
     groups = set()
-    for nid in queue:
-        i, k = index[nid], pos[nid]
+    stack = [(root, new())]
+    while stack:
+        nid, i = stack.pop()
+        k = pos[nid]
         mode = modes[k]
         if mode == "LEAF":
             for out, w in weights.get((t, nid), []):
-                value[i, col(out)] += w
+                value[i][col(out)] += w
                 groups.add(out)
             continue
         if mode not in MODES:
             raise UnsupportedModelError(f"{where} node {nid}: unknown node mode {mode!r}")
-        if mode in ("BRANCH_EQ", "BRANCH_NEQ"):
-            raise UnsupportedModelError(f"{where} node {nid}: node mode {mode} is not "
-                                        "supported (BRANCH_LEQ, LT, GTE, GT are)")
         v = values[k]
-        if np.isnan(v) or (mode in ("BRANCH_LT", "BRANCH_GTE") and v == -np.inf):
+        if np.isnan(v) or (mode not in ("BRANCH_LEQ", "BRANCH_GT") and v == -np.inf):
             raise UnsupportedModelError(f"{where} node {nid}: {mode} with threshold {v}")
-        t_true, t_false = index[int(true_ids[k])], index[int(false_ids[k])]
+        f = int(features[k])
+        on_true, on_false = int(true_ids[k]), int(false_ids[k])
+        a, b = new(), new()
         if mode in ("BRANCH_LEQ", "BRANCH_LT"):  # true: x <= t or x < t, left
-            left[i], right[i] = t_true, t_false
-        else:  # true: x >= t or x > t, right
-            left[i], right[i] = t_false, t_true
-        if mode in ("BRANCH_LEQ", "BRANCH_GT"):
-            threshold[i] = float32_at_or_below(np.array([v]))[0]
+            thr = float32_at_or_below(np.array([v]))[0] if mode == "BRANCH_LEQ" else _below(v)
+            split(i, f, thr, a, b, nan_left=bool(tracks[k]))
+            stack += [(on_true, a), (on_false, b)]
+        elif mode in ("BRANCH_GTE", "BRANCH_GT"):  # true: x >= t or x > t, right
+            thr = float32_at_or_below(np.array([v]))[0] if mode == "BRANCH_GT" else _below(v)
+            split(i, f, thr, a, b, nan_left=not tracks[k])
+            stack += [(on_false, a), (on_true, b)]
         else:
-            threshold[i] = _below(v)
-        feature[i] = int(features[k])
-        nan_child = t_true if tracks[k] else t_false
-        default_left[i] = nan_child == left[i]
+            # x > t: not equal (right); else x > below(t): equal (right), else not equal
+            c, d = new(), new()
+            equal, unequal = (on_true, on_false) if mode == "BRANCH_EQ" else \
+                (on_false, on_true)
+            # NaN: x == t is false, x != t true; a tracked NaN goes to the true side
+            nan_equal = mode == "BRANCH_EQ" and bool(tracks[k])
+            split(i, f, float32_at_or_below(np.array([v]))[0], a, b, nan_left=nan_equal)
+            split(a, f, _below(v), c, d, nan_left=False)
+            stack += [(unequal, b), (equal, d), (unequal, c)]
+    m = len(feature)
+    value_arr = np.asarray(value, dtype=np.float64).reshape(m, G)
     if G == 1 or len(groups) <= 1:
         group = int(next(iter(groups))) if G > 1 and groups else 0
         if G > 1:
-            value = value[:, group:group + 1]
+            value_arr = value_arr[:, group:group + 1]
     else:
         group = -1
-    return Tree(feature=feature, threshold=threshold, left=left, right=right,
-                default_left=default_left, value=value), group
+    return Tree(feature=np.asarray(feature, dtype=np.int32),
+                threshold=np.asarray(threshold, dtype=np.float32),
+                left=np.asarray(left, dtype=np.int32), right=np.asarray(right, dtype=np.int32),
+                default_left=np.asarray(default_left, dtype=bool), value=value_arr), group
 
 
 def _constant(v: np.ndarray) -> Tree:
