@@ -21,6 +21,18 @@ from .base import CredentialsRejected, NotAuthorized, Permission, StartupError
 
 log = structlog.get_logger("worker.kafka")
 
+# the settings an admin client shares with the consumer and producer: brokers, security,
+# connections
+_CLIENT_PREFIXES = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.",
+                    "metadata.", "api.", "connections.", "reconnect.", "enable.ssl.",
+                    "enable.sasl.", "https.")
+
+
+def admin_config(conf: dict) -> dict:
+    """An admin client's share of a consumer's or producer's settings: the brokers, security
+    and connection settings."""
+    return {k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES)}
+
 # broker error code -> the resource type it refuses
 AUTHORIZATION_ERRORS = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
@@ -137,8 +149,6 @@ def missing_permissions(client_conf: dict, needs: list[Permission], timeout_s: f
     unknown = [] if unknown is None else unknown
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
-
-    from .kafka import admin_config
 
     principal = principal_of(client_conf)
     refused: list[KafkaError] = []

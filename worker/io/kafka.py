@@ -28,7 +28,7 @@ from confluent_kafka import (
 )
 
 from .. import chaos
-from .access import AuthWatch, NotAuthorized, principal_of, refusal
+from .access import AuthWatch, NotAuthorized, admin_config, principal_of, refusal
 from .base import BatchRolledBack, FatalError, StartupError
 from .records import RESERVED_HEADERS, Record
 
@@ -392,15 +392,6 @@ def _never() -> bool:
 # ~20, the key and headers counted separately): kept below a topic's max.message.bytes.
 RECORD_OVERHEAD = 128
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
-_CLIENT_PREFIXES = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.",
-                    "metadata.", "api.", "connections.", "reconnect.", "enable.ssl.",
-                    "enable.sasl.", "https.")
-
-
-def admin_config(conf: dict) -> dict:
-    """An admin client's share of a consumer's or producer's settings: the brokers, security
-    and connection settings."""
-    return {k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES)}
 
 
 def topic_max_bytes(conf: dict, topics: list[str]) -> dict[str, int]:
