@@ -50,7 +50,7 @@ def test_message_corpus_is_dead_lettered_or_read_exactly(pipeline, path):
     # native-reader-sigsegv-fuzzer-found-batch: found by the fuzzer on d37ee2a (8,000 cases,
     # seed 37: killed the child with SIGSEGV), a batch whose third message has a row count and
     # node lengths of 2^63 - 1 and a null on every feature
-    # exact-nan-id-payload: found by the 100,000-case run on 1a2063e (seed 20261203, case
+    # exact-nan-id-payload: found by the 100,000-case run on 8d83b90 (seed 20261203, case
     # 81,745): a float id whose bytes a lie set to 0x7fff...ff, a NaN; the worker passed its
     # bits through, the oracle's Arrow `equals` held NaN unequal to itself (fixed: same bits)
     for case in (0, 1):
