@@ -144,9 +144,9 @@ def main() -> int:
             rows.append({"model": name, "workload": "single row", "threads": 1,
                          "ours_us": q["ours"], "ort_us": q["onnxruntime"]})
             print(json.dumps(rows[-1]), flush=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
+    from report import machine  # bench/report.py: the machine description
+
+    cpu = machine().get("Model name", platform.machine())
     md = ["# Our kernels against ONNX Runtime on exported models", "",
           f"`python bench/onnx_speed.py --rows {args.rows} --repeats {args.repeats}`, "
           f"{time.strftime('%Y-%m-%d')}. Machine: {cpu}, {cores} CPUs; ONNX Runtime "

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from confluent_kafka import Consumer, Producer  # noqa: E402
+from report import machine  # noqa: E402 (bench/report.py: the machine description)
 
 from tests import kafka_util as K  # noqa: E402
 from tests import models as M  # noqa: E402
@@ -36,16 +37,6 @@ from tests.kafka_broker import SecureBroker, create_topic  # noqa: E402
 from tests.test_security import acls_for, bindings, grant, worker_config  # noqa: E402
 
 BROKER = REPO / "deploy" / "kafka-local" / "broker"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def start(*args: str) -> str:
@@ -139,7 +130,7 @@ def main() -> int:
         "# What TLS costs: exactly-once one-row throughput, PLAINTEXT against SASL_SSL",
         "",
         f"`python bench/tls_cost.py --messages {args.messages} --rounds {args.rounds}`, "
-        f"{time.strftime('%Y-%m-%d')}. Machine: {cpu_model()}, "
+        f"{time.strftime('%Y-%m-%d')}. Machine: {machine().get('Model name', platform.machine())}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, confluent-kafka "
         f"{confluent_kafka.__version__} / librdkafka {confluent_kafka.libversion()[0]}, "
         f"Apache Kafka 4.1.1 (one KRaft node each, loopback). Load average before: {load:.2f}.",

@@ -189,20 +189,27 @@ class LocalCluster:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster():
-    """The local three-node KRaft cluster, started for the session (stopped at its end unless
-    it was already running or ``KAFKA_LOCAL_KEEP=1``)."""
-    run = [str(BROKER_SCRIPT), "--brokers", "3"]
+def _start(*options: str) -> tuple[list[str], str, bool]:
+    """``broker OPTIONS start``: (the command's prefix, the bootstrap address, whether it was
+    running before)."""
+    run = [str(BROKER_SCRIPT), *options]
     already = subprocess.run([*run, "status"], capture_output=True, timeout=30).returncode == 0
     proc = subprocess.run([*run, "start"], capture_output=True, text=True,
                           timeout=BROKER_START_TIMEOUT_S, check=False)
     lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"broker --brokers 3 start failed (exit {proc.returncode}):\n"
-                           f"{proc.stderr}")
+        raise RuntimeError(f"broker {' '.join(options)} start failed (exit "
+                           f"{proc.returncode}):\n{proc.stderr}")
+    return run, lines[-1], already
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    """The local three-node KRaft cluster, started for the session (stopped at its end unless
+    it was already running or ``KAFKA_LOCAL_KEEP=1``)."""
+    run, bootstrap, already = _start("--brokers", "3")
     try:
-        yield LocalCluster(lines[-1])
+        yield LocalCluster(bootstrap)
     finally:
         if not already and os.environ.get(KEEP_ENV, "") not in ("1", "true", "yes"):
             subprocess.run([*run, "stop"], capture_output=True, timeout=180, check=False)
@@ -251,16 +258,9 @@ class SecureBroker:
 
 
 def _secure_broker(security: str):
-    run = [str(BROKER_SCRIPT), "--security", security]
-    already = subprocess.run([*run, "status"], capture_output=True, timeout=30).returncode == 0
-    proc = subprocess.run([*run, "start"], capture_output=True, text=True,
-                          timeout=BROKER_START_TIMEOUT_S, check=False)
-    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"broker --security {security} start failed (exit "
-                           f"{proc.returncode}):\n{proc.stderr}")
+    run, bootstrap, already = _start("--security", security)
     try:
-        yield SecureBroker(security, lines[-1])
+        yield SecureBroker(security, bootstrap)
     finally:
         if not already and os.environ.get(KEEP_ENV, "") not in ("1", "true", "yes"):
             subprocess.run([*run, "stop"], capture_output=True, timeout=180, check=False)

@@ -148,9 +148,7 @@ def _to_ir(d: dict) -> Ensemble:
     trees = [_tree(t, i, n_features, nan_right, G, scale) for i, t in enumerate(raw)]
     if np.any(bias != 0):
         # CatBoost adds the bias after the trees' sum: a last tree of one leaf adds it there
-        trees.append(Tree(feature=np.array([-1], np.int32), threshold=np.zeros(1, np.float32),
-                          left=np.array([-1], np.int32), right=np.array([-1], np.int32),
-                          default_left=np.zeros(1, bool), value=bias.reshape(1, G).copy()))
+        trees.append(Tree.constant(bias))
         bias = np.zeros(G)
     n = len(trees)
     return Ensemble(

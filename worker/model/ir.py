@@ -79,6 +79,15 @@ class Tree:
                 stack.append((int(self.right[node]), d + 1))
         return best
 
+    @classmethod
+    def constant(cls, value) -> Tree:
+        """A tree of one leaf: ``value`` (one entry per output it adds to) for every row (a
+        base added after the trees, where a library adds it last)."""
+        return cls(feature=np.array([-1], np.int32), threshold=np.zeros(1, np.float32),
+                   left=np.array([-1], np.int32), right=np.array([-1], np.int32),
+                   default_left=np.zeros(1, bool),
+                   value=np.asarray(value, dtype=np.float64).reshape(1, -1))
+
     def leaf_range(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-output minimum and maximum over this tree's leaves."""
         leaves = self.value[self.feature < 0]

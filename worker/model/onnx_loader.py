@@ -371,12 +371,12 @@ def _to_ir(model, node) -> Ensemble:
         # ONNX Runtime adds the base values after the trees' float32 sum: a last tree of one
         # leaf per output adds them in the same place (the ir's base comes first)
         if G > 1 and -1 in groups:  # trees carry every class: so does the base's
-            trees.append(_constant(b))
+            trees.append(Tree.constant(b))
             groups.append(-1)
         else:
             for g in range(G):
                 if b[g] != 0:
-                    trees.append(_constant(b[g:g + 1]))
+                    trees.append(Tree.constant(b[g:g + 1]))
                     groups.append(g if G > 1 else 0)
         b = np.zeros(G)
     n_units = len(trees)
@@ -530,14 +530,6 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
                 threshold=np.asarray(threshold, dtype=np.float32),
                 left=np.asarray(left, dtype=np.int32), right=np.asarray(right, dtype=np.int32),
                 default_left=np.asarray(default_left, dtype=bool), value=value_arr), group
-
-
-def _constant(v: np.ndarray) -> Tree:
-    """A tree of one leaf: ``v`` (one value per output it adds to) for every row."""
-    return Tree(feature=np.array([-1], np.int32), threshold=np.zeros(1, np.float32),
-                left=np.array([-1], np.int32), right=np.array([-1], np.int32),
-                default_left=np.zeros(1, bool),
-                value=np.asarray(v, dtype=np.float64).reshape(1, -1))
 
 
 def _below(v: float) -> np.float32:
