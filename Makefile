@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test lint bench bench-lazy bench-e2e bench-explain \
+.PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain \
 	bench-categorical bench-tls golden clean \
 	broker-start \
 	broker-stop fuzz soak chaos
@@ -34,6 +34,10 @@ demo: demo-data
 
 test: build
 	tests/run.sh $(PY)
+
+# The edit loop: every test that needs no broker and no cluster (CI runs everything, make test)
+test-fast: build
+	$(PY) -m pytest -q -p no:cacheprovider -m "not kafka and not cluster" --durations=15
 
 # The chaos suite's long forms (~60 minutes; make test runs the short ones): pauses past the
 # session timeout (50 a delivery mode) and max.poll.interval.ms, at random moments and at

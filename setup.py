@@ -1,7 +1,8 @@
 """Builds the Cython kernels in cyext/ as extension modules of the `worker` package.
 
 Environment switches:
-  SCORING_WORKER_NATIVE=1  compile with -march=native (measured no faster here: bench/NOTES.md)
+  SCORING_WORKER_NATIVE=1  compile with -march=native (compare a build with and without it:
+                           bench/ab.py)
   SCORING_WORKER_DEBUG=1   Cython bounds and wraparound checks on, -O0 -g
 """
 

@@ -1,6 +1,7 @@
 """End to end: the worker against the loops a user would otherwise write, in one run.
 
     python bench/e2e.py [--quick] [--no-broker]        # or: make bench-e2e
+    python bench/e2e.py --figures   # file -> file, quick, NAME VALUE lines (for bench/ab.py)
 
 Model: XGBoost, 300 trees of depth 6 on 30 float32 features (binary), `threads: 1`.
 Messages: Arrow IPC streams of 1, 10, 100 and 1000 rows (an int64 `txn_id` and 30 features,
@@ -112,6 +113,14 @@ def recording(rows: int, n: int) -> Path:
 # ---------------------------------------------------------------- file -> file
 
 
+def package_tree() -> Path:
+    """The checkout whose ``worker`` package this process imported (bench/ab.py runs another
+    build's): the worker subprocesses run there, so they import the same build."""
+    import worker
+
+    return Path(worker.__file__).resolve().parent.parent
+
+
 def worker_file_run(path: Path, art: Path, tmp: Path) -> float:
     """Seconds of the worker's run loop (its `worker stopped` log line)."""
     cfg = tmp / "file.yaml"
@@ -122,8 +131,8 @@ def worker_file_run(path: Path, art: Path, tmp: Path) -> float:
         "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
         "logging": {"level": "INFO", "format": "json", "progress": False},
     }))
-    p = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)], cwd=REPO,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                       cwd=package_tree(), capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"worker failed: {p.stderr[-2000:]}")
     for line in p.stderr.splitlines():
@@ -300,7 +309,8 @@ def worker_config(tmp: Path, bootstrap: str, art: Path, topics: Topics, mode: st
 
 def start_worker(cfg: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
-                            cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+                            cwd=package_tree(), stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -649,6 +659,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages")
     ap.add_argument("--no-broker", action="store_true", help="file -> file only")
+    ap.add_argument("--figures", action="store_true",
+                    help="file -> file only, a tenth of the messages, NAME VALUE lines, no "
+                         "report (bench/ab.py)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite bench/E2E-RESULTS.md and the PNGs from the last results")
     ap.add_argument("--hand-loop", help=argparse.SUPPRESS)
@@ -662,7 +675,13 @@ def main() -> int:
         write_report(json.loads((OUT / "results.json").read_text()))
         return 0
     xgb_path, art = model_files()
-    res = {"file": file_bench(art, xgb_path, args.quick)}
+    res = {"file": file_bench(art, xgb_path, args.quick or args.figures)}
+    if args.figures:
+        for rows, r in res["file"]["sizes"].items():
+            print(f"file_{rows}_rows.worker_msg_per_s {r['messages'] / r['worker_s']:.1f}")
+        for name, v in res["file"]["kernels"].items():
+            print(f"kernels.{name}_rows_per_s {v:.0f}")
+        return 0
     if not args.no_broker:
         bootstrap = bootstrap_servers()
         with tempfile.TemporaryDirectory() as d:

@@ -171,7 +171,7 @@ import gc, os, sys
 import numpy as np, pyarrow as pa
 import worker
 from worker import demo
-from worker.app import Pipeline
+from worker.pipeline import Pipeline
 from worker.config import load_settings
 from worker.io.records import Record
 

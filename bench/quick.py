@@ -44,6 +44,10 @@ def main() -> None:
                 if key in "AD" else None)
         print(f"{key}: {50_000 / full:,.0f} rows/s, single row p50 {np.median(lat) / 1000:.2f} us"
               + (f", certified {50_000 / lazy:,.0f} rows/s" if lazy else ""), flush=True)
+        # the same figures as NAME VALUE lines, for bench/ab.py
+        print(f"{key}.rows_per_s {50_000 / full:.0f}\n{key}.single_row_p50_us "
+              f"{np.median(lat) / 1000:.3f}"
+              + (f"\n{key}.certified_rows_per_s {50_000 / lazy:.0f}" if lazy else ""), flush=True)
 
 
 if __name__ == "__main__":

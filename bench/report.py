@@ -357,10 +357,9 @@ def write(res, out: Path, quick: bool = False) -> None:
         for c in charts:
             L.append(f"![{c.stem}]({c.name})")
         L.append("")
-    notes = out / "NOTES.md"
-    if notes.exists():
-        L.append(notes.read_text().rstrip())
-        L.append("")
+    # the narrative (what the figures mean, what was tried) is NOTES.md: linked, not copied
+    L.append("What these figures mean and what was tried on the way: [NOTES.md](NOTES.md).")
+    L.append("")
     (out / f"RESULTS{suffix}.md").write_text("\n".join(L))
 
 

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests import kafka_util as K  # noqa: E402
 from tests import models as M  # noqa: E402
 from worker import compile_model  # noqa: E402
-from worker.app import Pipeline  # noqa: E402
 from worker.config import load_settings  # noqa: E402
 from worker.io.records import Record  # noqa: E402
+from worker.pipeline import Pipeline  # noqa: E402
 
 
 def best(fn, repeat):
@@ -53,7 +53,7 @@ def main():
     shadowed.set_shadow(chal, "out-shadow")
     items_p = [(r, plain.decode(r)) for r in recs]
     items_s = [(r, shadowed.decode(r)) for r in recs]
-    table = pa.concat_batches([d[0] for _r, d in items_p])
+    table = pa.concat_batches([d.data for _r, d in items_p])
     cols = chal.columns(table)
     t_plain = best(lambda: plain.process(items_p), a.repeat)
     t_shadow = best(lambda: shadowed.process(items_s), a.repeat)

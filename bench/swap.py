@@ -25,10 +25,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import models as BM  # noqa: E402
 
 from worker import compile_model  # noqa: E402
-from worker.app import Worker  # noqa: E402
 from worker.config import load_settings  # noqa: E402
 from worker.io.records import Record  # noqa: E402
 from worker.lifecycle import ModelWatcher  # noqa: E402
+from worker.loop import Worker  # noqa: E402
 
 
 class EndlessSource:

@@ -39,8 +39,8 @@ class RecordingSink:
 def _worker(source, sink, **delivery):
     import worker
     from tests import models as M
-    from worker.app import Worker
     from worker.config import load_settings
+    from worker.loop import Worker
 
     model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
     settings = load_settings(None, delivery={"mode": "at_least_once", "max_wait_ms": 50,

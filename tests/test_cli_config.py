@@ -182,9 +182,9 @@ def test_pipeline_dead_letters_what_it_cannot_decode_and_keeps_the_rest():
     import pyarrow as pa
 
     from tests.kafka_util import arrow_bytes, input_table
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.io.records import Record
+    from worker.pipeline import Pipeline
 
     model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
     pipe = Pipeline(model, load_settings(None, **MINIMAL), "scores")

@@ -209,9 +209,9 @@ def test_the_worker_publishes_reason_columns(tmp_path):
     import pyarrow as pa
 
     from worker import demo
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.io.records import Record
+    from worker.pipeline import Pipeline
 
     art = tmp_path / "demo.model"
     worker.compile_model(demo.train_xgboost(demo.generate(3000, seed=1), rounds=20)).save(art)
@@ -299,10 +299,10 @@ def test_the_run_counts_explained_rows(tmp_path):
     import pyarrow as pa
 
     from worker import demo
-    from worker.app import Worker
     from worker.config import load_settings
     from worker.io.files import FileSink, FileSource
     from worker.io.records import Record, read_records, write_records
+    from worker.loop import Worker
 
     art = tmp_path / "demo.model"
     worker.compile_model(demo.train_xgboost(demo.generate(3000, seed=1), rounds=20)).save(art)

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def pipeline():
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.model.compiled import load_model
+    from worker.pipeline import Pipeline
 
     model = load_model(runner.GOLDEN_MODEL)
     settings = load_settings(None, scoring={"id_column": messages.ID, "threads": 1},

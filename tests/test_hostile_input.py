@@ -150,8 +150,8 @@ def test_each_output_carries_only_its_own_messages_ids(kind):
                 "int64": pa.array(np.arange(n) + 100 * k)}[kind]
 
     import worker
-    from worker.app import Pipeline
     from worker.config import load_settings
+    from worker.pipeline import Pipeline
 
     model = worker.load_model(MODEL)
     settings = load_settings(None, model={"path": str(MODEL)},
@@ -417,8 +417,8 @@ def test_schemas_with_large_metadata_are_scored_and_not_kept():
     # before: a cache keyed by schema bytes of any size kept 400 MB for 400 messages of
     # distinct 1 MB schema metadata
     import worker
-    from worker.app import Pipeline
     from worker.config import load_settings
+    from worker.pipeline import Pipeline
 
     model = worker.load_model(MODEL)
     settings = load_settings(None, model={"path": str(MODEL)},
@@ -434,13 +434,13 @@ def test_schemas_with_large_metadata_are_scored_and_not_kept():
     for _ in range(2):  # a second time: the schemas are known, still nothing kept
         outputs, dead, _stats = p.process([(r, p.decode(r)) for r in recs])
         assert len(outputs) == 20 and not dead
-    assert not p.decoder._plans  # the schemas' plans: none kept
+    assert not p.format.decoder._plans  # the schemas' plans: none kept
     assert all(h is None or len(h[0]) + len(h[2]) <= codec._MAX_CACHED_SCHEMA
-               for h in p.encoder._heads.values())
+               for h in p.output.stream._heads.values())
     small = _stream(demo.generate(5, seed=1).select(demo.FEATURES).add_column(
         0, demo.ID_COLUMN, pa.array(np.arange(5, dtype=np.int64))))
     p.decode(Record("in", 0, 99, b"k", small, 1, []))
-    assert len(p.decoder._plans) == 1  # a schema of a usual size is kept
+    assert len(p.format.decoder._plans) == 1  # a schema of a usual size is kept
 
 
 def _struct_ids(children):

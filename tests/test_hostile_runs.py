@@ -90,9 +90,9 @@ def test_no_matplotlib_means_no_png_and_exit_0(tmp_path):
 
 
 def test_counters_count_published_rows_not_dead_letters(tmp_path, monkeypatch):
-    from worker.app import Worker
     from worker.config import load_settings
     from worker.io.files import FileSink, FileSource
+    from worker.loop import Worker
     from worker.model.compiled import load_model
 
     lie = (ROOT / "tests" / "fuzz" / "corpus" / "messages" / "sigsegv-row-lie-1m.bin")
@@ -296,9 +296,9 @@ def test_dictionaries_inside_extension_types_are_not_cached():
 
 
 def test_each_message_keeps_its_own_id_field_metadata():
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.model.compiled import load_model
+    from worker.pipeline import Pipeline
 
     def message(tenant: bytes, offset: int) -> Record:
         field = pa.field("n", pa.int64(), metadata={b"tenant": tenant})
@@ -317,9 +317,9 @@ def test_each_message_keeps_its_own_id_field_metadata():
 
 
 def test_many_schemas_in_one_batch_score_like_each_alone():
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.model.compiled import load_model
+    from worker.pipeline import Pipeline
 
     settings = load_settings(None, model={"path": str(MODEL)},
                              source={"type": "file", "path": "x.arrows"})

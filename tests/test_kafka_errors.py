@@ -240,8 +240,8 @@ class NullSink:
 def _worker(source, sink, **delivery):
     import worker
     from tests import models as M
-    from worker.app import Worker
     from worker.config import load_settings
+    from worker.loop import Worker
 
     model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
     settings = load_settings(None, delivery={"mode": "at_least_once", "max_wait_ms": 1000,
@@ -548,7 +548,7 @@ def test_a_stop_while_the_modules_load_whose_system_exit_is_lost_still_ends_the_
     # end at once (not wait for the absent broker's coordinator), and without a traceback
     cfg = _unreachable_broker_config(tmp_path)
     rc, text = _run_script(_LOSE_A_STOP + f"""
-import worker.app as app
+import worker.startup as app
 sys.exit(app.run_from_config({str(cfg)!r}))
 """)
     assert rc == 0, text
@@ -565,7 +565,7 @@ def test_a_stop_during_start_up_whose_exception_is_lost_ends_it_before_the_loop(
     cfg = _unreachable_broker_config(tmp_path)
     rc, text = _run_script(f"""
 import os, signal, sys, time
-import worker.app as app
+import worker.startup as app
 
 class Quiet:
     def close(self):
@@ -619,7 +619,7 @@ def test_a_replay_stopped_before_the_end_compares_nothing(tmp_path):
     out.write_bytes((golden / "scores.arrows").read_bytes())  # an older, complete file
     rc, text = _run_script(f"""
 import sys
-import worker.app as app
+import worker.startup as app
 import worker.cli as cli
 
 def stopped_run(settings, summary=True):
@@ -648,7 +648,7 @@ def test_a_stop_during_start_up_whose_unwinding_hangs_still_exits_0_within_the_b
     cfg = _unreachable_broker_config(tmp_path, "delivery: {stop_timeout_ms: 1000}\n")
     script = f"""
 import os, signal, sys, threading, time
-import worker.app as app
+import worker.startup as app
 
 class Stuck:
     def close(self):
@@ -738,7 +738,7 @@ def test_a_stop_as_the_loop_is_set_up_is_not_lost():
     import signal
     import time
 
-    from worker.app import _Signals
+    from worker.startup import _Signals
 
     calls = []
     with _Signals() as s:

@@ -88,8 +88,8 @@ def ref_bounds(model, tb, u, a):
 
 def reference(model: CompiledModel, X, lazy, thresholds=(0.5,), **params):
     """(work_units, stop_reason, raw) per row from the pure-Python rules in worker.model.lazy."""
-    cfg = L.kernel_config(model, lazy, thresholds, params)
-    tb = L.tables(model)
+    cfg = L.kernel_config(model.lazy_target, lazy, thresholds, params)
+    tb = L.tables(model.lazy_target)
     contrib = tree_contributions(model, X)
     pre = prefix_acc(model, contrib)
     U, n = model.work_total, X.shape[0]

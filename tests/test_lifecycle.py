@@ -224,8 +224,8 @@ def _scores(path):
 
 
 def _shadow_run(tmp_path, models, shadow, break_shadow=False):
-    from worker.app import Worker
     from worker.io.files import FileSink, FileSource
+    from worker.loop import Worker
 
     rec = tmp_path / "in.arrows"
     rows = _recording(rec)

@@ -95,14 +95,14 @@ def booster_and_model():
 
 
 def _pipeline(model, native: bool, id_column="txn_id"):
-    from worker.app import Pipeline
     from worker.config import load_settings
+    from worker.pipeline import Pipeline
 
     settings = load_settings(None, scoring={"threads": 1, "id_column": id_column},
                              source={"type": "file", "path": "x.arrows"},
                              model={"path": "unused.model"})
     pipe = Pipeline(model, settings, "scores")
-    pipe.decoder.native = pipe.encoder.native = native
+    pipe.format.decoder.native = pipe.output.stream.native = native
     return pipe
 
 
@@ -145,7 +145,7 @@ def test_the_pipeline_writes_the_bytes_of_the_pyarrow_path(booster_and_model):
     for pipe in (fast, slow):  # schema seen once first, as in a running worker
         pipe.process([(recs[0], pipe.decode(recs[0]))])
     items_fast = [(r, fast.decode(r)) for r in recs]
-    assert all(isinstance(d[0], codec.Raw) for _, d in items_fast)
+    assert all(isinstance(d.data, codec.Raw) for _, d in items_fast)
     out_fast, dead_fast, stats_fast = fast.process(items_fast)
     out_slow, dead_slow, stats_slow = slow.process([(r, slow.decode(r)) for r in recs])
     assert not dead_fast and not dead_slow
@@ -230,7 +230,7 @@ def test_other_shapes_are_read_by_pyarrow_with_the_same_result(booster_and_model
     for pipe in (fast, slow):
         pipe.decode(rec)  # the schema cached
     decoded = fast.decode(rec)
-    assert not isinstance(decoded[0], codec.Raw)
+    assert not isinstance(decoded.data, codec.Raw)
     a, _, _ = fast.process([(rec, decoded)])
     b, _, _ = slow.process([(rec, slow.decode(rec))])
     assert len(a) == len(b) == 1

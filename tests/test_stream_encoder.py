@@ -83,10 +83,10 @@ def test_a_batch_of_many_messages_gives_each_message_its_own_rows():
     # messages of one schema scored together (one concatenation, one kernel call) give what
     # each message gets alone, with its own ids and offsets, across block edges (64 rows)
     from worker import demo
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.io.records import Record
     from worker.model.compiled import load_model
+    from worker.pipeline import Pipeline
 
     model_path = GOLDEN / "fraud-xgb.model"
     settings = load_settings(None, scoring={"threads": 1}, model={"path": str(model_path)},

@@ -25,7 +25,7 @@ def _stop_lost_quietly(unraisable, previous=sys.unraisablehook) -> None:
     # a signal handler runs wherever the main thread is, inside a weakref callback of the
     # import system too, where CPython reports its SystemExit as "Exception ignored" and goes
     # on; the stop is not lost (the commands read the flag above once their modules are
-    # loaded: _exit_if_stopped, app.run), so neither is a traceback printed for it
+    # loaded: _exit_if_stopped, startup.run), so neither is a traceback printed for it
     if unraisable.exc_type is SystemExit and _stop_requested():
         return
     previous(unraisable)
@@ -82,7 +82,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     if not config_path:
         click.echo(ctx.get_help())
         ctx.exit(2)
-    from .app import run_from_config
+    from .startup import run_from_config
 
     sys.exit(run_from_config(config_path))
 
@@ -261,7 +261,7 @@ def record_cmd(config_path, bootstrap_servers, topic, output, from_offset, from_
 def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, bootstrap_servers,
                expect, atol, rtol) -> None:
     """Replay a recorded topic through the worker pipeline (file -> worker -> file or topic)."""
-    from . import app
+    from . import startup
     from .config import ConfigError, load_settings
     from .replay import agreement, compare
 
@@ -290,14 +290,14 @@ def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, 
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
-    rc = app.run(settings, summary=expect is None and shadow_path is None)
+    rc = startup.run(settings, summary=expect is None and shadow_path is None)
     # the comparison is not the run: a stop from here ends the command as a signal does (not
     # as "stopped during start-up", exit 0, which would read as a pass)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if rc != 0:
         sys.exit(rc)
-    if app.stopped_by_signal and (shadow_path or expect):
+    if startup.stopped_by_signal and (shadow_path or expect):
         click.echo("replay stopped before the end of the recording: nothing compared",
                    err=True)
         sys.exit(1)

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _ipc
+from .formats.base import InvalidMessage
 from .model.compiled import (
     category_codes,
     category_sets,
@@ -19,15 +20,6 @@ from .model.result import STOP_REASONS, ScoreResult
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 _REASON_DICTIONARY = pa.array(STOP_REASONS.tolist(), type=pa.string())
-
-
-class InvalidMessage(ValueError):
-    """A message that cannot be decoded or validated; ``code`` names the kind of error."""
-
-    def __init__(self, code: str, detail: str):
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
 
 
 _CONTINUATION = b"\xff\xff\xff\xff"

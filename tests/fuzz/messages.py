@@ -464,10 +464,10 @@ def check_factory(state):
     """The child's check: the golden model behind the worker's own Pipeline (one thread).
     Every case is also appended to ``cases.arrows`` (a recorded topic) so that the whole run
     loop can replay them afterwards."""
-    from worker.app import Pipeline
     from worker.config import load_settings
     from worker.io.records import RecordWriter
     from worker.model.compiled import load_model
+    from worker.pipeline import Pipeline
 
     from .runner import GOLDEN_MODEL
 

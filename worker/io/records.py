@@ -27,7 +27,7 @@ RECORD_SCHEMA = pa.schema([
 
 
 # Header names the worker writes on outputs and dead letters (compared in any case): an input
-# header of one of these names is forwarded as input-NAME (app.forwarded), never before or
+# header of one of these names is forwarded as input-NAME (pipeline.forwarded), never before or
 # instead of the worker's own.
 RESERVED_HEADERS = frozenset({"content-type", "model_id", "role", "error", "error_code",
                               "source_topic", "source_partition", "source_offset",

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _kernels
 from . import artifact, structure
-from .lazy import score_lazy
+from .lazy import Target, audit_mask, score_lazy
 from .result import ScoreResult, decisions, default_threads
 
 _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
@@ -54,7 +54,10 @@ class CompiledModel:
             # stored by a build whose QuickScorer took more than this one's does: the walks
             self.forest = _kernels.Forest(*args, "walk")
             self._kernel_note = f"the stored choice, QuickScorer, is refused: {exc}"
-        self.policy_cache: dict = {}  # tables the lazy policies build once per model
+        # what the stopping policies read (model/lazy.py), and the tables they build once
+        self.lazy_target = Target(self.forest, self.arrays, self.link, self.task, self.kind,
+                                  int(self.n_outputs), len(self.classes), self.n_trees,
+                                  self.work_total, self.score_from_raw)
         self._explainer = None  # _explain.Explainer, built on the first attribution
         self.model_id = model_id or artifact.dumps_with_id(self.meta, self.arrays)[1]
 
@@ -235,6 +238,27 @@ class CompiledModel:
         r.reason_feature, r.reason_value, r.reason_bias = feat, val, bias
         return r
 
+    def _audit(self, X, cols, result: ScoreResult, thresholds, fraction: float, seed: int,
+               n_threads: int | None) -> None:
+        """Fully evaluate a deterministic fraction of the rows a policy scored (``audit_mask``
+        of their positions in the stream); count decision or label changes."""
+        idx = np.flatnonzero(audit_mask(len(result), fraction, seed))
+        d = 0
+        if idx.size:
+            if isinstance(X, _kernels.Columns):  # no rows to take: score all, keep those
+                full = self._score_batch(cols, "off", thresholds, n_threads).take(idx)
+            elif hasattr(X, "schema") and hasattr(X, "take"):
+                import pyarrow as pa
+
+                full = self._score_batch(X.take(pa.array(idx, type=pa.int64())), "off",
+                                         thresholds, n_threads)
+            else:
+                full = self._score_batch(np.asarray(X)[idx], "off", thresholds, n_threads)
+            bad = (full.decision != result.decision[idx]) | (full.label != result.label[idx])
+            d = int(bad.sum())
+        result.audit_rows = int(idx.size)
+        result.audit_disagreements = d
+
     def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
                     explain: str | None = None, top_k: int = 3,
                     explain_min_score: float | None = None, **params) -> ScoreResult:
@@ -250,7 +274,13 @@ class CompiledModel:
     def _score_batch(self, X, lazy: str, thresholds, n_threads: int | None,
                      **params) -> ScoreResult:
         if lazy != "off":
-            return score_lazy(self, X, lazy, thresholds, n_threads, **params)
+            cols = self.columns(X)
+            r = score_lazy(self.lazy_target, cols, lazy, thresholds, n_threads, **params)
+            fraction = float(params.get("audit_fraction", 0.0))
+            if fraction > 0:
+                self._audit(X, cols, r, thresholds, fraction, int(params.get("audit_seed", 0)),
+                            n_threads)
+            return r
         raw = self.raw(X, n_threads)
         score, label = self.score_from_raw(raw)
         n = score.shape[0]

@@ -2,15 +2,15 @@
 
 The stopping itself runs in the nogil block kernel (cyext/lazy.pyx). This module
 
-* builds the per-model tables once (cached on the model): per work unit and output the suffix
+* builds the per-model tables once (cached on its ``Target``): per work unit and output the suffix
   sums of the remaining trees' minimum and maximum leaves (the certified interval), LazyGBM's
   residual capacities R_t and V_t, and LazyRF's exact binary tails;
 * turns score-space decision thresholds into raw-space cuts, checked against numpy's own link
   functions (the ones ``score_batch`` uses), so a settled interval means a settled band;
 * states every rule as a small pure function (``rf_binary_tail``, ``rf_posterior``,
   ``gbm_rule``, ``certified_settled``): the reference the kernel is tested against;
-* maps raw results to ``ScoreResult`` and runs the audit (a deterministic fraction of rows also
-  evaluated in full, disagreements counted).
+* maps raw results to ``ScoreResult`` and selects the audit's rows (``audit_mask``; the
+  audit itself, a full evaluation of them, is ``CompiledModel``'s).
 
 Why ``certified`` never changes a band (the proof the tests exercise): after u units the full
 raw score is partial + (remaining trees), each remaining tree adds a value in [its min leaf, its
@@ -49,16 +49,13 @@ units (default: about 8 trees), ``lazyrf`` every ``block`` trees, ``lazygbm`` ev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import _kernels, _lazy
+from .. import _lazy
 from .result import ScoreResult, decisions, default_threads
-
-if TYPE_CHECKING:
-    from .compiled import CompiledModel
 
 # the kernel's codes, by the names the API uses
 POLICIES = {p.name.removeprefix("POLICY_").lower(): int(p) for p in _lazy.Policy}
@@ -77,6 +74,26 @@ _PARAMS = {
     "lazygbm": {"spr_threshold", "t_min", "late_fraction", "variant", "flip_scale"},
 }
 _COMMON = {"audit_fraction", "audit_seed"}
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """What the stopping policies read of a model, and no more: the forest the kernel walks,
+    the packed arrays the tables come from, the model's shape and link, and the link from raw
+    scores to (score, label index). ``CompiledModel.lazy_target`` builds it once; this module
+    never sees the ``CompiledModel`` (it calls here, not the other way)."""
+
+    forest: object  # _kernels.Forest
+    arrays: dict
+    link: str
+    task: str
+    kind: str
+    n_outputs: int
+    n_classes: int
+    n_trees: int
+    work_total: int
+    score_from_raw: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    cache: dict = field(default_factory=dict)  # tables built once (tables, cuts, rf tails)
 
 
 # ---- load-time tables ---------------------------------------------------------------------
@@ -103,16 +120,16 @@ def _suffix(per_tree: np.ndarray, unit_ptr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(suf[unit_ptr])
 
 
-def tables(model: CompiledModel) -> LazyTables:
+def tables(target: Target) -> LazyTables:
     """Built once per model and cached on it."""
-    cached = model.policy_cache.get("tables")
+    cached = target.cache.get("tables")
     if cached is not None:
         return cached
-    a = model.arrays
+    a = target.arrays
     acc = a["leaves"].dtype
     group = a["tree_group"].astype(np.int64)
     unit_ptr = a["unit_ptr"].astype(np.int64)
-    G = int(model.n_outputs)
+    G = int(target.n_outputs)
     # the values the kernel really adds: the leaves rounded to the accumulator type
     lmin = a["leaf_min"].astype(acc).astype(np.float64)
     lmax = a["leaf_max"].astype(acc).astype(np.float64)
@@ -140,7 +157,7 @@ def tables(model: CompiledModel) -> LazyTables:
     V[:n_units] = np.cumsum((w**2)[::-1])[::-1]
     t = LazyTables(unit_ptr, _suffix(cmin, unit_ptr), _suffix(cmax, unit_ptr),
                    _suffix(cnt, unit_ptr), _suffix(cabs, unit_ptr), eps, R, V)
-    model.policy_cache["tables"] = t
+    target.cache["tables"] = t
     return t
 
 
@@ -155,11 +172,11 @@ def rf_binary_tail(t: int) -> np.ndarray:
     return out
 
 
-def rf_tail_table(model: CompiledModel, block: int) -> tuple[np.ndarray, np.ndarray]:
+def rf_tail_table(target: Target, block: int) -> tuple[np.ndarray, np.ndarray]:
     """Binary tails at every checkpoint t = block, 2 block, ... (cached per block size)."""
-    cache = model.policy_cache.setdefault("rf_tails", {})
+    cache = target.cache.setdefault("rf_tails", {})
     if block not in cache:
-        ts = range(block, model.work_total + 1, block)
+        ts = range(block, target.work_total + 1, block)
         parts = [rf_binary_tail(t) for t in ts] or [np.zeros(0)]
         off = np.cumsum([0] + [p.shape[0] for p in parts])[:-1].astype(np.int64)
         cache[block] = (np.concatenate(parts), off)
@@ -280,22 +297,22 @@ def _step_cut(g, guess: float) -> tuple[float, float]:
         return a, b
 
 
-def cuts(model: CompiledModel, thresholds) -> tuple[np.ndarray, np.ndarray, int]:
+def cuts(target: Target, thresholds) -> tuple[np.ndarray, np.ndarray, int]:
     """Raw-space (or, for softmax, probability-space) cuts and the band mode for `certified`."""
     thr = np.sort(np.asarray(list(thresholds), dtype=np.float64))
-    if model.n_outputs > 1:
-        if model.link == "vote":  # the score is the leader's raw value itself
+    if target.n_outputs > 1:
+        if target.link == "vote":  # the score is the leader's raw value itself
             return np.nextafter(thr, -np.inf), thr.copy(), BAND_VOTE
         return thr - CLS_MARGIN, thr + CLS_MARGIN, BAND_SOFTMAX
 
     def score(r):
-        return model.score_from_raw(np.array([[r]], dtype=np.float64))[0][0]
+        return target.score_from_raw(np.array([[r]], dtype=np.float64))[0][0]
 
     def inverse(t):
-        if model.link in ("sigmoid", "sigmoid2"):
+        if target.link in ("sigmoid", "sigmoid2"):
             p = min(max(t, 1e-300), 1 - 1e-16)
             z = math.log(p / (1 - p))
-            return z / 2 if model.link == "sigmoid2" else z
+            return z / 2 if target.link == "sigmoid2" else z
         return t
 
     a, b = [], []
@@ -303,34 +320,34 @@ def cuts(model: CompiledModel, thresholds) -> tuple[np.ndarray, np.ndarray, int]
         ca, cb = _step_cut(lambda r, t=t: bool(score(r) >= t), inverse(t))
         a.append(ca)
         b.append(cb)
-    if model.task != "regression":  # the label must not change either
+    if target.task != "regression":  # the label must not change either
         ca, cb = _step_cut(
-            lambda r: bool(model.score_from_raw(np.array([[r]], dtype=np.float64))[1][0]),
+            lambda r: bool(target.score_from_raw(np.array([[r]], dtype=np.float64))[1][0]),
             inverse(0.5))
         a.append(ca)
         b.append(cb)
     return np.asarray(a), np.asarray(b), BAND_SINGLE
 
 
-def cached_cuts(model: CompiledModel, thresholds):
+def cached_cuts(target: Target, thresholds):
     key = tuple(float(t) for t in thresholds)
-    cache = model.policy_cache.setdefault("cuts", {})
+    cache = target.cache.setdefault("cuts", {})
     if key not in cache:
-        cache[key] = cuts(model, key)
+        cache[key] = cuts(target, key)
     return cache[key]
 
 
 # ---- configuration -----------------------------------------------------------------------
 
-def kernel_config(model: CompiledModel, lazy: str, thresholds, params: dict
+def kernel_config(target: Target, lazy: str, thresholds, params: dict
                   ) -> _lazy.KernelConfig:
     if lazy not in POLICIES:
         raise ValueError(f"lazy must be one of off, {', '.join(POLICIES)}; got {lazy!r}")
     unknown = set(params) - _PARAMS[lazy] - _COMMON
     if unknown:
         raise TypeError(f"unknown parameter(s) for lazy={lazy!r}: {', '.join(sorted(unknown))}")
-    tb = tables(model)
-    n_units = model.work_total
+    tb = tables(target)
+    n_units = target.work_total
     empty, empty_i = np.zeros(0), np.zeros(0, dtype=np.int64)
     cfg = dict(policy=POLICIES[lazy], unit_ptr=tb.unit_ptr, smin=tb.smin, smax=tb.smax,
                nrem=tb.nrem, sabs=tb.sabs, eps=tb.eps, band_mode=BAND_SINGLE, cut_a=empty,
@@ -338,30 +355,30 @@ def kernel_config(model: CompiledModel, lazy: str, thresholds, params: dict
                tail_off=empty_i, mc_samples=1, seed=0, R=tb.R, V=tb.V, flip_bound=0.0,
                variant=0, late_t=n_units)
     if lazy == "certified":
-        a, b, mode = cached_cuts(model, thresholds)
-        per_unit = max(1, model.n_trees // max(n_units, 1))
+        a, b, mode = cached_cuts(target, thresholds)
+        per_unit = max(1, target.n_trees // max(n_units, 1))
         chunk = int(params.get("chunk", max(1, DEFAULT_CHUNK_TREES // per_unit)))
         cfg.update(step=chunk, cut_a=a, cut_b=b, band_mode=mode,
                    cls_margin=CLS_MARGIN if mode == BAND_SOFTMAX else 0.0)
     elif lazy == "lazyrf":
-        if model.link != "vote" or model.task == "regression":
+        if target.link != "vote" or target.task == "regression":
             raise ValueError("lazyrf is for soft-voting forest classifiers (RandomForest, "
-                             f"ExtraTrees); this model is {model.kind} ({model.task})")
+                             f"ExtraTrees); this model is {target.kind} ({target.task})")
         block = int(params.get("block", 10))
-        K = max(2, model.n_classes)
-        tail, off = rf_tail_table(model, block) if K == 2 else (empty, empty_i)
+        K = max(2, target.n_classes)
+        tail, off = rf_tail_table(target, block) if K == 2 else (empty, empty_i)
         cfg.update(step=block, n_vote=K, t_min=int(params.get("t_min", 10)),
                    tau=float(params.get("tau", 0.95)), tail=tail, tail_off=off,
                    mc_samples=int(params.get("mc_samples", max(256, 32 * K))),
                    seed=int(params.get("seed", 0)))
     else:
-        if model.link == "vote" or model.task == "regression":
+        if target.link == "vote" or target.task == "regression":
             raise ValueError("lazygbm is for boosted classifiers (XGBoost, GradientBoosting, "
-                             f"HistGradientBoosting); this model is {model.kind} ({model.task})")
+                             f"HistGradientBoosting); this model is {target.kind} ({target.task})")
         variant = params.get("variant", "prototype")
         if variant not in VARIANTS:
             raise ValueError(f"lazygbm variant must be one of {', '.join(VARIANTS)}")
-        binary = model.n_outputs == 1
+        binary = target.n_outputs == 1
         scale = params.get("flip_scale")
         scale = float(scale) if scale is not None else (1.0 if binary else 2.0)
         cfg.update(step=1, t_min=int(params.get("t_min", 10)), variant=VARIANTS[variant],
@@ -383,12 +400,12 @@ def _widen(lo: np.ndarray, hi: np.ndarray, prob: bool):
     return lo, hi
 
 
-def score_bounds(model: CompiledModel, raw_lo: np.ndarray, raw_hi: np.ndarray) -> tuple:
+def score_bounds(target: Target, raw_lo: np.ndarray, raw_hi: np.ndarray) -> tuple:
     """Bounds of the full-model score (the output `score`: max class probability) from raw
     bounds."""
-    if model.n_outputs == 1:
-        return model.score_from_raw(raw_lo)[0], model.score_from_raw(raw_hi)[0]
-    if model.link == "vote":  # score = max class probability = max raw
+    if target.n_outputs == 1:
+        return target.score_from_raw(raw_lo)[0], target.score_from_raw(raw_hi)[0]
+    if target.link == "vote":  # score = max class probability = max raw
         return raw_lo.max(axis=1), raw_hi.max(axis=1)
     n, G = raw_lo.shape
     rows = np.arange(n)
@@ -427,34 +444,24 @@ def audit_mask(n: int, fraction: float, seed: int = 0) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53 < fraction
 
 
-def _take(X, idx: np.ndarray):
-    if isinstance(X, _kernels.Columns):
-        return None
-    if hasattr(X, "schema") and hasattr(X, "take"):
-        import pyarrow as pa
-
-        return X.take(pa.array(idx, type=pa.int64()))
-    return np.asarray(X)[idx]
-
-
-def score_lazy(model: CompiledModel, X, lazy: str, thresholds=(0.5,), n_threads=None,
+def score_lazy(target: Target, cols, lazy: str, thresholds=(0.5,), n_threads=None,
                **params) -> ScoreResult:
-    """``CompiledModel.score_batch`` for every policy but ``off``."""
+    """The scores of the gathered rows ``cols`` (``_kernels.Columns``, or a float32 row block)
+    under a stopping policy: ``CompiledModel.score_batch`` for every policy but ``off``."""
     thresholds = list(thresholds)
-    cfg = kernel_config(model, lazy, thresholds, params)
-    cols = model.columns(X)
+    cfg = kernel_config(target, lazy, thresholds, params)
     raw, raw_lo, raw_hi, units, reason = _lazy.lazy_score(
-        model.forest, cols, cfg, int(n_threads or default_threads()))
-    score, label = model.score_from_raw(raw)
+        target.forest, cols, cfg, int(n_threads or default_threads()))
+    score, label = target.score_from_raw(raw)
     stopped = reason != 0
     lo, hi = score.copy(), score.copy()  # every unit ran: the bounds are the score itself
     if stopped.any():
-        s_lo, s_hi = score_bounds(model, raw_lo[stopped], raw_hi[stopped])
-        prob = model.task != "regression" and model.link != "identity"
+        s_lo, s_hi = score_bounds(target, raw_lo[stopped], raw_hi[stopped])
+        prob = target.task != "regression" and target.link != "identity"
         lo[stopped], hi[stopped] = _widen(s_lo, s_hi, prob)
     if lazy == "certified":  # the midpoint is inside the bounds up to link rounding
         score = np.where(stopped, np.clip(score, lo, hi), score)
-    result = ScoreResult(
+    return ScoreResult(
         score=score,
         label=label,
         decision=decisions(score, thresholds),
@@ -463,25 +470,3 @@ def score_lazy(model: CompiledModel, X, lazy: str, thresholds=(0.5,), n_threads=
         score_lo=lo,
         score_hi=hi,
     )
-    frac = float(params.get("audit_fraction", 0.0))
-    if frac > 0:
-        _audit(model, X, cols, result, thresholds, frac, int(params.get("audit_seed", 0)),
-               n_threads)
-    return result
-
-
-def _audit(model, X, cols, result: ScoreResult, thresholds, fraction, seed, n_threads):
-    """Fully evaluate a deterministic fraction of rows; count decision or label changes."""
-    mask = audit_mask(len(result), fraction, seed)
-    idx = np.flatnonzero(mask)
-    if idx.size:
-        sub = _take(X, idx)
-        full = (model.score_batch(sub, thresholds=thresholds, n_threads=n_threads)
-                if sub is not None else model.score_batch(
-                    cols, thresholds=thresholds, n_threads=n_threads).take(idx))
-        bad = (full.decision != result.decision[idx]) | (full.label != result.label[idx])
-        d = int(bad.sum())
-    else:
-        d = 0
-    result.audit_rows = int(idx.size)
-    result.audit_disagreements = d

@@ -1,0 +1,27 @@
+"""Message formats in and out (``base.Format``, ``base.OutputFormat``), by name."""
+
+from __future__ import annotations
+
+from .base import Format, Gathered, InvalidMessage, Message, OutputFormat
+
+__all__ = ["Format", "Gathered", "InvalidMessage", "Message", "OutputFormat", "input_format",
+           "output_format"]
+
+
+def input_format(name: str, model, id_column: str | None, max_rows: int | None,
+                 max_bytes: int) -> Format:
+    """The reader of ``name`` for ``model``'s features."""
+    if name == "arrow":
+        from .arrow import ArrowFormat
+
+        return ArrowFormat(model, id_column, max_rows, max_bytes)
+    raise ValueError(f"unknown message format {name!r} (arrow)")
+
+
+def output_format(name: str, model, **metadata) -> OutputFormat:
+    """The writer of ``name`` for ``model``'s scores."""
+    if name == "arrow":
+        from .arrow import ArrowOutput
+
+        return ArrowOutput(model, **metadata)
+    raise ValueError(f"unknown output format {name!r} (arrow)")

@@ -1,0 +1,101 @@
+"""What a message format is to the pipeline: decode one record's value into a ``Message``,
+gather messages of one group into what the kernels read (``Gathered``), and, on the way out,
+encode a group's scores into one value a message (``OutputFormat``).
+
+The pipeline (``worker/pipeline.py``) treats every format one way: it groups the decoded
+messages by ``Message.group``, gathers each group once, scores the rows, and asks the output
+format for the values. Nothing in it knows which reader ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class InvalidMessage(ValueError):
+    """A message that cannot be decoded or validated; ``code`` names the kind of error (the
+    dead letter's ``error_code``), ``detail`` says what was found."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(slots=True)
+class Message:
+    """One decoded message: its rows, its decoded size (what the batch bounds count), the key
+    of the messages it can be gathered with (equal keys: one gather, one kernel call), and the
+    format's own form of it (``data``)."""
+
+    rows: int
+    nbytes: int
+    group: object
+    data: object
+
+
+@dataclass(slots=True)
+class Gathered:
+    """The rows of one group of messages, gathered once.
+
+    ``X`` is what the kernels read (a row-major float32 block, or ``_kernels.Columns`` over
+    Arrow buffers); ``offsets`` (messages + 1, int64) bound each message's rows. A message's
+    ids are either slices of ``ids`` (one numpy array for the group, each row's index in its
+    message when the input has no id column) or, where each message keeps its own Arrow id
+    column (a dictionary is that message's), ``own_ids``. ``table`` is the group's features
+    as a record batch where the format read one (None: ``X`` is a row block)."""
+
+    X: object
+    offsets: np.ndarray
+    ids: np.ndarray | None
+    own_ids: list | None
+    table: object = None
+
+    @property
+    def n(self) -> int:
+        return int(self.offsets[-1])
+
+
+class Format(Protocol):
+    """A message format's reader, one per model (what it checks depends on the features)."""
+
+    name: str
+
+    def decode(self, value: bytes | None) -> Message:
+        """One record's value, fully validated; raises ``InvalidMessage`` with its reason."""
+
+    def gather(self, messages: list[Message]) -> Gathered:
+        """The rows of messages of one group (equal ``Message.group``), gathered once."""
+
+    def rows_by_name(self, gathered: Gathered, names: list[str]):
+        """The gathered features as something ``score_batch`` reads by feature name (another
+        model's features, a subset of these: the shadow)."""
+
+
+class OutputFormat(Protocol):
+    """The scores' format: one value an input message."""
+
+    name: str
+    content_type: str
+
+    def encode(self, gathered: Gathered, r, recs: list) -> list:
+        """For message ``k`` of the group (rows ``gathered.offsets[k]:[k + 1]`` of the score
+        result ``r``; ``recs[k]`` its input record): its output value (bytes), or the
+        exception that kept that message's value from being built."""
+
+
+def offsets_of(counts) -> np.ndarray:
+    """Row offsets (n + 1, int64) from the rows of each of n messages."""
+    c = np.fromiter(counts, dtype=np.int64)
+    offsets = np.zeros(len(c) + 1, dtype=np.int64)
+    np.cumsum(c, out=offsets[1:])
+    return offsets
+
+
+def row_index(offsets: np.ndarray) -> np.ndarray:
+    """Each row's index in its message (the id of a message without an id column)."""
+    n = int(offsets[-1])
+    return np.arange(n, dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets))
