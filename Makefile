@@ -37,7 +37,8 @@ test: build
 
 # The edit loop: every test that needs no broker and no cluster (CI runs everything, make test)
 test-fast: build
-	$(PY) -m pytest -q -p no:cacheprovider -m "not kafka and not cluster" --durations=15
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not kafka and not cluster" \
+		--durations=15
 
 # The chaos suite's long forms (~60 minutes; make test runs the short ones): pauses past the
 # session timeout (50 a delivery mode) and max.poll.interval.ms, at random moments and at

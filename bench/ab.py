@@ -10,11 +10,12 @@ harness (the command's paths made absolute), so only the package differs. With `
 every run is pinned to that CPU. Alternation puts a slow minute of the machine on both sides
 alike.
 
-The command prints its figures, one a line: ``NAME VALUE`` (anything after the value is
-ignored), or JSON objects of ``{"name": value}``; higher is better unless the name ends in
-``_s``, ``_us``, ``_ms`` or ``seconds``. The report gives each figure's median, its spread
-(min-max and the interquartile range in % of the median) on both sides, and B's median over
-A's, with the spreads' overlap marked: a ratio inside the noise is called so.
+The command prints its figures, one a line: exactly ``NAME VALUE`` (other lines are ignored),
+or JSON objects of ``{"name": value}``; higher is better unless the name ends in ``_s``,
+``_us``, ``_ms`` or ``_seconds`` (``_per_s`` is a rate). The report gives each figure's
+median, its spread (min-max and the interquartile range in % of the median) on both sides,
+and B's median over A's, with the spreads' overlap marked: a ratio inside the noise is called
+so.
 
     .venv/bin/python bench/ab.py --a HEAD~1 --b . --runs 7 -- .venv/bin/python bench/quick.py
     .venv/bin/python bench/ab.py --a ed990e3 --b . --runs 5 --json out/ab.json -- \\
@@ -34,8 +35,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-_LINE = re.compile(r"^\s*([A-Za-z_][\w.:/\[\]-]*)\s+(-?[0-9][0-9_,]*\.?[0-9]*(?:e-?[0-9]+)?)")
-_LOWER = ("_s", "_us", "_ms", "seconds")
+_LINE = re.compile(r"^([A-Za-z_][\w.:/\[\]-]*)\s+(-?[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?)$")
+
+
+def lower_is_better(name: str) -> bool:
+    """Times are better lower (``_s``, ``_us``, ``_ms``, ``_seconds``); rates (``_per_s``)
+    and everything else higher."""
+    return not name.endswith("_per_s") and name.endswith(("_s", "_us", "_ms", "_seconds"))
 
 
 def figures(text: str) -> dict[str, float]:
@@ -53,7 +59,7 @@ def figures(text: str) -> dict[str, float]:
             continue
         m = _LINE.match(line)
         if m:
-            out[m.group(1)] = float(m.group(2).replace(",", "").replace("_", ""))
+            out[m.group(1)] = float(m.group(2))
     return out
 
 
@@ -106,7 +112,7 @@ def compare(a: dict[str, list[float]], b: dict[str, list[float]]) -> list[dict]:
             continue
         sa, sb = spread(a[name]), spread(b[name])
         ratio = sb["median"] / sa["median"] if sa["median"] else float("nan")
-        lower = name.endswith(_LOWER)
+        lower = lower_is_better(name)
         better = (ratio < 1) if lower else (ratio > 1)
         overlap = sa["min"] <= sb["max"] and sb["min"] <= sa["max"]
         verdict = "within noise" if overlap else ("B better" if better else "B worse")
@@ -131,17 +137,25 @@ def table(rows: list[dict], a: str, b: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--a", required=True, help="revision A (a git ref, or . for this checkout)")
-    ap.add_argument("--b", required=True, help="revision B (a git ref, or . for this checkout)")
+    ap.add_argument("--a", help="revision A (a git ref, or . for this checkout)")
+    ap.add_argument("--b", help="revision B (a git ref, or . for this checkout)")
     ap.add_argument("--runs", type=int, default=7, help="runs a side (default 7)")
     ap.add_argument("--cpu", type=int, default=None, help="pin every run to this CPU")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a run")
     ap.add_argument("--json", type=Path, default=None, help="write every run's figures here")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="print the table of a --json file written before, run nothing")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command a run")
     args = ap.parse_args()
+    if args.table:
+        saved = json.loads(args.table.read_text())
+        runs = {side: {r["figure"]: r[side.lower()]["runs"] for r in saved["figures"]}
+                for side in ("A", "B")}
+        print(table(compare(runs["A"], runs["B"]), saved["a"], saved["b"]))
+        return
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        ap.error("no command: give it after --")
+    if not cmd or not args.a or not args.b:
+        ap.error("give --a, --b and the command after --")
     trees = {"A": tree(args.a), "B": tree(args.b)}
     got: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
     t0 = time.monotonic()

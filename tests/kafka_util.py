@@ -165,10 +165,14 @@ def high_watermarks(bootstrap: str, topic: str, consumer=None) -> int:
 
 
 # while a broker of a cluster is killed or restarts, a partition's leadership moves: the
-# cluster answers these until its metadata settles
+# cluster answers these until its metadata settles (_DESTROY_BROKER: the client dropped its
+# handle of a broker the metadata no longer listed, as a restarted node registers again;
+# _UNKNOWN_PARTITION: the client's metadata of the topic was dropped and not yet fetched again)
 _MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
-           KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR}
+           KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR,
+           KafkaError._DESTROY_BROKER, KafkaError._ALL_BROKERS_DOWN,
+           KafkaError._UNKNOWN_PARTITION}
 
 
 def high_watermark(c, tp, settle: float = 30.0) -> int:

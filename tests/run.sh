@@ -5,6 +5,14 @@
 # a TERM or HUP to the group ends pytest at once; either way this shell then stops the
 # brokers (the secured ones tests/test_security.py starts too). A broker that was running
 # before the run is left running.
+#
+# With no pytest arguments the tests run in two phases: first the serial ones (those that
+# restart the shared broker) alone, on a broker that still holds few topics (restarted after
+# the whole suite's thousands of topics it takes minutes to load them), then every other test
+# in TEST_WORKERS processes (pytest-xdist, default 4: most of the suite waits on brokers,
+# timeouts and child processes, not on the two cores; tests sharing a resource they change
+# run in one process, tests/conftest.py). With arguments, pytest runs them as given, in one
+# process.
 #   tests/run.sh PYTHON [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +40,13 @@ $BROKER start || exit 1
 # for them, or start them if this failed)
 ((sasl_up)) || $BROKER --security sasl_ssl start >/dev/null 2>&1 &
 ((mtls_up)) || $BROKER --security mtls start >/dev/null 2>&1 &
-"$PY" -m pytest -q -p no:cacheprovider --durations=30 "$@"
+if (($#)); then
+  "$PY" -m pytest -q -p no:cacheprovider --durations=30 "$@"
+  exit $?
+fi
+"$PY" -m pytest -q -p no:cacheprovider --durations=5 -m serial
+serial=$?
+"$PY" -m pytest -q -p no:cacheprovider --durations=30 -n "${TEST_WORKERS:-4}" \
+  --dist loadgroup -m "not serial"
+parallel=$?
+((parallel == 0 && serial == 0)) || exit $((serial ? serial : parallel))

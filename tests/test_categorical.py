@@ -104,6 +104,19 @@ def _label(params, X, y, rng):
     return y
 
 
+_TRAINED: dict = {}  # models trained once per session: the tests only read them
+
+
+def _once(train):
+    def trained(*args, **kwargs):
+        key = (train.__name__, repr(args), repr(sorted(kwargs.items())))
+        if key not in _TRAINED:
+            _TRAINED[key] = train(*args, **kwargs)
+        return _TRAINED[key]
+    return trained
+
+
+@_once
 def _lgb(params, missing="nan", seed=0, rounds=25, leaves=15):
     X, y, rng = _data(seed)
     p = {**params, **MISSING[missing], "num_leaves": leaves, "verbose": -1,
@@ -307,6 +320,7 @@ def test_lightgbm_pandas_categories_are_kept():
 
 # ---- XGBoost -------------------------------------------------------------------------------
 
+@_once
 def _xgb_categorical(strings: bool, objective="binary:logistic", seed=0):
     pd = pytest.importorskip("pandas")
     X, y, rng = _data(seed)

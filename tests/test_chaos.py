@@ -26,7 +26,9 @@ def chaos_models(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("scenario", "mode"), [
-    pytest.param(s, m, id=f"{s.name}-{m}") for s in chaos.SCENARIOS for m in s.short_modes])
+    # a scenario that restarts the local broker runs alone (tests/run.sh's serial phase)
+    pytest.param(s, m, id=f"{s.name}-{m}", marks=[pytest.mark.serial] if s.broker else [])
+    for s in chaos.SCENARIOS for m in s.short_modes])
 def test_chaos_loses_and_duplicates_nothing(scenario, mode, kafka_bootstrap, chaos_models,
                                             tmp_path):
     if scenario.broker and os.environ.get(BOOTSTRAP_ENV):

@@ -149,6 +149,15 @@ def test_startup_errors_are_one_line(tmp_path):
                        kafka={"client": {"no.such.property": 1}})
     proc = cli("--config", cfg)
     assert proc.returncode == 2 and "no.such.property" in proc.stderr, proc.stderr
+    # ... said before the access check waits for the (absent) brokers: librdkafka reads the
+    # settings first (before: 30 s of connection errors, then the line)
+    assert "kafka access" not in proc.stderr and "Connect to" not in proc.stderr, proc.stderr
+    # a bad value of a known property, for the sink's producer (a file source)
+    cfg = _file_config(tmp_path, sink={"type": "kafka", "topic": "o", "path": None},
+                       kafka={"client": {"linger.ms": "soon"}})
+    proc = cli("--config", cfg)
+    assert proc.returncode == 2 and "linger.ms" in proc.stderr, proc.stderr
+    assert "kafka access" not in proc.stderr and "Connect to" not in proc.stderr, proc.stderr
     for p in (proc,):
         assert "Traceback" not in p.stderr
 

@@ -143,6 +143,9 @@ class _BoundedServer(ThreadingHTTPServer):
     """ThreadingHTTPServer with a cap on concurrent connections (one thread each)."""
 
     daemon_threads = True
+    # the listen backlog: socketserver's 5 dropped the SYNs of a burst of connections (each
+    # retried a second later) while the serving thread waited for the GIL to accept them
+    request_queue_size = 128
 
     def __init__(self, address, handler, max_connections: int):
         self._slots = threading.BoundedSemaphore(max_connections)

@@ -15,9 +15,10 @@ def open_source(settings) -> Source:
 
         return FileSource(settings.source.path)
     from .access import check_access
-    from .kafka import KafkaSource
+    from .kafka import KafkaSource, validate_client_config
 
     topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
+    validate_client_config(settings.consumer_config())
     check_access(settings, transactional=_transactional(settings))
     return KafkaSource(settings.consumer_config(), topics)
 
@@ -34,14 +35,15 @@ def open_sink(settings) -> Sink:
         from .files import FileSink
 
         return FileSink(s.path, s.dead_letter_path, shadow_path=s.shadow_path)
-    from .kafka import KafkaSink, topic_max_bytes
+    from .kafka import KafkaSink, topic_max_bytes, validate_client_config
 
     transactional = _transactional(settings)
+    conf = settings.producer_config(transactional)
+    validate_client_config(conf)
     if settings.source.type != "kafka":  # else checked with the source
         from .access import check_access
 
         check_access(settings, transactional=False)
-    conf = settings.producer_config(transactional)
     topics = [s.topic, s.dead_letter_topic] + ([s.shadow_topic] if settings.model.shadow_path
                                               else [])
     from .access import transactional_id_permission

@@ -119,6 +119,20 @@ def _startup_error(exc: KafkaException) -> StartupError:
     return StartupError("kafka", f"Kafka is not available: {text}", exit_code=1)
 
 
+def validate_client_config(conf: dict) -> None:
+    """Have librdkafka read every setting of ``conf`` (unknown properties, bad values) on a
+    handle that connects nowhere, so a bad setting is one line at once, not after the access
+    check has waited for brokers. Without the brokers and the security protocol the handle
+    opens nothing: no TLS context, no SASL or OIDC token fetch (the clients load those).
+    Raises StartupError."""
+    offline = {k: v for k, v in conf.items()
+               if k not in ("bootstrap.servers", "security.protocol") and not callable(v)}
+    try:
+        Producer({**offline, "log_level": 0})  # consumer-only settings: warnings, not logged
+    except KafkaException as exc:
+        raise _startup_error(exc) from None
+
+
 def to_record(msg) -> Record:
     """A consumed confluent-kafka message as a Record (the one conversion)."""
     ts_type, ts = msg.timestamp()
