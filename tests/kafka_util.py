@@ -167,12 +167,13 @@ def high_watermarks(bootstrap: str, topic: str, consumer=None) -> int:
 # while a broker of a cluster is killed or restarts, a partition's leadership moves: the
 # cluster answers these until its metadata settles (_DESTROY_BROKER: the client dropped its
 # handle of a broker the metadata no longer listed, as a restarted node registers again;
-# _UNKNOWN_PARTITION: the client's metadata of the topic was dropped and not yet fetched again)
+# _UNKNOWN_PARTITION: the client's metadata of the topic was dropped and not yet fetched again;
+# OFFSET_NOT_AVAILABLE: a new leader whose high watermark has not caught up)
 _MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
            KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR,
            KafkaError._DESTROY_BROKER, KafkaError._ALL_BROKERS_DOWN,
-           KafkaError._UNKNOWN_PARTITION}
+           KafkaError._UNKNOWN_PARTITION, KafkaError.OFFSET_NOT_AVAILABLE}
 
 
 def high_watermark(c, tp, settle: float = 30.0) -> int:

@@ -64,8 +64,12 @@ def test_refused_outputs_are_dead_lettered_and_the_stream_goes_on(
                          max_batch_messages=4)
     log = tmp_path / "w.log"
     proc = K.start_worker(cfg, log)
-    if not known:  # lowered once the worker has read the limits: the broker refuses
-        time.sleep(3)
+    if not known:  # lowered once the worker has read the limits (it reads them before it
+        # says it started; a fixed sleep lost that race on a loaded machine): the broker refuses
+        deadline = time.monotonic() + 120
+        while "worker started" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
         _lower_limit(kafka_bootstrap, [topics["out"]] + ([topics["dlq"]] if dlq_small else []))
     small, big = _produce(kafka_bootstrap, topics["in"])
     try:
