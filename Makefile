@@ -15,7 +15,8 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel "Cython>=3.0" "numpy>=1.26"
+	$(PY) -m pip install -q --upgrade pip setuptools wheel "Cython>=3.0" "numpy>=1.26" \
+		"pysimdjson>=7,<8"
 	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
 	touch $@ $(VENV)/.built  # that install built the extensions: no second build
 
@@ -48,12 +49,12 @@ CHAOS_SEED ?= $(shell date +%s)
 chaos: build
 	$(PY) bench/chaos.py --seed $(CHAOS_SEED)
 
-# 100,000 hostile messages and 100,000 hostile artifacts through the worker in child processes
+# 100,000 hostile Arrow messages, JSON messages and artifacts each, through the worker in child processes
 # (make test runs a bounded 3,000 + 2,000); crashes and hangs are kept under out/fuzz.
 FUZZ_CASES ?= 100000
 FUZZ_SEED ?= $(shell date +%s)
 fuzz: build
-	$(PY) -m tests.fuzz messages artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
+	$(PY) -m tests.fuzz messages json artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
 		--state out/fuzz
 
 lint: setup

@@ -22,8 +22,30 @@ if native:
 directives = {"language_level": 3, "boundscheck": debug, "wraparound": debug,
               "initializedcheck": debug, "cdivision": True}
 
-extensions = [
-    Extension(
+
+
+def simdjson_dir() -> str:
+    """The amalgamated simdjson (simdjson.h, simdjson.cpp) that the pysimdjson package ships
+    (a build requirement): compiled into worker._jsonread, not copied into this repository."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("simdjson")
+    where = Path(spec.origin).parent if spec and spec.origin else None
+    if where is None or not (where / "simdjson.cpp").exists():
+        raise SystemExit("building worker._jsonread needs simdjson's sources from the "
+                         "pysimdjson package: pip install 'pysimdjson>=7,<8'")
+    return str(where)
+
+
+def extension(name: str) -> Extension:
+    if name == "jsonread":  # C++: simdjson's DOM parser (cyext/json_rows.h)
+        src = simdjson_dir()
+        return Extension(
+            f"worker._{name}", [f"cyext/{name}.pyx", "cyext/simdjson_unit.cpp"],
+            include_dirs=["cyext", src], language="c++",
+            extra_compile_args=(["-O0", "-g"] if debug else ["-O2"]) + ["-std=c++17"],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
+    return Extension(
         f"worker._{name}",
         [f"cyext/{name}.pyx"],
         include_dirs=["cyext"],
@@ -31,8 +53,9 @@ extensions = [
         extra_link_args=["-fopenmp"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
-    for name in sorted(p.stem for p in Path("cyext").glob("*.pyx"))
-]
+
+
+extensions = [extension(name) for name in sorted(p.stem for p in Path("cyext").glob("*.pyx"))]
 
 
 

@@ -97,3 +97,13 @@ def test_fuzz_artifacts(tmp_path):
     assert rep.ok, rep.summary()
     assert rep.cases >= 2000
     assert rep.outcomes["refused"] > 0 and rep.outcomes["loaded"] > 0, rep.summary()
+
+
+def test_fuzz_json_messages_through_the_worker(tmp_path):
+    # JSON events through the worker's pipeline, Python's json module the oracle
+    # (tests/fuzz/json_events.py); make fuzz runs 100,000
+    rep = runner.run("json", 1000, tmp_path / "fuzz", seed=20261204)
+    assert rep.ok, rep.summary()
+    assert rep.cases >= 1000
+    for outcome in ("scored", "bad_json", "bad_type", "bad_number", "too_deep"):
+        assert rep.outcomes[outcome] > 0, rep.summary()

@@ -43,9 +43,21 @@ class SourceConfig(_Section):
     """Kafka: topic to consume (comma-separated for several)."""
     path: str | None = None
     """File: recorded topic (.arrows)."""
+    format: Literal["arrow", "json"] = "arrow"
+    """The messages' format: an Arrow IPC stream, or JSON (one event, an object, or an array
+    of events)."""
+    fields: dict[str, str] = {}
+    """JSON: where a feature (or the id column) is in an event, as a dotted path of keys
+    ({"amount": "txn.amount"}); the default is the top-level key of its name."""
 
     @model_validator(mode="after")
     def _needs(self):
+        for name, path in self.fields.items():
+            if not path or any(not key for key in path.split(".")):
+                raise ValueError(f"source.fields.{name}: {path!r} is not a dotted path of "
+                                 "keys")
+        if self.fields and self.format != "json":
+            raise ValueError("source.fields maps JSON events: set source.format: json")
         if self.type == "kafka" and not self.topic:
             raise ValueError("source.topic is required when source.type is kafka")
         if self.type == "file" and not self.path:
@@ -68,6 +80,9 @@ class SinkConfig(_Section):
     """Kafka: the shadow model's scores (default <topic>-shadow when model.shadow_path is set)."""
     shadow_path: str | None = None
     """File: the shadow model's scores (default <path stem>-shadow.arrows)."""
+    format: Literal["arrow", "json"] = "arrow"
+    """The scores' format: an Arrow IPC stream a message, or JSON (an object for a message
+    that was one JSON event, else an array of objects)."""
 
     @model_validator(mode="before")
     @classmethod

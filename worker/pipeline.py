@@ -143,9 +143,13 @@ class Pipeline:
         self.scoring = settings.scoring
         self.max_message_bytes = settings.message_byte_limit
         self.format: Format = input_format(
-            "arrow", model, settings.scoring.id_column, settings.delivery.max_message_rows,
-            min(settings.message_byte_limit, settings.delivery.memory_budget_mb << 20))
-        self.output: OutputFormat = output_format("arrow", model)
+            settings.source.format, model, settings.scoring.id_column,
+            settings.delivery.max_message_rows,
+            min(settings.message_byte_limit, settings.delivery.memory_budget_mb << 20),
+            settings.source.fields)
+        self.sink_format = settings.sink.format
+        self.id_column = settings.scoring.id_column
+        self.output: OutputFormat = output_format(self.sink_format, model, self.id_column)
         self._headers = [("content-type", self.output.content_type.encode()),
                          ("model_id", model.model_id.encode())]
         self.out_topic = out_topic
@@ -173,7 +177,7 @@ class Pipeline:
         if missing:
             raise ValueError("the shadow model reads features the live model does not: "
                              + ", ".join(missing[:10]))
-        output = output_format("arrow", model)
+        output = output_format(self.sink_format, model, self.id_column)
         self.shadow = Shadow(model, topic, output,
                              [("content-type", output.content_type.encode()),
                               ("model_id", model.model_id.encode()), ("role", b"shadow")],

@@ -9,19 +9,28 @@ __all__ = ["Format", "Gathered", "InvalidMessage", "Message", "OutputFormat", "i
 
 
 def input_format(name: str, model, id_column: str | None, max_rows: int | None,
-                 max_bytes: int) -> Format:
-    """The reader of ``name`` for ``model``'s features."""
+                 max_bytes: int, fields: dict[str, str] | None = None) -> Format:
+    """The reader of ``name`` for ``model``'s features (``fields``: key paths of features
+    and the id, for formats with nested events)."""
     if name == "arrow":
         from .arrow import ArrowFormat
 
         return ArrowFormat(model, id_column, max_rows, max_bytes)
-    raise ValueError(f"unknown message format {name!r} (arrow)")
+    if name == "json":
+        from .json import JsonFormat
+
+        return JsonFormat(model, id_column, max_rows, max_bytes, fields)
+    raise ValueError(f"unknown message format {name!r} (arrow, json)")
 
 
-def output_format(name: str, model, **metadata) -> OutputFormat:
+def output_format(name: str, model, id_column: str | None = None, **metadata) -> OutputFormat:
     """The writer of ``name`` for ``model``'s scores."""
     if name == "arrow":
         from .arrow import ArrowOutput
 
         return ArrowOutput(model, **metadata)
-    raise ValueError(f"unknown output format {name!r} (arrow)")
+    if name == "json":
+        from .json import JsonOutput
+
+        return JsonOutput(model, id_column)
+    raise ValueError(f"unknown output format {name!r} (arrow, json)")

@@ -46,13 +46,15 @@ class Gathered:
     ids are either slices of ``ids`` (one numpy array for the group, each row's index in its
     message when the input has no id column) or, where each message keeps its own Arrow id
     column (a dictionary is that message's), ``own_ids``. ``table`` is the group's features
-    as a record batch where the format read one (None: ``X`` is a row block)."""
+    as a record batch where the format read one (None: ``X`` is a row block). ``singles``
+    (formats whose messages are one event or several: JSON) says which messages were one."""
 
     X: object
     offsets: np.ndarray
     ids: np.ndarray | None
     own_ids: list | None
     table: object = None
+    singles: list | None = None
 
     @property
     def n(self) -> int:

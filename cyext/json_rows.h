@@ -1,0 +1,301 @@
+// JSON events straight into row-major float32 rows, with simdjson's DOM parser (the
+// amalgamated simdjson that the pysimdjson package ships, compiled into this extension; see
+// setup.py). No Python object is made per field: cyext/jsonread.pyx calls read() once a
+// message and gets the rows, the ids and, for a bad message, a reason code and its detail.
+//
+// What is read (README: JSON and Avro events): a message is one event (an object) or several
+// (an array of objects). A "plan" maps paths of object keys to feature slots (a trie; the
+// default paths are the features' names, source.fields maps dotted paths) and one path to
+// the id. Numbers become float32 as an Arrow cast would (an integer is cast from its int64 or
+// uint64 value, any other number from its double; one outside float32's range is
+// bad_number), null or an absent field is missing
+// (NaN), true/false are 1/0, strings of a feature with categories are the category's
+// position (NaN: not a category, the libraries' unseen category). Anything else read for a
+// feature is bad_type; keys the plan does not name are skipped by simdjson without being
+// looked at. Every count is bounded before it is used: rows by max_rows and by max_bytes
+// (the decoded size), depth by the parser's max_depth, the document by its length.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "simdjson.h"
+
+namespace swjson {
+
+using simdjson::error_code;
+namespace dom = simdjson::dom;
+
+// id kinds, one a row
+enum : int8_t { ID_NULL = 0, ID_INT = 1, ID_STR = 2 };
+
+struct Node {
+    int slot = -1;     // >= 0: a feature; -2: the id; -1: an inner node (children)
+    std::unordered_map<std::string, int> children;  // key -> node index
+    std::string path;  // the dotted path, for error details
+};
+
+struct Plan {
+    std::vector<Node> nodes;  // nodes[0]: the event (the root object)
+    int n_features = 0;
+    // feature slot -> its categories (string -> code); empty: not categorical
+    std::vector<std::unordered_map<std::string, float>> categories;
+    std::vector<uint8_t> categorical;
+    size_t max_rows = 0;   // 0: no bound but max_bytes
+    size_t max_bytes = 0;  // the decoded size bound: rows * (4 * n_features + 8) + id bytes
+    bool has_id = false;
+
+    Plan() { nodes.emplace_back(); }
+
+    // add a path (its keys in order) ending at slot; false: it clashes with another path
+    bool add(const std::vector<std::string>& keys, int slot, const std::string& dotted) {
+        int at = 0;
+        for (size_t i = 0; i < keys.size(); i++) {
+            if (nodes[at].slot != -1) return false;  // a leaf cannot have children
+            auto it = nodes[at].children.find(keys[i]);
+            int next;
+            if (it == nodes[at].children.end()) {
+                next = (int)nodes.size();
+                nodes[at].children.emplace(keys[i], next);
+                nodes.emplace_back();
+                nodes[next].path = at == 0 ? keys[i] : nodes[at].path + "." + keys[i];
+            } else {
+                next = it->second;
+            }
+            at = next;
+        }
+        if (at == 0 || nodes[at].slot != -1 || !nodes[at].children.empty()) return false;
+        nodes[at].slot = slot;
+        nodes[at].path = dotted;  // as configured (a key may hold a dot)
+        if (slot == -2) has_id = true;
+        return true;
+    }
+};
+
+struct Out {
+    std::vector<float> rows;       // rows * n_features
+    std::vector<int64_t> id_int;   // a row's integer id (0 where not ID_INT)
+    std::vector<int8_t> id_kind;   // ID_NULL, ID_INT, ID_STR
+    std::vector<int32_t> id_offsets;  // string ids: Arrow offsets (rows + 1)
+    std::string id_bytes;          // string ids' bytes
+    std::vector<uint8_t> seen;     // this row's plan nodes met (duplicate keys)
+    size_t n_rows = 0;
+    bool single = false;           // the message was one object (not an array)
+    const char* code = "";         // the reason, when read() fails
+    std::string detail;
+
+    void clear() {
+        rows.clear(); id_int.clear(); id_kind.clear(); id_offsets.assign(1, 0);
+        id_bytes.clear(); n_rows = 0; single = false; code = ""; detail.clear();
+    }
+};
+
+class Reader {
+public:
+    // the DOM parser validates the whole document (also the fields no feature reads), bounds
+    // the nesting at max_depth (DEPTH_ERROR, without recursion) and copies the message into
+    // its own padded buffer, grown as needed
+    explicit Reader(size_t max_depth) {
+        max_depth_ = max_depth;
+        init_ = parser_.allocate(1 << 16, max_depth);
+    }
+
+    // 0: rows in out; else out.code and out.detail say why
+    int read(const Plan& plan, const char* data, size_t len, Out& out) {
+        out.clear();
+        if (init_) return json_error(out, init_, "");
+        if (len == 0) return fail(out, "empty", "the message has no value");
+        // the parser's buffers grow with the document (about 12 bytes a byte of it): the
+        // message itself is bounded like the rows it decodes into
+        if (len > plan.max_bytes ||
+            len > (size_t)std::numeric_limits<uint32_t>::max() - simdjson::SIMDJSON_PADDING)
+            return fail(out, "too_large", "the message is " + std::to_string(len) +
+                        " bytes, more than " + std::to_string(plan.max_bytes) +
+                        " (the message byte limit)");
+        if (len > parser_.capacity()) {  // grown here, so the depth bound stays
+            error_code err = parser_.allocate(len, max_depth_);
+            if (err) return json_error(out, err, "");
+        }
+        int rc = parse(plan, data, len, out);
+        if (parser_.capacity() > SHRINK_ABOVE) {  // give a large message's buffers back
+            error_code err = parser_.allocate(1 << 16, max_depth_);
+            if (err && !rc) return json_error(out, err, "");
+        }
+        return rc;
+    }
+
+private:
+    static constexpr size_t SHRINK_ABOVE = 4 << 20;
+    dom::parser parser_;
+    size_t max_depth_;
+    error_code init_;
+
+    int parse(const Plan& plan, const char* data, size_t len, Out& out) {
+        dom::element doc;
+        error_code err = parser_.parse(data, len, true).get(doc);
+        if (err) return json_error(out, err, "");
+        if (doc.type() == dom::element_type::OBJECT) {
+            out.single = true;
+            return event(plan, dom::object(doc), out);
+        }
+        if (doc.type() != dom::element_type::ARRAY)
+            return fail(out, "bad_shape", "the message is not an object or an array of objects");
+        size_t k = 0;
+        for (dom::element e : dom::array(doc)) {
+            if (e.type() != dom::element_type::OBJECT)
+                return fail(out, "bad_shape", "element " + std::to_string(k) +
+                            " of the array is not an object (an event)");
+            int rc = event(plan, dom::object(e), out);
+            if (rc) return rc;
+            k++;
+        }
+        if (out.n_rows == 0) return fail(out, "empty_batch", "the array has no events");
+        return 0;
+    }
+
+    static int fail(Out& out, const char* code, std::string detail) {
+        out.code = code;
+        out.detail = std::move(detail);
+        return 1;
+    }
+
+    static int json_error(Out& out, error_code err, const std::string& where) {
+        const char* code = "bad_json";
+        if (err == simdjson::DEPTH_ERROR) code = "too_deep";
+        else if (err == simdjson::UTF8_ERROR) code = "bad_utf8";
+        else if (err == simdjson::NUMBER_ERROR || err == simdjson::BIGINT_ERROR ||
+                 err == simdjson::NUMBER_OUT_OF_RANGE) code = "bad_number";
+        else if (err == simdjson::CAPACITY || err == simdjson::MEMALLOC) code = "too_large";
+        std::string d = simdjson::error_message(err);
+        return fail(out, code, where.empty() ? d : where + ": " + d);
+    }
+
+    // one event: a new row, NaN until read
+    int event(const Plan& plan, dom::object obj, Out& out) {
+        size_t f = (size_t)plan.n_features;
+        size_t n = out.n_rows + 1;
+        if (plan.max_rows && n > plan.max_rows)
+            return fail(out, "too_large", "more than " + std::to_string(plan.max_rows) +
+                        " events (delivery.max_message_rows)");
+        // the decoded size: n rows of f float32 and an 8-byte id, then the ids' bytes
+        if (n > plan.max_bytes / (4 * f + 8) ||
+            n * (4 * f + 8) + out.id_bytes.size() > plan.max_bytes)
+            return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
+                        " bytes decoded (the message byte limit)");
+        out.rows.resize(n * f, std::numeric_limits<float>::quiet_NaN());
+        out.id_int.push_back(0);
+        out.id_kind.push_back(ID_NULL);
+        out.id_offsets.push_back((int32_t)out.id_bytes.size());
+        out.seen.assign(plan.nodes.size(), 0);
+        out.n_rows = n;
+        return object(plan, 0, obj, out, out.rows.data() + (n - 1) * f);
+    }
+
+    // the keys of one object the plan names (a path's depth at most: no other recursion)
+    int object(const Plan& plan, int at, dom::object obj, Out& out, float* row) {
+        const Node& node = plan.nodes[at];
+        for (dom::key_value_pair kv : obj) {
+            auto it = node.children.find(std::string(kv.key));
+            if (it == node.children.end()) continue;  // a field nothing reads
+            const Node& child = plan.nodes[it->second];
+            // a key read (a feature's, the id's, one on a feature's path) given twice
+            if (out.seen[it->second])
+                return fail(out, "duplicate_field", child.path + " is given twice");
+            out.seen[it->second] = 1;
+            int rc;
+            if (child.slot != -1) {
+                rc = leaf(plan, child, kv.value, out, row);
+            } else if (kv.value.type() == dom::element_type::OBJECT) {
+                rc = object(plan, it->second, dom::object(kv.value), out, row);
+            } else if (kv.value.type() == dom::element_type::NULL_VALUE) {
+                rc = 0;  // everything below it missing
+            } else {
+                rc = fail(out, "bad_type", child.path + " is not an object (a feature's "
+                          "path goes through it)");
+            }
+            if (rc) return rc;
+        }
+        return 0;
+    }
+
+    int leaf(const Plan& plan, const Node& node, dom::element v, Out& out, float* row) {
+        int slot = node.slot;
+        if (slot == -2) return id(plan, node, v, out);
+        switch (v.type()) {
+        case dom::element_type::NULL_VALUE:
+            return 0;  // missing: the row is NaN already
+        case dom::element_type::BOOL:
+            row[slot] = bool(v) ? 1.0f : 0.0f;
+            return 0;
+        case dom::element_type::INT64:
+            row[slot] = (float)int64_t(v);
+            return 0;
+        case dom::element_type::UINT64:
+            row[slot] = (float)uint64_t(v);
+            return 0;
+        case dom::element_type::DOUBLE: {
+            // the parser refuses a number outside the double range; one outside float32's
+            // is refused here (a cast would make it infinite: JSON cannot say inf)
+            double d = double(v);
+            float x = (float)d;
+            if (std::isinf(x) || std::isnan(x))
+            {
+                char text[32];
+                std::snprintf(text, sizeof text, "%.9g", d);
+                return fail(out, "bad_number", node.path + ": " + text +
+                            " is outside the float32 range");
+            }
+            row[slot] = x;
+            return 0;
+        }
+        case dom::element_type::STRING: {
+            if (!plan.categorical[slot])
+                return fail(out, "bad_type", node.path + " is a string; the feature is a number");
+            const auto& cats = plan.categories[slot];
+            auto c = cats.find(std::string(std::string_view(v)));
+            row[slot] = c == cats.end() ? std::numeric_limits<float>::quiet_NaN() : c->second;
+            return 0;
+        }
+        default:
+            return fail(out, "bad_type", node.path + " is an object or an array");
+        }
+    }
+
+    int id(const Plan& plan, const Node& node, dom::element v, Out& out) {
+        size_t r = out.n_rows - 1;
+        switch (v.type()) {
+        case dom::element_type::NULL_VALUE:
+            return 0;
+        case dom::element_type::INT64:
+            out.id_int[r] = int64_t(v);
+            out.id_kind[r] = ID_INT;
+            return 0;
+        case dom::element_type::STRING: {
+            std::string_view s(v);
+            if (s.size() > (size_t)std::numeric_limits<int32_t>::max() - out.id_bytes.size())
+                return fail(out, "too_large", node.path + ": ids over 2 GiB");
+            // the rows' size was bounded by event(): this sum cannot wrap
+            size_t rows_size = out.n_rows * (4 * (size_t)plan.n_features + 8);
+            if (rows_size + out.id_bytes.size() + s.size() > plan.max_bytes)
+                return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
+                            " bytes decoded (the message byte limit)");
+            out.id_bytes.append(s.data(), s.size());
+            out.id_offsets[r + 1] = (int32_t)out.id_bytes.size();
+            out.id_kind[r] = ID_STR;
+            return 0;
+        }
+        default:
+            return fail(out, "bad_type", node.path + ": an id is an integer of int64 or a "
+                        "string");
+        }
+    }
+};
+
+}  // namespace swjson

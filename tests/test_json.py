@@ -1,0 +1,300 @@
+"""JSON events in and out (worker/formats/json.py, cyext/json_rows.h): values as an Arrow cast
+makes them, scores equal to XGBoost's own on hostile rows, every hostile message a dead letter
+with its reason, and the worker end to end on a recorded topic of JSON messages."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from tests import models as M
+from worker.formats import InvalidMessage, input_format, output_format
+from worker.io.records import Record, read_records, write_records
+from worker.model.compile import compile_model
+
+ROOT = Path(__file__).resolve().parent.parent
+xgb = pytest.importorskip("xgboost")
+
+
+def _model(categories=None, names=("a", "b", "c")):
+    return SimpleNamespace(feature_names=list(names), categories=categories or {})
+
+
+def _fmt(model=None, id_column="txn_id", max_rows=None, max_bytes=1 << 20, fields=None):
+    return input_format("json", model or _model(), id_column, max_rows, max_bytes, fields)
+
+
+def _reason(fmt, value: bytes) -> str:
+    with pytest.raises(InvalidMessage) as e:
+        fmt.decode(value)
+    return e.value.code
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+EDGE_INTS = [0, 1, -1, 2**31 - 1, 2**31, -2**31, 2**32, 2**53 + 1, 2**62 + 3, 2**63 - 1,
+             -2**63, 16777217, -16777217, 123456789]
+EDGE_UINTS = [2**63, 2**63 + 1, 2**64 - 1, 2**64 - 2**39 - 1]
+
+
+def test_integers_are_cast_as_arrow_casts_them():
+    fmt = _fmt(_model(names=["a"]))
+    for v in EDGE_INTS:
+        got = fmt.decode(json.dumps({"a": v}).encode()).data.X[0, 0]
+        ref = pa.array([v], pa.int64()).cast(pa.float32(), safe=False).to_numpy()[0]
+        assert got == ref, v
+    for v in EDGE_UINTS:
+        got = fmt.decode(json.dumps({"a": v}).encode()).data.X[0, 0]
+        ref = pa.array([v], pa.uint64()).cast(pa.float32(), safe=False).to_numpy()[0]
+        assert got == ref, v
+
+
+def test_doubles_are_cast_as_arrow_casts_them():
+    rng = np.random.default_rng(0)
+    f32 = np.finfo(np.float32)
+    values = np.concatenate([
+        rng.normal(size=300) * 10.0 ** rng.integers(-40, 38, 300),
+        [0.0, -0.0, 1e-45, 1.4e-45, 7e-46, 1e-46, float(f32.max), -float(f32.max),
+         float(f32.tiny), 0.1, 1 / 3, 3.4028235677973362e38,  # rounds down to FLT_MAX
+         16777217.0, 0.5 + 2**-25]])
+    fmt = _fmt(_model(names=["a"]))
+    events = [{"a": float(v)} for v in values]
+    got = fmt.decode(json.dumps(events).encode()).data.X[:, 0]
+    ref = pa.array(values, pa.float64()).cast(pa.float32(), safe=False).to_numpy()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))  # -0.0 too
+
+
+def test_null_missing_bool_and_categories():
+    fmt = _fmt(_model({"c": ["x", "y", "x"]}))
+    X = fmt.decode(b'[{"a": null, "b": true, "c": "y"}, {"b": false, "c": "x"},'
+                   b' {"c": "unseen", "a": 2}, {"c": 1}]').data.X
+    nan = np.nan
+    assert np.array_equal(X, np.array([[nan, 1, 1], [nan, 0, 0], [2, nan, nan], [nan, nan, 1]],
+                                      np.float32), equal_nan=True)
+
+
+def test_nested_fields_escaped_keys_and_unknown_fields():
+    fmt = _fmt(fields={"a": "card.amount", "b": "card.geo.km", "txn_id": "meta.id"})
+    msg = fmt.decode(b'{"meta": {"id": 42, "x": [1, {"y": null}]}, "card": {"geo": {"km": 3},'
+                     b' "amount": 2.5}, "\\u0063": 7, "other": {"deep": [[[]]]}}')
+    assert np.array_equal(msg.data.X, np.array([[2.5, 3, 7]], np.float32))
+    assert msg.data.ids.tolist() == [42] and msg.data.single
+    # a null object on the way: its features missing; a number there: bad_type
+    X = fmt.decode(b'{"card": null, "c": 1}').data.X
+    assert np.isnan(X[0, :2]).all() and X[0, 2] == 1
+    assert _reason(fmt, b'{"card": 5}') == "bad_type"
+
+
+def test_ids():
+    fmt = _fmt()
+    m = fmt.decode(b'[{"txn_id": "a"}, {"txn_id": null}, {"txn_id": "\\u00e9t\\u00e9"}]')
+    assert m.data.ids.to_pylist() == ["a", None, "été"]
+    m = fmt.decode(b'[{"txn_id": 1}, {}]')
+    assert m.data.ids.to_pylist() == [1, None]
+    assert _reason(fmt, b'[{"txn_id": 1}, {"txn_id": "b"}]') == "bad_type"
+    for bad in (b'{"txn_id": 1.5}', b'{"txn_id": 18446744073709551615}', b'{"txn_id": [1]}',
+                b'{"txn_id": true}'):
+        assert _reason(fmt, bad) == "bad_type", bad
+
+
+# ---- hostile messages -----------------------------------------------------------------------
+
+HOSTILE = [
+    (b'{"a": 1', "bad_json"),
+    (b'[{"a": 1}, {"a": 2}', "bad_json"),
+    (b'{"a": 1} {"a": 2}', "bad_json"),
+    (b'{"a": 1, "x": [1, 2,]}', "bad_json"),  # in a field nothing reads: still refused
+    (b'{"a": NaN}', "bad_json"),
+    (b'{"a": Infinity}', "bad_json"),
+    (b"", "empty"),
+    (b"   ", "bad_json"),
+    (b"[]", "empty_batch"),
+    (b"3", "bad_shape"),
+    (b'"event"', "bad_shape"),
+    (b'[{"a": 1}, 2]', "bad_shape"),
+    (b'{"a": "1.5"}', "bad_type"),
+    (b'{"a": {"v": 1}}', "bad_type"),
+    (b'{"a": [1]}', "bad_type"),
+    (b'{"a": 1e400}', "bad_number"),
+    (b'{"a": -1e309}', "bad_number"),
+    (b'{"a": 1e39}', "bad_number"),
+    (b'{"a": -3.5e38}', "bad_number"),
+    (b'{"a": 3.4028235677973366e38}', "bad_number"),  # half an ulp over: rounds to inf
+    (b'{"a": 123456789012345678901234567890}', "bad_number"),
+    (b'{"a": 1, "a": 2}', "duplicate_field"),
+    (b'{"a": 1, "\\u0061": null}', "duplicate_field"),
+    (b'{"txn_id": 1, "txn_id": 1}', "duplicate_field"),
+    (b'{"a": "\xff"}', "bad_utf8"),
+    (b'{"x\xc3": 1}', "bad_utf8"),
+    (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
+    (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "too_deep"),
+    (b'{"x": ' + b"[" * 100_000, "bad_json"),  # unclosed: found before the depth
+    (b'{"a": "' + b"s" * (8 << 20) + b'"}', "bad_type"),
+]
+
+
+@pytest.mark.parametrize("value, code", HOSTILE, ids=[f"{c}-{i}" for i, (_, c) in
+                                                     enumerate(HOSTILE)])
+def test_hostile_messages_are_refused_with_their_reason(value, code):
+    assert _reason(_fmt(max_bytes=64 << 20), value) == code
+
+
+def test_bounds_on_rows_and_decoded_bytes():
+    fmt = _fmt(max_rows=3)
+    assert fmt.decode(b"[{}, {}, {}]").rows == 3
+    assert _reason(fmt, b"[{}, {}, {}, {}]") == "too_large"
+    # 100,000 empty events in 300 kB: 2 MB decoded, over a 1 MB bound
+    assert _reason(_fmt(max_bytes=1 << 20), b"[" + b"{}," * 99_999 + b"{}]") == "too_large"
+    # string ids count too
+    big_id = b'{"txn_id": "' + b"i" * (2 << 20) + b'"}'
+    assert _reason(_fmt(max_bytes=1 << 20), big_id) == "too_large"
+    assert _fmt(max_bytes=4 << 20).decode(big_id).rows == 1
+
+
+def test_review_findings_stay_fixed():
+    # found by reading the reader as an attacker (before: accepted, b.c read as 1.0 / NaN)
+    fmt = _fmt(fields={"a": "card.amount"})
+    for dup in (b'{"card": {"amount": 1}, "card": null}', b'{"card": {"amount": 1}, "card": {}}',
+                b'{"card": null, "card": {"amount": 2}}'):
+        assert _reason(fmt, dup) == "duplicate_field", dup
+    # a feature named with a dot is one key (before: read as a nested path, always missing)
+    dotted = _fmt(_model(names=["Sepal.Length", "x"]), id_column=None)
+    assert dotted.decode(b'{"Sepal.Length": 5.5, "x": 1}').data.X.tolist() == [[5.5, 1.0]]
+    # the message itself is bounded before it is parsed (before: a 50 MB array of numbers
+    # grew the parser to 700 MB, then was refused as bad_shape)
+    assert _reason(_fmt(max_bytes=1 << 20), b"[" + b"0," * (1 << 20) + b"0]") == "too_large"
+
+
+def test_a_reader_is_whole_again_after_a_refusal():
+    fmt = _fmt()
+    for bad, _ in HOSTILE[:20]:
+        with pytest.raises(InvalidMessage):
+            fmt.decode(bad)
+        m = fmt.decode(b'{"a": 1, "txn_id": 5}')
+        assert m.data.X[0, 0] == 1 and m.data.ids.tolist() == [5]
+
+
+def test_fields_that_clash_are_refused():
+    with pytest.raises(ValueError, match="read twice|goes through"):
+        _fmt(fields={"a": "x.y", "b": "x"})
+    with pytest.raises(ValueError, match="no feature"):
+        _fmt(fields={"zzz": "x"})
+
+
+# ---- scores against XGBoost -----------------------------------------------------------------
+
+def _hostile_rows(model, booster, n=400, seed=3) -> np.ndarray:
+    """Values on the model's thresholds and next to them, zeros, large values, missing."""
+    rng = np.random.default_rng(seed)
+    dump = booster.get_dump(dump_format="json")
+    thresholds = []
+
+    def walk(node):
+        if "split_condition" in node:
+            thresholds.append(node["split_condition"])
+            for c in node["children"]:
+                walk(c)
+
+    for tree in dump:
+        walk(json.loads(tree))
+    t = np.asarray(thresholds, np.float32)
+    X = rng.choice(t, size=(n, len(model.feature_names))).astype(np.float32)
+    up, down = rng.random(X.shape) < 0.2, rng.random(X.shape) < 0.2
+    X[up] = np.nextafter(X[up], np.float32(np.inf))
+    X[down] = np.nextafter(X[down], np.float32(-np.inf))
+    X[rng.random(X.shape) < 0.1] = 0.0
+    X[rng.random(X.shape) < 0.05] = 3e38
+    X[rng.random(X.shape) < 0.15] = np.nan
+    return X
+
+
+def test_json_scores_equal_xgboost_on_hostile_rows():
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = compile_model(booster)
+    X = _hostile_rows(model, booster)
+    fmt = input_format("json", model, "txn_id", None, 64 << 20)
+    out = output_format("json", model, "txn_id")
+    events = []
+    for i, row in enumerate(X):  # missing values as null or as absent keys, in turn
+        ev = {"txn_id": i}
+        for j, v in enumerate(row.tolist()):
+            if not math.isnan(v):
+                ev[model.feature_names[j]] = v
+            elif (i + j) % 2:
+                ev[model.feature_names[j]] = None
+        events.append(ev)
+    msgs = [fmt.decode(json.dumps(events[:1]).encode()),  # an array of one
+            fmt.decode(json.dumps(events[1]).encode()),  # one object
+            fmt.decode(json.dumps(events[2:]).encode())]
+    g = fmt.gather(msgs)
+    assert np.array_equal(g.X, X, equal_nan=True)
+    r = model.score_batch(g.X)
+    values = out.encode(g, r, [None] * 3)
+    got = json.loads(values[0]) + [json.loads(values[1])] + json.loads(values[2])
+    assert isinstance(json.loads(values[1]), dict) and isinstance(json.loads(values[0]), list)
+    ref = booster.inplace_predict(X)
+    assert [o["txn_id"] for o in got] == list(range(len(X)))
+    np.testing.assert_allclose([o["score"] for o in got], ref, rtol=2e-7, atol=0)
+    assert {o["stop_reason"] for o in got} == {"full"}
+    assert [o["label"] for o in got] == (ref > 0.5).astype(int).tolist()
+
+
+# ---- the worker -----------------------------------------------------------------------------
+
+def test_worker_reads_json_and_writes_json(tmp_path):
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = compile_model(booster)
+    model.save(tmp_path / "m.model")
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(60, len(model.feature_names))).astype(np.float32)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    names = model.feature_names
+
+    def event(i):
+        return {"txn": {"id": f"t{i}"}, **{n: (None if math.isnan(v) else v)
+                                           for n, v in zip(names, X[i].tolist(), strict=True)}}
+
+    values = [json.dumps(event(i)).encode() for i in range(20)]  # one event a message
+    values += [json.dumps([event(i) for i in range(20 + 10 * k, 30 + 10 * k)]).encode()
+               for k in range(4)]
+    bad = [b'{"feat_0": "high"}', b'{"feat_0": 1', b"[" * 5000]
+    values[3:3] = bad
+    recs = [Record("in", 0, k, f"k{k}".encode(), v, 1000 + k, [("trace", b"x")])
+            for k, v in enumerate(values)]
+    write_records(tmp_path / "in.arrows", recs)
+    cfg = {"model": {"path": str(tmp_path / "m.model")},
+           "source": {"type": "file", "path": str(tmp_path / "in.arrows"), "format": "json",
+                      "fields": {"txn_id": "txn.id"}},
+           "sink": {"type": "file", "path": str(tmp_path / "out.arrows"), "format": "json"},
+           "scoring": {"id_column": "txn_id"}, "logging": {"progress": False}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config",
+                           str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    outs = list(read_records(tmp_path / "out.arrows"))
+    dead = list(read_records(tmp_path / "out-dlq.arrows"))
+    assert len(outs) == 24 and len(dead) == 3
+    assert [dict(d.headers)["error_code"] for d in dead] == [b"bad_type", b"bad_json",
+                                                            b"bad_json"]
+    assert [d.value for d in dead] == bad
+    rows = []
+    for o in outs:
+        h = dict(o.headers)
+        assert h["content-type"] == b"application/json" and h["model_id"]
+        doc = json.loads(o.value)
+        rows += [doc] if isinstance(doc, dict) else doc
+    assert sum(isinstance(json.loads(o.value), dict) for o in outs) == 20
+    assert [r["txn_id"] for r in rows] == [f"t{i}" for i in range(60)]
+    ref = booster.inplace_predict(X)
+    np.testing.assert_allclose([r["score"] for r in rows], ref, rtol=2e-7, atol=0)
+    assert [o.key for o in outs][:3] == [b"k0", b"k1", b"k2"]
