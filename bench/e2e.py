@@ -22,6 +22,9 @@ Messages: Arrow IPC streams of 1, 10, 100 and 1000 rows (an int64 `txn_id` and 3
    message with its send time in a header, which the worker copies to its output), read under
    read_committed with `fetch.wait.max.ms: 5`: p50/p99/max for both delivery modes.
 
+5. Message formats (bench/formats.py): the same events as Arrow and as JSON through the
+   worker, file -> file, against the hand-written JSON loop.
+
 Writes bench/out/e2e/results.json, bench/E2E-RESULTS.md, bench/e2e-throughput.png and
 bench/e2e-latency.png.
 """
@@ -572,10 +575,16 @@ def write_report(res: dict) -> None:
         lines.append(f"| {rows} | {n / s['worker_s']:,.0f} | {n * int(rows) / s['worker_s']:,.0f}"
                      f" | {n / s['bare_s']:,.0f} | {n / s['hand_s']:,.0f} | "
                      f"{s['hand_s'] / s['worker_s']:.1f}x |")
+    if "formats" in res:
+        import formats
+
+        lines_formats = formats.report_lines(res["formats"])
+    else:
+        lines_formats = []
     lines += ["", f"Alone on 100,000 rows (rows/s): `score_batch` on the Arrow table "
               f"{k['score_batch_table']:,.0f}, on numpy {k['score_batch']:,.0f}, `predict_proba` "
               f"{k['predict_proba']:,.0f}, XGBoost `inplace_predict` "
-              f"{k['xgboost_inplace_predict']:,.0f}.", ""]
+              f"{k['xgboost_inplace_predict']:,.0f}.", "", *lines_formats]
     if "broker" in res:
         b = res["broker"]
         lines += ["## Through the local broker (exactly once, messages/s)", "",
@@ -676,6 +685,10 @@ def main() -> int:
         return 0
     xgb_path, art = model_files()
     res = {"file": file_bench(art, xgb_path, args.quick or args.figures)}
+    if not args.figures:
+        import formats
+
+        res["formats"] = formats.bench(art, xgb_path, args.quick)
     if args.figures:
         for rows, r in res["file"]["sizes"].items():
             print(f"file_{rows}_rows.worker_msg_per_s {r['messages'] / r['worker_s']:.1f}")

@@ -16,6 +16,7 @@
 // (the decoded size), depth by the parser's max_depth, the document by its length.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -297,5 +298,25 @@ private:
         }
     }
 };
+
+// ---- out ----------------------------------------------------------------------------------
+
+// a double as the shortest text that reads back to it (std::to_chars, Ryu in libstdc++); null
+// where JSON has no number (NaN, infinities)
+inline void append_double(std::string& out, double x) {
+    if (!std::isfinite(x)) {
+        out.append("null");
+        return;
+    }
+    char buf[32];
+    auto res = std::to_chars(buf, buf + sizeof buf, x);
+    out.append(buf, (size_t)(res.ptr - buf));
+}
+
+inline void append_int(std::string& out, long long x) {
+    char buf[24];
+    auto res = std::to_chars(buf, buf + sizeof buf, x);
+    out.append(buf, (size_t)(res.ptr - buf));
+}
 
 }  // namespace swjson

@@ -125,3 +125,83 @@ cdef class JsonReader:
             memcpy(&iv[0], self.out.id_int.data(), rows * sizeof(int64_t))
         memcpy(&ov[0], self.out.id_offsets.data(), (rows + 1) * sizeof(int32_t))
         return (X, kinds, ints, offsets, bytes(self.out.id_bytes), self.out.single)
+
+
+# ---- out: the scores of a group's messages as JSON, one value a message ---------------------
+
+cdef extern from "json_rows.h" namespace "swjson" nogil:
+    void _double "swjson::append_double"(string& out, double x)
+    void _int "swjson::append_int"(string& out, long long x)
+
+
+def encode_scores(const int64_t[::1] offsets, const unsigned char[::1] singles,
+                  const int64_t[::1] int_ids, list id_texts, bytes id_key,
+                  const double[::1] score, const int64_t[::1] label,
+                  const int8_t[::1] decision, const int32_t[::1] work,
+                  const int8_t[::1] stop_code, list stop_names, const double[::1] lo,
+                  const double[::1] hi, list extra):
+    """For message k (rows offsets[k]:offsets[k + 1]): ``{"<id>":..,"score":..,...}`` for a
+    message that was one event (singles[k] and one row), else an array of them. Ids: int_ids
+    (numbers), or id_texts (each row's id as JSON text) where int_ids is empty; label empty:
+    a regressor; extra: each row's text before its ``}`` (reason codes), or None."""
+    cdef Py_ssize_t k, i, n_msg = offsets.shape[0] - 1
+    cdef Py_ssize_t n_rows = offsets[n_msg] if n_msg >= 0 else 0
+    cdef bint has_int = int_ids.shape[0] > 0, has_label = label.shape[0] > 0
+    if n_msg < 0 or singles.shape[0] != n_msg or score.shape[0] != n_rows or \
+            lo.shape[0] != n_rows or hi.shape[0] != n_rows or decision.shape[0] != n_rows or \
+            work.shape[0] != n_rows or stop_code.shape[0] != n_rows or \
+            (has_label and label.shape[0] != n_rows) or \
+            (has_int and int_ids.shape[0] != n_rows) or \
+            (not has_int and (id_texts is None or len(id_texts) != n_rows)) or \
+            (extra is not None and len(extra) != n_rows):
+        raise ValueError("encode_scores: lengths disagree")
+    for k in range(n_msg):
+        if not (0 <= offsets[k] <= offsets[k + 1] <= n_rows):
+            raise ValueError("encode_scores: offsets out of order")
+    cdef vector[string] names
+    for name in stop_names:
+        names.push_back(<bytes>name)
+    for i in range(n_rows):
+        if not (0 <= stop_code[i] < <int8_t>names.size()):
+            raise ValueError("encode_scores: a stop code without a name")
+    cdef string key = id_key
+    cdef string out
+    cdef bint one
+    values = []
+    for k in range(n_msg):
+        out.clear()
+        one = singles[k] and offsets[k + 1] - offsets[k] == 1
+        if not one:
+            out.push_back(b"[")
+        for i in range(offsets[k], offsets[k + 1]):
+            if i > offsets[k]:
+                out.push_back(b",")
+            out.push_back(b"{")
+            out.append(key)
+            out.push_back(b":")
+            if has_int:
+                _int(out, int_ids[i])
+            else:
+                out.append(<bytes>id_texts[i])
+            out.append(b',"score":')
+            _double(out, score[i])
+            if has_label:
+                out.append(b',"label":')
+                _int(out, label[i])
+            out.append(b',"decision":')
+            _int(out, decision[i])
+            out.append(b',"work_units":')
+            _int(out, work[i])
+            out.append(b',"stop_reason":"')
+            out.append(names[stop_code[i]])
+            out.append(b'","score_lo":')
+            _double(out, lo[i])
+            out.append(b',"score_hi":')
+            _double(out, hi[i])
+            if extra is not None:
+                out.append(<bytes>extra[i])
+            out.push_back(b"}")
+        if not one:
+            out.push_back(b"]")
+        values.append(<bytes>out)
+    return values

@@ -296,6 +296,7 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             log.info("the lazy policy walks the trees (QuickScorer, this model's kernel for "
                      "full evaluation, evaluates every tree at once)",
                      kernel=model.kernel, lazy=settings.scoring.lazy.mode)
+        _warm_pyarrow()
         t0 = time.perf_counter()
         try:
             rc = worker.run()
@@ -313,6 +314,15 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
     if summary and settings.sink.type == "file":
         console.print_summary(settings, model, worker, elapsed)
     return rc
+
+
+def _warm_pyarrow() -> None:
+    """pyarrow imports pandas (when installed) the first time it converts a Python list
+    (``pa.array``: is it pandas-like?); a third of a second that would otherwise stall the
+    first batch (the sinks build their records that way). Done before the loop starts."""
+    import pyarrow as pa
+
+    pa.array([b""], type=pa.binary())
 
 
 def _startup_error(field: str, exc: BaseException) -> int:

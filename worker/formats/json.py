@@ -19,6 +19,7 @@ import pyarrow as pa
 from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
 
 MAX_DEPTH = 64  # nesting of a message (objects and arrays), as simdjson's DOM parser counts it
+_EMPTY_I64 = np.zeros(0, np.int64)
 
 
 class _Event:
@@ -114,48 +115,35 @@ class JsonOutput:
         self.id_key = json.dumps(id_column or "id")
 
     def encode(self, gathered: Gathered, r, recs: list) -> list:
-        rows = self._rows(gathered, r)
-        singles = gathered.singles
-        values = []
-        for k in range(len(recs)):
-            a, b = int(gathered.offsets[k]), int(gathered.offsets[k + 1])
-            try:
-                ids = self._id_texts(gathered, k, b - a)
-                objs = [ids[i] + rows[a + i] for i in range(b - a)]
-                single = singles is not None and singles[k] and len(objs) == 1
-                text = objs[0] if single else "[" + ",".join(objs) + "]"
-                values.append(text.encode())
-            except Exception as exc:  # noqa: BLE001 (one message's failure is its own)
-                values.append(exc)
-        return values
+        from .. import _jsonread
+        from ..model.result import STOP_REASONS
 
-    def _id_texts(self, g: Gathered, k: int, n: int) -> list[str]:
-        """``{"<id key>":<id>`` for message k's rows (an id JSON has no type for: its
-        text)."""
-        if g.own_ids is not None:
-            values = g.own_ids[k].to_pylist()
-        else:
-            a = int(g.offsets[k])
-            values = g.ids[a:a + n].tolist()
-        head = "{" + self.id_key + ":"
-        return [head + json.dumps(v, default=str) for v in values]
-
-    def _rows(self, g: Gathered, r) -> list[str]:
-        """Each row's members after the id: ``,"score":...}``."""
-        score, lo, hi = _numbers(r.score), _numbers(r.score_lo), _numbers(r.score_hi)
-        decision, work = r.decision.tolist(), r.work_units.tolist()
-        reason = [json.dumps(s) for s in r.stop_reason.tolist()]
-        label = r.label.tolist() if self.classifier else None
+        g = gathered
+        n_msg = len(g.offsets) - 1
+        singles = np.zeros(n_msg, np.uint8) if g.singles is None else \
+            np.asarray(g.singles, np.uint8)
+        int_ids, texts = _EMPTY_I64, None
+        if g.own_ids is None and g.ids is not None and g.ids.dtype.kind == "i":
+            int_ids = np.ascontiguousarray(g.ids, np.int64)
+        else:  # strings, nulls, any other type: each id's JSON text
+            values = [v for own in g.own_ids for v in own.to_pylist()] \
+                if g.own_ids is not None else g.ids.tolist()
+            texts = [_id_json(v) for v in values]
         reasons = self._reasons(r)
-        out = []
-        for i in range(len(score)):
-            head = f',"score":{score[i]}'
-            if label is not None:
-                head += f',"label":{label[i]}'
-            out.append(f'{head},"decision":{decision[i]},"work_units":{work[i]},'
-                       f'"stop_reason":{reason[i]},"score_lo":{lo[i]},"score_hi":{hi[i]}'
-                       f'{reasons[i] if reasons else ""}}}')
-        return out
+        try:
+            return _jsonread.encode_scores(
+                np.ascontiguousarray(g.offsets, np.int64), singles, int_ids, texts,
+                self.id_key.encode(), np.ascontiguousarray(r.score, np.float64),
+                np.ascontiguousarray(r.label, np.int64) if self.classifier else _EMPTY_I64,
+                np.ascontiguousarray(r.decision, np.int8),
+                np.ascontiguousarray(r.work_units, np.int32),
+                np.ascontiguousarray(r.stop_code, np.int8),
+                [str(x).encode() for x in STOP_REASONS],
+                np.ascontiguousarray(r.score_lo, np.float64),
+                np.ascontiguousarray(r.score_hi, np.float64),
+                None if reasons is None else [x.encode() for x in reasons])
+        except Exception as exc:  # noqa: BLE001 (the pipeline dead-letters each message)
+            return [exc] * len(recs)
 
     def _reasons(self, r) -> list[str] | None:
         if r.reason_feature is None:
@@ -171,6 +159,14 @@ class JsonOutput:
                        '"reason_value":[' + ",".join(_number(float(v)) for v in val) + '],'
                        f'"reason_bias":{bias}')
         return out
+
+
+def _id_json(v) -> bytes:
+    """An id as JSON text: numbers and strings as they are, a float that JSON cannot say as
+    null, anything else (bytes, timestamps from an Arrow id column) as its string."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return b"null"
+    return json.dumps(v, default=str).encode()
 
 
 def _number(x: float) -> str:
