@@ -298,3 +298,40 @@ def test_worker_reads_json_and_writes_json(tmp_path):
     ref = booster.inplace_predict(X)
     np.testing.assert_allclose([r["score"] for r in rows], ref, rtol=2e-7, atol=0)
     assert [o.key for o in outs][:3] == [b"k0", b"k1", b"k2"]
+
+
+def test_replay_expect_compares_json_outputs(tmp_path):
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    compile_model(booster).save(tmp_path / "m.model")
+    names = [f"feat_{j}" for j in range(M.N_FEATURES)]
+    rng = np.random.default_rng(8)
+    recs = [Record("in", 0, k, None, json.dumps(
+        [{"txn_id": 10 * k + i, **{n: float(rng.normal()) for n in names}} for i in range(3)]
+        if k % 2 else {"txn_id": 10 * k, names[0]: 1.5}).encode(), 0, [])
+        for k in range(30)]
+    write_records(tmp_path / "in.arrows", recs)
+    cfg = {"model": {"path": str(tmp_path / "m.model")},
+           "source": {"type": "file", "path": str(tmp_path / "in.arrows"), "format": "json"},
+           "sink": {"type": "file", "path": str(tmp_path / "gold.arrows"), "format": "json"},
+           "scoring": {"id_column": "txn_id"}, "logging": {"progress": False}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "worker.cli", *map(str, args)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    assert cli("--config", tmp_path / "c.yaml").returncode == 0
+    ok = cli("replay", tmp_path / "in.arrows", "--config", tmp_path / "c.yaml", "--output",
+             tmp_path / "again.arrows", "--expect", tmp_path / "gold.arrows")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "identical" in ok.stdout + ok.stderr
+    # a golden file whose one score differs: the comparison says which id
+    gold = list(read_records(tmp_path / "gold.arrows"))
+    doc = json.loads(gold[1].value)
+    doc[0]["score"] += 0.01
+    gold[1].value = json.dumps(doc).encode()
+    write_records(tmp_path / "bad-gold.arrows", gold)
+    bad = cli("replay", tmp_path / "in.arrows", "--config", tmp_path / "c.yaml", "--output",
+              tmp_path / "again2.arrows", "--expect", tmp_path / "bad-gold.arrows")
+    assert bad.returncode != 0 and "score: 1 rows differ" in bad.stdout + bad.stderr, \
+        bad.stdout + bad.stderr

@@ -44,7 +44,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .codec import CONTENT_TYPE
-from .io.records import Record, RecordWriter
+from .io.records import Record, RecordWriter, read_records
 
 # ---- schema ---------------------------------------------------------------------------------
 
@@ -115,6 +115,7 @@ XGB_SOURCE = Path("models/demo-xgb.json")
 XGB_MODEL = Path("models/demo-xgb.model")
 RF_MODEL = Path("models/demo-rf.model")
 DEMO_TOPIC = Path("data/demo.arrows")
+DEMO_JSON_TOPIC = Path("data/demo-json.arrows")  # the same transactions as JSON events
 
 
 # ---- generator ------------------------------------------------------------------------------
@@ -392,6 +393,24 @@ def demo_messages(n_messages: int = DEMO_MESSAGES, rows_per_message: int = DEMO_
         offsets[part] += 1
 
 
+def json_messages(records: Iterable[Record]) -> Iterator[Record]:
+    """The demo topic's messages as a JSON producer sends them: each message an array of its
+    transactions (missing values as null), one object where a message holds one; the
+    message that is not Arrow in the Arrow topic is a truncated JSON event here, the one
+    without a column lacks that key (a missing value in JSON), the empty one is ``[]``."""
+    for rec in records:
+        ctype = dict(rec.headers).get("content-type")
+        if ctype == b"application/json":  # the deliberately malformed one: cut short
+            value = rec.value[: len(rec.value) // 2]
+        else:
+            rows = pa.ipc.open_stream(rec.value).read_all().to_pylist()
+            events = [{k: (None if isinstance(v, float) and v != v else v)
+                       for k, v in row.items()} for row in rows]
+            value = json.dumps(events[0] if len(events) == 1 else events).encode()
+        yield Record(rec.topic, rec.partition, rec.offset, rec.key, value, rec.timestamp_ms,
+                     [("content-type", b"application/json")])
+
+
 def write_demo_topic(path: str | Path, n_messages: int = DEMO_MESSAGES,
                      rows_per_message: int = DEMO_ROWS_PER_MESSAGE, seed: int = TOPIC_SEED,
                      progress=None) -> int:
@@ -444,7 +463,7 @@ def _progress():
 
 def outputs(root: str | Path) -> list[Path]:
     root = Path(root)
-    return [root / p for p in (XGB_SOURCE, XGB_MODEL, RF_MODEL, DEMO_TOPIC)]
+    return [root / p for p in (XGB_SOURCE, XGB_MODEL, RF_MODEL, DEMO_TOPIC, DEMO_JSON_TOPIC)]
 
 
 def is_prepared(root: str | Path) -> bool:
@@ -482,6 +501,10 @@ def prepare(root: str | Path = ".", force: bool = False, train_rows: int = TRAIN
         tmp = (root / DEMO_TOPIC).with_suffix(".arrows.tmp")
         n = write_demo_topic(tmp, n_messages, rows_per_message, TOPIC_SEED, progress=progress)
         tmp.replace(root / DEMO_TOPIC)  # a half-written topic never looks prepared
+        tmp = (root / DEMO_JSON_TOPIC).with_suffix(".arrows.tmp")
+        with RecordWriter(tmp) as writer:
+            writer.write(list(json_messages(read_records(root / DEMO_TOPIC))))
+        tmp.replace(root / DEMO_JSON_TOPIC)
     rate = pc.mean(pc.cast(table.column(LABEL), pa.float64())).as_py()
     bad = malformed_positions(n_messages)
     result.update(messages=n, positive_rate=rate, seconds=time.perf_counter() - t0,

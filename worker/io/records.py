@@ -145,11 +145,32 @@ def _headers(col: pa.ListArray) -> list[list[tuple[str, bytes]]]:
 
 
 def read_outputs(path: str | Path) -> Iterator[tuple[Record, pa.Table | None]]:
-    """Each message of a scores file with its value read as an Arrow IPC stream (None: the
-    value is not one). The one reader of output files (summaries, replay comparisons)."""
+    """Each message of a scores file with its value read as a table: an Arrow IPC stream, or
+    a JSON output (``content-type: application/json``: an object or an array of objects
+    whose first key is the id, as ``id``); None where the value is neither. The one reader
+    of output files (summaries, replay comparisons)."""
     for rec in read_records(path):
+        if any(k.lower() == "content-type" and v == b"application/json"
+               for k, v in rec.headers):
+            yield rec, _json_table(rec.value)
+            continue
         try:
             table = pa.ipc.open_stream(pa.py_buffer(rec.value or b"")).read_all()
         except (pa.ArrowInvalid, OSError):
             table = None
         yield rec, table
+
+
+def _json_table(value: bytes | None) -> pa.Table | None:
+    import json
+
+    try:
+        doc = json.loads(value or b"")
+        rows = [doc] if isinstance(doc, dict) else doc
+        out = []
+        for row in rows:
+            items = list(row.items())
+            out.append({"id": items[0][1], **dict(items[1:])})
+        return pa.Table.from_pylist(out)
+    except (ValueError, TypeError, AttributeError, IndexError, pa.ArrowException):
+        return None
