@@ -26,19 +26,19 @@ directives = {"language_level": 3, "boundscheck": debug, "wraparound": debug,
 
 def simdjson_dir() -> str:
     """The amalgamated simdjson (simdjson.h, simdjson.cpp) that the pysimdjson package ships
-    (a build requirement): compiled into worker._jsonread, not copied into this repository."""
+    (a build requirement): compiled into worker._eventread, not copied into this repository."""
     import importlib.util
 
     spec = importlib.util.find_spec("simdjson")
     where = Path(spec.origin).parent if spec and spec.origin else None
     if where is None or not (where / "simdjson.cpp").exists():
-        raise SystemExit("building worker._jsonread needs simdjson's sources from the "
+        raise SystemExit("building worker._eventread needs simdjson's sources from the "
                          "pysimdjson package: pip install 'pysimdjson>=7,<8'")
     return str(where)
 
 
 def extension(name: str) -> Extension:
-    if name == "jsonread":  # C++: simdjson's DOM parser (cyext/json_rows.h)
+    if name == "eventread":  # C++: simdjson's DOM parser (cyext/json_rows.h)
         src = simdjson_dir()
         return Extension(
             f"worker._{name}", [f"cyext/{name}.pyx", "cyext/simdjson_unit.cpp"],

@@ -1,6 +1,6 @@
 // JSON events straight into row-major float32 rows, with simdjson's DOM parser (the
 // amalgamated simdjson that the pysimdjson package ships, compiled into this extension; see
-// setup.py). No Python object is made per field: cyext/jsonread.pyx calls read() once a
+// setup.py). No Python object is made per field: cyext/eventread.pyx calls read() once a
 // message and gets the rows, the ids and, for a bad message, a reason code and its detail.
 //
 // What is read (README: JSON and Avro events): a message is one event (an object) or several

@@ -43,21 +43,38 @@ class SourceConfig(_Section):
     """Kafka: topic to consume (comma-separated for several)."""
     path: str | None = None
     """File: recorded topic (.arrows)."""
-    format: Literal["arrow", "json"] = "arrow"
-    """The messages' format: an Arrow IPC stream, or JSON (one event, an object, or an array
-    of events)."""
+    format: Literal["arrow", "json", "avro"] = "arrow"
+    """The messages' format: an Arrow IPC stream, JSON (one event, an object, or an array
+    of events), or Avro in Confluent's wire format (one record)."""
     fields: dict[str, str] = {}
-    """JSON: where a feature (or the id column) is in an event, as a dotted path of keys
-    ({"amount": "txn.amount"}); the default is the top-level key of its name."""
+    """JSON and Avro: where a feature (or the id column) is in an event, as a dotted path of
+    keys or record fields ({"amount": "txn.amount"}); the default is the top-level field of
+    its name."""
+    schemas_dir: str | None = None
+    """Avro: a folder of writer schemas, <schema id>.avsc."""
+    schema_registry: dict[str, str] | None = None
+    """Avro: a schema registry's client settings (confluent-kafka's SchemaRegistryClient:
+    url, basic.auth.user.info, ssl.ca.location, ...); schemas_dir is looked in first."""
 
     @model_validator(mode="after")
     def _needs(self):
+        if self.format == "avro" and not (self.schemas_dir or self.schema_registry):
+            raise ValueError("source.format avro needs source.schemas_dir or "
+                             "source.schema_registry")
+        if self.format == "avro":
+            try:
+                import fastavro  # noqa: F401 (the schemas' parser)
+            except ImportError:
+                raise ValueError("source.format avro needs fastavro: pip install "
+                                 "'scoring-worker[avro]'") from None
+        if self.schemas_dir and not Path(self.schemas_dir).is_dir():
+            raise ValueError(f"source.schemas_dir: {self.schemas_dir} is not a folder")
         for name, path in self.fields.items():
             if not path or any(not key for key in path.split(".")):
                 raise ValueError(f"source.fields.{name}: {path!r} is not a dotted path of "
                                  "keys")
-        if self.fields and self.format != "json":
-            raise ValueError("source.fields maps JSON events: set source.format: json")
+        if self.fields and self.format == "arrow":
+            raise ValueError("source.fields maps JSON and Avro events: set source.format")
         if self.type == "kafka" and not self.topic:
             raise ValueError("source.topic is required when source.type is kafka")
         if self.type == "file" and not self.path:

@@ -9,9 +9,10 @@ __all__ = ["Format", "Gathered", "InvalidMessage", "Message", "OutputFormat", "i
 
 
 def input_format(name: str, model, id_column: str | None, max_rows: int | None,
-                 max_bytes: int, fields: dict[str, str] | None = None) -> Format:
+                 max_bytes: int, fields: dict[str, str] | None = None, **schemas) -> Format:
     """The reader of ``name`` for ``model``'s features (``fields``: key paths of features
-    and the id, for formats with nested events)."""
+    and the id, for formats with nested events; ``schemas``: Avro's schemas_dir and
+    schema_registry)."""
     if name == "arrow":
         from .arrow import ArrowFormat
 
@@ -20,7 +21,11 @@ def input_format(name: str, model, id_column: str | None, max_rows: int | None,
         from .json import JsonFormat
 
         return JsonFormat(model, id_column, max_rows, max_bytes, fields)
-    raise ValueError(f"unknown message format {name!r} (arrow, json)")
+    if name == "avro":
+        from .avro import AvroFormat
+
+        return AvroFormat(model, id_column, max_rows, max_bytes, fields, **schemas)
+    raise ValueError(f"unknown message format {name!r} (arrow, json, avro)")
 
 
 def output_format(name: str, model, id_column: str | None = None, **metadata) -> OutputFormat:

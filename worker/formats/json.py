@@ -1,6 +1,6 @@
 """JSON events: a message is one event (an object) or several (an array of objects).
 
-In: ``worker._jsonread`` (cyext/json_rows.h, simdjson's DOM parser) reads a message straight
+In: ``worker._eventread`` (cyext/json_rows.h, simdjson's DOM parser) reads a message straight
 into row-major float32 rows, each feature at its key path (its name, or ``source.fields``),
 and the ids; no Python object is made per field. A group's rows are concatenated once. Ids:
 integers (every row's) are one int64 array, the C writer's; strings, or ids missing from some
@@ -34,7 +34,7 @@ class JsonFormat:
 
     def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int,
                  fields: dict[str, str] | None = None):
-        from .. import _jsonread
+        from .. import _eventread
 
         fields = dict(fields or {})
         self.feature_names = list(model.feature_names)
@@ -47,7 +47,7 @@ class JsonFormat:
         paths = [fields[f].split(".") if f in fields else [f] for f in self.feature_names]
         id_path = (fields[id_column].split(".") if id_column in fields else [id_column]) \
             if id_column else None
-        self.reader = _jsonread.JsonReader(paths, id_path, dict(model.categories or {}),
+        self.reader = _eventread.JsonReader(paths, id_path, dict(model.categories or {}),
                                            self.feature_names, int(max_rows or 0),
                                            int(max_bytes), MAX_DEPTH)
 
@@ -115,7 +115,7 @@ class JsonOutput:
         self.id_key = json.dumps(id_column or "id")
 
     def encode(self, gathered: Gathered, r, recs: list) -> list:
-        from .. import _jsonread
+        from .. import _eventread
         from ..model.result import STOP_REASONS
 
         g = gathered
@@ -131,7 +131,7 @@ class JsonOutput:
             texts = [_id_json(v) for v in values]
         reasons = self._reasons(r)
         try:
-            return _jsonread.encode_scores(
+            return _eventread.encode_scores(
                 np.ascontiguousarray(g.offsets, np.int64), singles, int_ids, texts,
                 self.id_key.encode(), np.ascontiguousarray(r.score, np.float64),
                 np.ascontiguousarray(r.label, np.int64) if self.classifier else _EMPTY_I64,

@@ -1,7 +1,8 @@
 # distutils: language = c++
-"""JSON events into row-major float32 rows (json_rows.h: simdjson's DOM parser, a plan of
-key paths). ``JsonReader.read`` takes one message's bytes and gives its rows and ids, or the
-reason it is not an event or an array of events; it makes no Python object per field."""
+"""Events into row-major float32 rows, no Python object per field: JSON (json_rows.h:
+simdjson's DOM parser, a plan of key paths; ``JsonReader``) and Avro records (avro_rows.h: a
+reader plan of the writer schema; ``AvroReader``). ``read`` takes one message's bytes and
+gives its rows and ids, or the reason it is not one; ``encode_scores`` writes JSON out."""
 
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
@@ -41,6 +42,32 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
 
 
 ID_NULL, ID_INT, ID_STR = 0, 1, 2
+
+
+cdef _result(Out& out, bint has_id):
+    """(rows (n, features) float32, id kinds (n,) int8 or None without an id, integer ids
+    (n,) int64, string id offsets (n + 1,) int32, string id bytes, single)."""
+    cdef size_t rows = out.n_rows
+    cdef size_t nf = out.rows.size() // rows if rows else 0
+    X = np.empty((rows, nf), dtype=np.float32)
+    cdef float[:, ::1] xv = X
+    if rows and nf:
+        memcpy(&xv[0, 0], out.rows.data(), rows * nf * sizeof(float))
+    if not has_id:
+        return (X, None, None, None, None, out.single)
+    kinds = np.empty(rows, dtype=np.int8)
+    ints = np.empty(rows, dtype=np.int64)
+    offsets = np.empty(rows + 1, dtype=np.int32)
+    cdef int8_t[::1] kv = kinds
+    cdef int64_t[::1] iv = ints
+    cdef int32_t[::1] ov = offsets
+    if rows:
+        memcpy(&kv[0], out.id_kind.data(), rows)
+        memcpy(&iv[0], out.id_int.data(), rows * sizeof(int64_t))
+    memcpy(&ov[0], out.id_offsets.data(), (rows + 1) * sizeof(int32_t))
+    return (X, kinds, ints, offsets, bytes(out.id_bytes), out.single)
+
+
 
 
 cdef class JsonReader:
@@ -107,24 +134,97 @@ cdef class JsonReader:
             self.busy = False
         if rc:
             return (self.out.code.decode(), self.out.detail.decode("utf-8", "replace"))
-        cdef size_t rows = self.out.n_rows
-        X = np.empty((rows, self.n_features), dtype=np.float32)
-        cdef float[:, ::1] xv = X
-        if rows and self.n_features:
-            memcpy(&xv[0, 0], self.out.rows.data(), rows * self.n_features * sizeof(float))
-        if not self.plan.has_id:
-            return (X, None, None, None, None, self.out.single)
-        kinds = np.empty(rows, dtype=np.int8)
-        ints = np.empty(rows, dtype=np.int64)
-        offsets = np.empty(rows + 1, dtype=np.int32)
-        cdef int8_t[::1] kv = kinds
-        cdef int64_t[::1] iv = ints
-        cdef int32_t[::1] ov = offsets
-        if rows:
-            memcpy(&kv[0], self.out.id_kind.data(), rows)
-            memcpy(&iv[0], self.out.id_int.data(), rows * sizeof(int64_t))
-        memcpy(&ov[0], self.out.id_offsets.data(), (rows + 1) * sizeof(int32_t))
-        return (X, kinds, ints, offsets, bytes(self.out.id_bytes), self.out.single)
+        return _result(self.out, self.plan.has_id)
+
+
+cdef extern from "avro_rows.h" namespace "swavro" nogil:
+    cdef cppclass ANode "swavro::Node":
+        int32_t kind
+        int32_t slot
+        int64_t a
+        int64_t b
+
+    cdef cppclass APlan "swavro::Plan":
+        APlan() except +
+        vector[ANode] nodes
+        vector[int32_t] children
+        vector[float] enum_codes
+        vector[unordered_map[string, float]] tables
+        int n_features
+        size_t max_bytes
+
+    cdef cppclass AReader "swavro::Reader":
+        AReader() except +
+        int read(const APlan& plan, const unsigned char* data, size_t length, Out& out) \
+            except +
+
+
+cdef class AvroReader:
+    """A reader plan of one writer schema (worker/formats/avro.py compiles it): ``nodes``
+    (kind, slot, a, b) rows, ``children`` (record fields and union branches in order),
+    ``enum_codes`` (an enum symbol's category code), ``tables`` (a string feature's
+    categories: string -> code). Checked here before the C++ reader may follow it: every
+    index in range, children after their parent (no cycle), slots inside the features."""
+
+    cdef APlan plan
+    cdef AReader reader
+    cdef Out out
+    cdef bint has_id
+    cdef bint busy
+
+    def __cinit__(self, list nodes, list children, list enum_codes, list tables,
+                  int n_features, size_t max_bytes):
+        cdef ANode node
+        cdef Py_ssize_t i, n = len(nodes)
+        if n == 0:
+            raise ValueError("an empty plan")
+        self.plan.n_features = n_features
+        self.plan.max_bytes = max_bytes
+        for c in children:
+            if not (0 < c < n):
+                raise ValueError("a child outside the plan")
+            self.plan.children.push_back(c)
+        for x in enum_codes:
+            self.plan.enum_codes.push_back(x)
+        self.plan.tables.resize(len(tables))
+        for t, table in enumerate(tables):
+            for key, code in table.items():
+                self.plan.tables[t][key.encode()] = code
+        for i, (kind, slot, a, b) in enumerate(nodes):
+            if not (0 <= kind <= 13) or not (-2 <= slot < n_features):
+                raise ValueError(f"node {i}: a bad kind or slot")
+            if kind in (12, 13) and not (0 <= a and 0 <= b and a + b <= len(children)
+                                         and all(c > i for c in children[a:a + b])):
+                raise ValueError(f"node {i}: children outside the plan")
+            if kind in (10, 11) and not (i < a < n):
+                raise ValueError(f"node {i}: an item node outside the plan")
+            if kind == 9 and not (0 <= a and 0 <= b and a + b <= len(enum_codes)):
+                raise ValueError(f"node {i}: enum codes outside the plan")
+            if kind == 8 and a < 0:
+                raise ValueError(f"node {i}: a negative fixed size")
+            if kind in (6, 7) and slot >= 0 and not (0 <= b < len(tables)):
+                raise ValueError(f"node {i}: a category table outside the plan")
+            if slot == -2:
+                self.has_id = True
+            node.kind, node.slot, node.a, node.b = kind, slot, a, b
+            self.plan.nodes.push_back(node)
+
+    def read(self, const unsigned char[::1] body):
+        """One record's bytes (after the wire format's 5-byte head): as JsonReader.read."""
+        cdef size_t n = body.shape[0]
+        cdef const unsigned char* data = &body[0] if n else <const unsigned char*>b""
+        cdef int rc
+        if self.busy:
+            raise RuntimeError("AvroReader.read is not reentrant: one reader a thread")
+        self.busy = True
+        try:
+            with nogil:
+                rc = self.reader.read(self.plan, data, n, self.out)
+        finally:
+            self.busy = False
+        if rc:
+            return (self.out.code.decode(), self.out.detail.decode("utf-8", "replace"))
+        return _result(self.out, self.has_id)
 
 
 # ---- out: the scores of a group's messages as JSON, one value a message ---------------------

@@ -1,0 +1,250 @@
+// Avro binary records (the body of a Confluent wire-format message, after its magic byte and
+// schema id) straight into a row of float32 features, by a reader plan compiled once per
+// writer schema (worker/formats/avro.py: fields resolved by name, so producers can evolve
+// their schema). No Python object is made per field.
+//
+// The plan is the writer schema as a tree of nodes (flat arrays). A node that a feature or
+// the id reads carries its slot; everything else is skipped. Values: int/long are cast to
+// float32 from their int64, float as is, double as Arrow casts it (a finite double float32
+// cannot hold is bad_number), boolean 1/0, null missing; strings and enum symbols of a
+// feature with categories are the category's position (NaN: unseen). Every length, count
+// and varint is bounded by the bytes left before it is used; a block of items that take no
+// bytes is bounded by a fixed count, so no count in a message makes the reader loop long.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "json_rows.h"  // Out, ID_* kinds
+
+namespace swavro {
+
+enum Kind : int32_t {
+    NUL = 0, BOOLEAN = 1, INT = 2, LONG = 3, FLOAT = 4, DOUBLE = 5, BYTES = 6, STRING = 7,
+    FIXED = 8, ENUM = 9, ARRAY = 10, MAP = 11, UNION = 12, RECORD = 13
+};
+
+struct Node {
+    int32_t kind;
+    int32_t slot;   // >= 0 a feature, -2 the id, -1 nothing reads it
+    int64_t a;      // RECORD/UNION: first child in `children`; ARRAY/MAP: the item node;
+                    // FIXED: size; ENUM: first code in `enum_codes`
+    int64_t b;      // RECORD/UNION: child count; ENUM: symbol count; STRING: category table
+};
+
+struct Plan {
+    std::vector<Node> nodes;          // nodes[0]: the record
+    std::vector<int32_t> children;
+    std::vector<float> enum_codes;    // an enum's symbol -> its category code (or NaN)
+    std::vector<std::unordered_map<std::string, float>> tables;  // a string's categories
+    int n_features = 0;
+    size_t max_bytes = 0;
+};
+
+// items in one message that take no bytes (an array of nulls): bounded, not by its bytes
+static const uint64_t MAX_EMPTY_ITEMS = 1 << 20;
+
+class Reader {
+public:
+    // 0: one row in out; else out.code and out.detail say why
+    int read(const Plan& plan, const uint8_t* data, size_t len, swjson::Out& out) {
+        out.clear();
+        size_t f = (size_t)plan.n_features;
+        if (4 * f + 8 + len > plan.max_bytes)
+            return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
+                        " bytes (the message byte limit)");
+        out.rows.assign(f, std::numeric_limits<float>::quiet_NaN());
+        out.id_int.assign(1, 0);
+        out.id_kind.assign(1, swjson::ID_NULL);
+        out.id_offsets.assign(2, 0);
+        out.n_rows = 1;
+        out.single = true;
+        p_ = data;
+        end_ = data + len;
+        empty_items_ = 0;
+        int rc = value(plan, 0, out);
+        if (rc) return rc;
+        if (p_ != end_)
+            return fail(out, "bad_avro", std::to_string(end_ - p_) +
+                        " bytes after the record");
+        return 0;
+    }
+
+private:
+    const uint8_t* p_ = nullptr;
+    const uint8_t* end_ = nullptr;
+    uint64_t empty_items_ = 0;
+
+    static int fail(swjson::Out& out, const char* code, std::string detail) {
+        out.code = code;
+        out.detail = std::move(detail);
+        return 1;
+    }
+
+    int truncated(swjson::Out& out) { return fail(out, "bad_avro", "the record is cut short"); }
+
+    // a zigzag varint of at most 10 bytes
+    bool varint(int64_t& v) {
+        uint64_t u = 0;
+        for (int shift = 0; shift < 70; shift += 7) {
+            if (p_ >= end_) return false;
+            uint8_t byte = *p_++;
+            if (shift == 63 && byte > 1) return false;  // more than 64 bits
+            u |= (uint64_t)(byte & 0x7f) << shift;
+            if (!(byte & 0x80)) {
+                v = (int64_t)(u >> 1) ^ -(int64_t)(u & 1);
+                return true;
+            }
+        }
+        return false;
+    }
+
+    // a length (bytes, strings): non-negative and within the bytes left
+    bool length(int64_t& n) {
+        return varint(n) && n >= 0 && (uint64_t)n <= (uint64_t)(end_ - p_);
+    }
+
+    static bool has_bytes(const Plan& plan, int32_t i) {
+        // does a value of node i always take at least one byte?
+        const Node& n = plan.nodes[i];
+        switch (n.kind) {
+        case NUL: return false;
+        case FIXED: return n.a > 0;
+        case RECORD:
+            for (int64_t k = 0; k < n.b; k++)
+                if (has_bytes(plan, plan.children[n.a + k])) return true;
+            return false;
+        default: return true;  // every other kind starts with at least one byte
+        }
+    }
+
+    int store(const Node& n, float x, swjson::Out& out) {
+        if (n.slot >= 0) out.rows[n.slot] = x;
+        return 0;
+    }
+
+    int value(const Plan& plan, int32_t i, swjson::Out& out) {
+        const Node& n = plan.nodes[i];
+        switch (n.kind) {
+        case NUL:
+            return 0;
+        case BOOLEAN: {
+            if (p_ >= end_) return truncated(out);
+            uint8_t b = *p_++;
+            if (b > 1) return fail(out, "bad_avro", "a boolean that is not 0 or 1");
+            return store(n, b ? 1.0f : 0.0f, out);
+        }
+        case INT:
+        case LONG: {
+            int64_t v;
+            if (!varint(v)) return truncated(out);
+            if (n.kind == INT && (v < INT32_MIN || v > INT32_MAX))
+                return fail(out, "bad_avro", "an int outside 32 bits");
+            if (n.slot == -2) {
+                out.id_int[0] = v;
+                out.id_kind[0] = swjson::ID_INT;
+                return 0;
+            }
+            return store(n, (float)v, out);
+        }
+        case FLOAT: {
+            if (end_ - p_ < 4) return truncated(out);
+            float x;
+            std::memcpy(&x, p_, 4);  // little-endian, as x86 and ARM are
+            p_ += 4;
+            return store(n, x, out);
+        }
+        case DOUBLE: {
+            if (end_ - p_ < 8) return truncated(out);
+            double d;
+            std::memcpy(&d, p_, 8);
+            p_ += 8;
+            float x = (float)d;
+            if (n.slot >= 0 && std::isinf(x) && std::isfinite(d))
+                return fail(out, "bad_number", "a double float32 cannot hold");
+            return store(n, x, out);
+        }
+        case BYTES:
+        case STRING: {
+            int64_t len;
+            if (!length(len)) return truncated(out);
+            const char* s = (const char*)p_;
+            p_ += len;
+            if (n.slot == -2) {
+                if ((size_t)len > plan.max_bytes ||
+                    (uint64_t)len > (uint64_t)std::numeric_limits<int32_t>::max())
+                    return fail(out, "too_large", "an id over the message byte limit");
+                out.id_bytes.assign(s, (size_t)len);
+                out.id_offsets[1] = (int32_t)len;
+                out.id_kind[0] = swjson::ID_STR;
+                return 0;
+            }
+            if (n.slot >= 0) {
+                const auto& cats = plan.tables[n.b];
+                auto c = cats.find(std::string(s, (size_t)len));
+                return store(n, c == cats.end() ? std::numeric_limits<float>::quiet_NaN()
+                                                : c->second, out);
+            }
+            return 0;
+        }
+        case FIXED:
+            if ((uint64_t)(end_ - p_) < (uint64_t)n.a) return truncated(out);
+            p_ += n.a;
+            return 0;
+        case ENUM: {
+            int64_t k;
+            if (!varint(k)) return truncated(out);
+            if (k < 0 || k >= n.b) return fail(out, "bad_avro", "an enum index out of range");
+            return store(n, plan.enum_codes[n.a + k], out);
+        }
+        case UNION: {
+            int64_t k;
+            if (!varint(k)) return truncated(out);
+            if (k < 0 || k >= n.b) return fail(out, "bad_avro", "a union branch out of range");
+            return value(plan, plan.children[n.a + k], out);
+        }
+        case RECORD:
+            for (int64_t k = 0; k < n.b; k++) {
+                int rc = value(plan, plan.children[n.a + k], out);
+                if (rc) return rc;
+            }
+            return 0;
+        case ARRAY:
+        case MAP: {
+            bool sized = has_bytes(plan, (int32_t)n.a) || n.kind == MAP;  // a key: >= 1 byte
+            for (;;) {
+                int64_t count;
+                if (!varint(count)) return truncated(out);
+                if (count == 0) return 0;
+                if (count < 0) {  // a block with its size in bytes: read and not needed
+                    if (count == INT64_MIN) return fail(out, "bad_avro", "a bad block count");
+                    count = -count;
+                    int64_t size;
+                    if (!length(size)) return truncated(out);
+                }
+                if (sized ? (uint64_t)count > (uint64_t)(end_ - p_)
+                          : (empty_items_ += (uint64_t)count) > MAX_EMPTY_ITEMS)
+                    return fail(out, "bad_avro", "a block of more items than the bytes left");
+                for (int64_t k = 0; k < count; k++) {
+                    if (n.kind == MAP) {
+                        int64_t klen;
+                        if (!length(klen)) return truncated(out);
+                        p_ += klen;
+                    }
+                    int rc = value(plan, (int32_t)n.a, out);
+                    if (rc) return rc;
+                }
+            }
+        }
+        default:
+            return fail(out, "bad_avro", "a node of no known kind");
+        }
+    }
+};
+
+}  // namespace swavro

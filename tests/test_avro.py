@@ -1,0 +1,262 @@
+"""Avro events in Confluent's wire format (worker/formats/avro.py, cyext/avro_rows.h): records
+written by fastavro read into the rows Arrow's casts make of fastavro's own reading, scores
+equal to XGBoost's, schemas evolving by name, and every hostile message or schema a dead
+letter with its reason."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from tests import models as M
+from worker.formats import InvalidMessage, input_format
+from worker.io.records import Record, read_records, write_records
+from worker.model.compile import compile_model
+
+fastavro = pytest.importorskip("fastavro")
+ROOT = Path(__file__).resolve().parent.parent
+
+TXN = {"type": "record", "name": "Txn", "namespace": "pay", "fields": [
+    {"name": "txn_id", "type": "long"},
+    {"name": "a", "type": ["null", "double"], "default": None},
+    {"name": "b", "type": "float"},
+    {"name": "c", "type": "int"},
+    {"name": "flag", "type": "boolean"},
+    {"name": "note", "type": "string"},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "extra", "type": {"type": "map", "values": ["null", "long"]}},
+    {"name": "card", "type": {"type": "record", "name": "Card", "fields": [
+        {"name": "age", "type": "long"},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["x", "y", "z"]}},
+        {"name": "raw", "type": {"type": "fixed", "name": "Raw", "size": 3}}]}},
+]}
+
+
+def _model(names=("a", "b", "c", "flag", "age"), categories=None):
+    return SimpleNamespace(feature_names=list(names), categories=categories or {})
+
+
+def _fmt(tmp_path, schemas: dict[int, object], model=None, id_column="txn_id", fields=None,
+         max_bytes=1 << 20):
+    d = tmp_path / "schemas"
+    d.mkdir(exist_ok=True)
+    for sid, schema in schemas.items():
+        (d / f"{sid}.avsc").write_text(schema if isinstance(schema, str) else json.dumps(schema))
+    return input_format("avro", model or _model(), id_column, None, max_bytes, fields,
+                        schemas_dir=str(d), schema_registry=None)
+
+
+def wire(schema_id: int, schema, record) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    return b"\0" + struct.pack(">I", schema_id) + buf.getvalue()
+
+
+def _record(i: int, rng) -> dict:
+    return {"txn_id": i, "a": None if i % 5 == 0 else float(rng.normal() * 1e3),
+            "b": float(np.float32(rng.normal())), "c": int(rng.integers(-2**31, 2**31)),
+            "flag": bool(i % 2), "note": "n" * (i % 7), "tags": ["t"] * (i % 3),
+            "extra": {"k": i, "z": None}, "card": {"age": int(rng.integers(-2**63, 2**63)),
+                                                   "kind": "xyz"[i % 3], "raw": b"abc"}}
+
+
+def _reason(fmt, value: bytes) -> str:
+    with pytest.raises(InvalidMessage) as e:
+        fmt.decode(value)
+    return e.value.code
+
+
+def test_values_are_fastavros_cast_as_arrow_casts_them(tmp_path):
+    fmt = _fmt(tmp_path, {7: TXN}, fields={"age": "card.age"})
+    rng = np.random.default_rng(0)
+    recs = [_record(i, rng) for i in range(300)]
+    recs[1]["a"] = 3.4028235677973362e38  # rounds down to FLT_MAX
+    recs[2]["a"] = -0.0
+    recs[3]["a"] = 5e-324
+    for i, rec in enumerate(recs):
+        value = wire(7, TXN, rec)
+        back = fastavro.schemaless_reader(io.BytesIO(value[5:]), fastavro.parse_schema(TXN))
+        m = fmt.decode(value)
+        X, ids = m.data
+        ref = [pa.array([back["a"]], pa.float64()).cast(pa.float32(), safe=False),
+               pa.array([back["b"]], pa.float32()),
+               pa.array([back["c"]], pa.int64()).cast(pa.float32(), safe=False),
+               pa.array([float(back["flag"])], pa.float32()),
+               pa.array([back["card"]["age"]], pa.int64()).cast(pa.float32(), safe=False)]
+        want = np.array([r.to_numpy(zero_copy_only=False)[0] for r in ref], np.float32)
+        assert np.array_equal(X[0].view(np.uint32), np.where(np.isnan(want), np.float32(np.nan),
+                                                              want).view(np.uint32)) or \
+            np.array_equal(X[0], want, equal_nan=True), (i, X[0], want)
+        assert ids.tolist() == [back["txn_id"]]
+
+
+def test_schemas_evolve_by_name_and_categories_read_enums_and_strings(tmp_path):
+    v2 = {"type": "record", "name": "Txn", "fields": [
+        {"name": "new_field", "type": {"type": "array", "items": "double"}},
+        {"name": "c", "type": "long"}, {"name": "txn_id", "type": "string"},
+        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["q", "y", "x"]}},
+        {"name": "merchant", "type": ["null", "string"]}]}
+    model = _model(["c", "kind", "merchant", "absent"],
+                   {"kind": ["x", "y"], "merchant": ["shop", "fuel"]})
+    fmt = _fmt(tmp_path, {1: v2}, model=model)
+    X, ids = fmt.decode(wire(1, v2, {"new_field": [1.0, 2.0], "c": 2**40, "txn_id": "t-1",
+                                     "kind": "x", "merchant": "fuel"})).data
+    assert X.tolist()[0][:3] == [float(np.float32(2**40)), 0.0, 1.0] and np.isnan(X[0, 3])
+    assert ids.to_pylist() == ["t-1"]
+    X, _ = fmt.decode(wire(1, v2, {"new_field": [], "c": 1, "txn_id": "t-2", "kind": "q",
+                                   "merchant": "unseen"})).data
+    assert np.isnan(X[0, 1]) and np.isnan(X[0, 2])  # not a category: the unseen one
+    X, _ = fmt.decode(wire(1, v2, {"new_field": [], "c": 1, "txn_id": "t-3", "kind": "y",
+                                   "merchant": None})).data
+    assert X[0, 1] == 1.0 and np.isnan(X[0, 2])
+
+
+RECURSIVE = {"type": "record", "name": "Node", "fields": [
+    {"name": "a", "type": "double"}, {"name": "next", "type": ["null", "Node"]}]}
+
+
+def _deep(n: int) -> dict:
+    s = {"type": "record", "name": "R0", "fields": [{"name": "a", "type": "double"}]}
+    for k in range(1, n):
+        s = {"type": "record", "name": f"R{k}", "fields": [{"name": "inner", "type": s}]}
+    return s
+
+
+def test_hostile_schemas_are_refused_with_their_reason(tmp_path):
+    bad_feature = {"type": "record", "name": "T", "fields": [{"name": "a", "type": "string"}]}
+    bad_id = {"type": "record", "name": "T", "fields": [{"name": "txn_id", "type": "double"}]}
+    fmt = _fmt(tmp_path, {1: RECURSIVE, 2: _deep(40), 3: bad_feature, 4: "{not json",
+                          5: {"type": "record", "name": "T", "fields": [{"name": "a"}]},
+                          6: bad_id, 7: '"double"'})
+    body = b"\0" * 16
+    assert _reason(fmt, b"\0\0\0\0\1" + body) == "bad_schema"
+    assert _reason(fmt, b"\0\0\0\0\2" + body) == "bad_schema"
+    assert _reason(fmt, b"\0\0\0\0\3" + body) == "bad_type"
+    assert _reason(fmt, b"\0\0\0\0\4" + body) == "bad_schema"
+    assert _reason(fmt, b"\0\0\0\0\5" + body) == "bad_schema"
+    assert _reason(fmt, b"\0\0\0\0\6" + body) == "bad_type"
+    assert _reason(fmt, b"\0\0\0\0\7" + body) == "bad_schema"
+    assert _reason(fmt, b"\0\0\0\0\x63" + body) == "unknown_schema"
+    assert _reason(fmt, b"\0\xff\xff\xff\xff" + body) == "unknown_schema"
+
+
+SIMPLE = {"type": "record", "name": "S", "fields": [
+    {"name": "txn_id", "type": "long"}, {"name": "a", "type": "double"},
+    {"name": "xs", "type": {"type": "array", "items": "null"}},
+    {"name": "u", "type": ["null", "int"]},
+    {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["p", "q"]}},
+    {"name": "s", "type": "string"}]}
+
+
+def _body(*parts: bytes) -> bytes:
+    return b"\0\0\0\0\x09" + b"".join(parts)
+
+
+def _long(v: int) -> bytes:
+    u = (v << 1) ^ (v >> 63)
+    u &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        if u < 0x80:
+            out.append(u)
+            return bytes(out)
+        out.append((u & 0x7f) | 0x80)
+        u >>= 7
+
+
+GOOD = [_long(5), struct.pack("<d", 1.5), _long(2), _long(0), _long(1), _long(7), _long(1),
+        _long(3), b"abc"]
+
+
+def test_hostile_records_are_refused_with_their_reason(tmp_path):
+    fmt = _fmt(tmp_path, {9: SIMPLE}, model=_model(["a", "u"]))
+    ok = fmt.decode(_body(*GOOD))
+    assert ok.data[0].tolist() == [[1.5, 7.0]] and ok.data[1].tolist() == [5]
+    assert fmt.decode(wire(9, SIMPLE, {"txn_id": 5, "a": 1.5, "xs": [None, None], "u": 7,
+                                       "e": "q", "s": "abc"})).data[0].tolist() == [[1.5, 7.0]]
+    cases = {
+        "empty": b"",
+        "bad_magic": b"\1\0\0\0\x09" + b"".join(GOOD),
+        "short": b"\0\0\0",
+        "truncated": _body(*GOOD)[:-1],
+        "trailing": _body(*GOOD, b"\0"),
+        "varint 11 bytes": _body(b"\xff" * 10 + b"\x01", *GOOD[1:]),
+        "varint over 64 bits": _body(b"\xff" * 9 + b"\x7f", *GOOD[1:]),
+        "array count 2^62 of nulls": _body(*GOOD[:2], _long(2**62), _long(0), *GOOD[4:]),
+        "array count 2^63-1": _body(*GOOD[:2], _long(2**63 - 1), *GOOD[3:]),
+        "array count -2^63": _body(*GOOD[:2], _long(-2**63), _long(0), *GOOD[4:]),
+        "negative block, bad size": _body(*GOOD[:2], _long(-1), _long(2**40), *GOOD[3:]),
+        "union branch 2": _body(*GOOD[:4], _long(2), _long(7), *GOOD[6:]),
+        "union branch -1": _body(*GOOD[:4], _long(-1), *GOOD[6:]),
+        "int over 32 bits": _body(*GOOD[:5], _long(2**31), *GOOD[6:]),
+        "enum 5": _body(*GOOD[:6], _long(5), *GOOD[7:]),
+        "string longer than the rest": _body(*GOOD[:7], _long(2**31), b"abc"),
+        "string negative": _body(*GOOD[:7], _long(-3), b"abc"),
+        "double 1e39": _body(GOOD[0], struct.pack("<d", 1e39), *GOOD[2:]),
+    }
+    expected = {"empty": "empty", "bad_magic": "bad_magic", "short": "bad_magic",
+                "double 1e39": "bad_number"}
+    for name, value in cases.items():
+        assert _reason(fmt, value) == expected.get(name, "bad_avro"), name
+    # NaN and infinities Avro can carry: as Arrow casts them
+    X = fmt.decode(_body(GOOD[0], struct.pack("<d", math.inf), *GOOD[2:])).data[0]
+    assert X[0, 0] == np.inf
+    # the message bound holds before anything is read
+    small = _fmt(tmp_path, {9: SIMPLE}, model=_model(["a"]), max_bytes=64)
+    assert _reason(small, _body(*GOOD[:7], _long(100), b"s" * 100)) == "too_large"
+
+
+def test_avro_scores_equal_xgboost_and_run_through_the_worker(tmp_path):
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = compile_model(booster)
+    model.save(tmp_path / "m.model")
+    names = model.feature_names
+    schema = {"type": "record", "name": "E", "fields": [
+        {"name": "txn_id", "type": "string"},
+        *({"name": n, "type": ["null", "float"]} for n in names)]}
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(80, len(names))).astype(np.float32)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    values = [wire(3, schema, {"txn_id": f"t{i}", **{n: (None if math.isnan(v) else v)
+                                                     for n, v in zip(names, X[i].tolist(),
+                                                                     strict=True)}})
+              for i in range(len(X))]
+    values[10:10] = [b"\0\0\0\0\x03\x02", b"\x05junk"]
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "3.avsc").write_text(json.dumps(schema))
+    write_records(tmp_path / "in.arrows", [Record("in", 0, k, None, v, 0, [])
+                                           for k, v in enumerate(values)])
+    cfg = {"model": {"path": str(tmp_path / "m.model")},
+           "source": {"type": "file", "path": str(tmp_path / "in.arrows"), "format": "avro",
+                      "schemas_dir": str(tmp_path / "schemas")},
+           "sink": {"type": "file", "path": str(tmp_path / "out.arrows"), "format": "json"},
+           "scoring": {"id_column": "txn_id"}, "logging": {"progress": False}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config",
+                           str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(o.value) for o in read_records(tmp_path / "out.arrows")]
+    dead = [dict(d.headers)["error_code"] for d in read_records(tmp_path / "out-dlq.arrows")]
+    assert dead == [b"bad_avro", b"bad_magic"]
+    assert [r["txn_id"] for r in rows] == [f"t{i}" for i in range(len(X))]
+    np.testing.assert_allclose([r["score"] for r in rows], booster.inplace_predict(X),
+                               rtol=2e-7, atol=0)
+
+
+def test_avro_config_needs_its_schemas(tmp_path):
+    from worker.config import ConfigError, load_settings
+
+    with pytest.raises((ConfigError, ValueError), match="schemas_dir"):
+        load_settings(None, source={"type": "file", "path": "x", "format": "avro"})

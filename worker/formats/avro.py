@@ -1,0 +1,256 @@
+"""Avro events in Confluent's wire format: a magic byte 0, a 4-byte big-endian schema id, one
+Avro binary record.
+
+Each writer schema is fetched once per id (``source.schemas_dir``: ``<id>.avsc``; or a schema
+registry through confluent-kafka's ``SchemaRegistryClient``), parsed by fastavro (its
+validation, names and namespaces) and compiled once into a reader plan: the record's fields
+resolved by name against the model's features (or ``source.fields``' dotted paths through
+nested records), so a producer may add, drop or reorder fields. The plan runs in C++
+(``worker._eventread.AvroReader``, cyext/avro_rows.h): one float32 row a message, no Python
+object per field. A schema that cannot be read (recursive, nested deeper than 32, a feature
+of a type that is not a number) is remembered as the reason each of its messages is
+dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
+from .json import _arrow_ids
+
+KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6,
+         "string": 7, "fixed": 8, "enum": 9, "array": 10, "map": 11, "union": 12,
+         "record": 13}
+NUMERIC = {"boolean", "int", "long", "float", "double"}
+MAX_DEPTH = 32  # nesting of a schema's types
+MAX_SCHEMA_BYTES = 1 << 20
+UNKNOWN_RETRY_S = 30.0  # an unknown schema id is looked up again after this
+
+
+class SchemaError(ValueError):
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code = code
+
+
+class _Plan:
+    """A writer schema compiled against the features: the AvroReader's arguments."""
+
+    def __init__(self, schema, paths: dict[tuple, int], categories: dict[int, list]):
+        self.paths, self.categories = paths, categories
+        self.nodes: list[list[int]] = []
+        self.children: list[int] = []
+        self.enum_codes: list[float] = []
+        self.tables: list[dict] = []
+        self.named: dict[str, object] = {}
+        self._stack: list[str] = []
+        self.node(schema, (), 0)
+
+    def node(self, schema, path: tuple, depth: int) -> int:
+        if depth > MAX_DEPTH:
+            raise SchemaError("bad_schema", f"nested deeper than {MAX_DEPTH}")
+        if isinstance(schema, str) and schema not in KINDS:  # a named type, by name
+            if schema in self._stack:
+                raise SchemaError("bad_schema", f"recursive type {schema!r}")
+            if schema not in self.named:
+                raise SchemaError("bad_schema", f"unknown type {schema!r}")
+            schema = self.named[schema]
+        if isinstance(schema, list):
+            schema = {"type": "union", "branches": schema}
+        if isinstance(schema, str):
+            schema = {"type": schema}
+        kind = schema["type"]
+        if isinstance(kind, (dict, list)) or (isinstance(kind, str) and kind not in KINDS):
+            return self.node(kind, path, depth + 1)  # {"type": {...}} or a named reference
+        name = schema.get("name")
+        if kind in ("record", "enum", "fixed") and name:
+            self.named[name] = schema
+        i = len(self.nodes)
+        self.nodes.append([KINDS[kind], -1, 0, 0])
+        slot = self.paths.get(path, -1) if path else -1
+        if kind == "record":
+            self._stack.append(name or "")
+            fields = schema["fields"]
+            start = len(self.children)
+            self.children.extend([0] * len(fields))
+            for k, f in enumerate(fields):
+                self.children[start + k] = self.node(f["type"], path + (f["name"],), depth + 1)
+            self._stack.pop()
+            self.nodes[i][2:] = [start, len(fields)]
+        elif kind == "union":
+            branches = schema["branches"]
+            start = len(self.children)
+            self.children.extend([0] * len(branches))
+            for k, b in enumerate(branches):
+                self.children[start + k] = self.node(b, path, depth + 1)
+            self.nodes[i][2:] = [start, len(branches)]
+        elif kind in ("array", "map"):
+            item = schema["items" if kind == "array" else "values"]
+            self.nodes[i][2] = self.node(item, path + ("[]",), depth + 1)
+        elif kind == "fixed":
+            self.nodes[i][2] = int(schema["size"])
+        elif kind == "enum":
+            symbols = list(schema["symbols"])
+            cats = self.categories.get(slot)
+            self.nodes[i][2:] = [len(self.enum_codes), len(symbols)]
+            where = {c: k for k, c in reversed(list(enumerate(cats or [])))}
+            self.enum_codes.extend(float(where.get(s, np.nan)) for s in symbols)
+        if slot != -1 and kind not in ("union", "null"):
+            self._check(kind, slot, path)
+            self.nodes[i][1] = slot
+            if kind in ("string", "bytes") and slot >= 0:
+                cats = self.categories[slot]
+                self.nodes[i][3] = len(self.tables)
+                self.tables.append({str(c): float(k) for k, c in
+                                    reversed(list(enumerate(cats)))})
+        return i
+
+    def _check(self, kind: str, slot: int, path: tuple) -> None:
+        where = ".".join(path)
+        if slot == -2:
+            if kind not in ("int", "long", "string"):
+                raise SchemaError("bad_type", f"{where}: an id is an int, a long or a string, "
+                                  f"not {kind}")
+            return
+        if kind in NUMERIC:
+            return
+        if kind in ("string", "enum") and self.categories.get(slot):
+            return
+        raise SchemaError("bad_type", f"{where} is an Avro {kind}; the feature is a number")
+
+
+class AvroFormat:
+    name = "avro"
+
+    def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int,
+                 fields: dict[str, str] | None = None, schemas_dir: str | None = None,
+                 schema_registry: dict | None = None):
+        self.feature_names = list(model.feature_names)
+        fields = dict(fields or {})
+        unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
+        if unknown:
+            raise ValueError("source.fields names no feature or id column: "
+                             + ", ".join(unknown[:10]))
+        self.paths = {tuple(fields[f].split(".")) if f in fields else (f,): j
+                      for j, f in enumerate(self.feature_names)}
+        self.id_column = id_column
+        if id_column:
+            self.paths[tuple(fields[id_column].split(".")) if id_column in fields
+                       else (id_column,)] = -2
+        cats = model.categories or {}
+        self.categories = {j: list(cats[f]) for j, f in enumerate(self.feature_names)
+                           if cats.get(f)}
+        self.max_bytes = int(max_bytes)
+        self.schemas_dir = Path(schemas_dir) if schemas_dir else None
+        self._registry_conf = schema_registry
+        self._registry = None
+        self._readers: dict[int, object] = {}  # id -> AvroReader, or SchemaError
+        self._unknown: dict[int, float] = {}  # id -> when it was last looked for
+
+    # ---- schemas ------------------------------------------------------------------------
+    def _schema_text(self, schema_id: int) -> str | None:
+        if self.schemas_dir is not None:
+            path = self.schemas_dir / f"{schema_id}.avsc"
+            if path.is_file():
+                if path.stat().st_size > MAX_SCHEMA_BYTES:
+                    raise SchemaError("bad_schema", f"{path.name} is over 1 MiB")
+                return path.read_text()
+        if self._registry_conf:
+            if self._registry is None:
+                from confluent_kafka.schema_registry import SchemaRegistryClient
+
+                self._registry = SchemaRegistryClient(dict(self._registry_conf))
+            try:
+                return self._registry.get_schema(schema_id).schema_str
+            except Exception as exc:  # noqa: BLE001 (not found, not reachable: unknown)
+                if "404" in str(exc) or "not found" in str(exc).lower():
+                    return None
+                raise SchemaError("unknown_schema", f"schema {schema_id}: the registry did "
+                                  f"not answer: {exc}") from None
+        return None
+
+    def _reader(self, schema_id: int):
+        got = self._readers.get(schema_id)
+        if got is not None:
+            return got
+        seen = self._unknown.get(schema_id)
+        if seen is not None and time.monotonic() - seen < UNKNOWN_RETRY_S:
+            raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
+        try:
+            text = self._schema_text(schema_id)
+        except SchemaError as exc:
+            if exc.code == "unknown_schema":  # the registry may answer next time
+                raise InvalidMessage(exc.code, str(exc)) from None
+            self._readers[schema_id] = exc
+            return exc
+        if text is None:
+            self._unknown[schema_id] = time.monotonic()
+            raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
+        self._readers[schema_id] = got = self._compile(schema_id, text)
+        return got
+
+    def _compile(self, schema_id: int, text: str):
+        import fastavro
+
+        from .. import _eventread
+
+        try:
+            parsed = fastavro.parse_schema(json.loads(text))
+            plan = _Plan(parsed, self.paths, self.categories)
+            if plan.nodes[0][0] != KINDS["record"]:
+                raise SchemaError("bad_schema", "the schema is not a record")
+            return _eventread.AvroReader(plan.nodes, plan.children, plan.enum_codes,
+                                         plan.tables, len(self.feature_names), self.max_bytes)
+        except SchemaError as exc:
+            return SchemaError(exc.code, f"schema {schema_id}: {exc}")
+        except RecursionError:
+            return SchemaError("bad_schema", f"schema {schema_id}: nested too deep")
+        except Exception as exc:  # noqa: BLE001 (fastavro's and json's refusals)
+            return SchemaError("bad_schema", f"schema {schema_id}: {type(exc).__name__}: "
+                               f"{str(exc)[:200]}")
+
+    # ---- messages -----------------------------------------------------------------------
+    def decode(self, value: bytes | None) -> Message:
+        if not value:
+            raise InvalidMessage("empty", "the message has no value")
+        if len(value) < 5 or value[0] != 0:
+            raise InvalidMessage("bad_magic", "not Confluent's wire format (a magic byte 0 "
+                                 "and a 4-byte schema id first)")
+        reader = self._reader(int.from_bytes(value[1:5], "big"))
+        if isinstance(reader, SchemaError):
+            raise InvalidMessage(reader.code, str(reader))
+        got = reader.read(memoryview(value)[5:])
+        if len(got) == 2:
+            raise InvalidMessage(*got)
+        X, kinds, ints, offsets, strings, _single = got
+        if kinds is None:
+            return Message(1, X.nbytes, ("avro", None), (X, None))
+        if kinds[0] == 1:
+            return Message(1, X.nbytes + 8, ("avro", "int"), (X, ints))
+        ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
+        return Message(1, X.nbytes + ids.nbytes, ("avro", "own"), (X, ids))
+
+    def gather(self, messages: list[Message]) -> Gathered:
+        offsets = offsets_of(m.rows for m in messages)
+        X = messages[0].data[0] if len(messages) == 1 else \
+            np.concatenate([m.data[0] for m in messages])
+        singles = [True] * len(messages)
+        kind = messages[0].group[1]
+        if kind is None:
+            return Gathered(X, offsets, row_index(offsets), None, singles=singles)
+        if kind == "int":
+            return Gathered(X, offsets, np.concatenate([m.data[1] for m in messages]), None,
+                            singles=singles)
+        return Gathered(X, offsets, None, [m.data[1] for m in messages], singles=singles)
+
+    def rows_by_name(self, gathered: Gathered, names: list[str]):
+        import pyarrow as pa
+
+        X = gathered.X
+        return pa.RecordBatch.from_arrays([pa.array(X[:, j]) for j in range(X.shape[1])],
+                                          names=self.feature_names)
