@@ -49,12 +49,12 @@ CHAOS_SEED ?= $(shell date +%s)
 chaos: build
 	$(PY) bench/chaos.py --seed $(CHAOS_SEED)
 
-# 100,000 hostile Arrow messages, JSON messages and artifacts each, through the worker in child processes
+# 100,000 hostile Arrow, JSON and Avro messages and artifacts each, through the worker in child processes
 # (make test runs a bounded 3,000 + 2,000); crashes and hangs are kept under out/fuzz.
 FUZZ_CASES ?= 100000
 FUZZ_SEED ?= $(shell date +%s)
 fuzz: build
-	$(PY) -m tests.fuzz messages json artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
+	$(PY) -m tests.fuzz messages json avro artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
 		--state out/fuzz
 
 lint: setup

@@ -10,6 +10,9 @@
 // feature with categories are the category's position (NaN: unseen). Every length, count
 // and varint is bounded by the bytes left before it is used; a block of items that take no
 // bytes is bounded by a fixed count, so no count in a message makes the reader loop long.
+// The plan holds no field that takes no bytes (they are dropped when it is compiled), so
+// every node visited is a record (at most 32 deep) or reads a byte: work is linear in the
+// message.
 #pragma once
 
 #include <cmath>
@@ -34,7 +37,9 @@ struct Node {
     int32_t slot;   // >= 0 a feature, -2 the id, -1 nothing reads it
     int64_t a;      // RECORD/UNION: first child in `children`; ARRAY/MAP: the item node;
                     // FIXED: size; ENUM: first code in `enum_codes`
-    int64_t b;      // RECORD/UNION: child count; ENUM: symbol count; STRING: category table
+    int64_t b;      // RECORD/UNION: child count; ENUM: symbol count; STRING: category table;
+                    // ARRAY/MAP: 1 if an item takes a byte at least (else the count of
+                    // items is bounded by MAX_EMPTY_ITEMS)
 };
 
 struct Plan {
@@ -86,42 +91,52 @@ private:
         return 1;
     }
 
-    int truncated(swjson::Out& out) { return fail(out, "bad_avro", "the record is cut short"); }
+    int truncated(swjson::Out& out) {
+        if (overlong_) {
+            overlong_ = false;
+            return fail(out, "bad_avro", "a varint over 64 bits (more than 10 bytes)");
+        }
+        if (negative_) {
+            negative_ = false;
+            return fail(out, "bad_avro", "a negative length");
+        }
+        return fail(out, "bad_avro", "the record is cut short");
+    }
 
-    // a zigzag varint of at most 10 bytes
+    bool overlong_ = false;  // the last varint failed for its length, not for the bytes
+
+    // a zigzag varint of at most 10 bytes (the spec's long)
     bool varint(int64_t& v) {
         uint64_t u = 0;
+        overlong_ = false;
         for (int shift = 0; shift < 70; shift += 7) {
             if (p_ >= end_) return false;
             uint8_t byte = *p_++;
-            if (shift == 63 && byte > 1) return false;  // more than 64 bits
+            if (shift == 63 && byte > 1) {  // more than 64 bits
+                overlong_ = true;
+                return false;
+            }
             u |= (uint64_t)(byte & 0x7f) << shift;
             if (!(byte & 0x80)) {
                 v = (int64_t)(u >> 1) ^ -(int64_t)(u & 1);
                 return true;
             }
         }
+        overlong_ = true;
         return false;
     }
 
     // a length (bytes, strings): non-negative and within the bytes left
     bool length(int64_t& n) {
-        return varint(n) && n >= 0 && (uint64_t)n <= (uint64_t)(end_ - p_);
-    }
-
-    static bool has_bytes(const Plan& plan, int32_t i) {
-        // does a value of node i always take at least one byte?
-        const Node& n = plan.nodes[i];
-        switch (n.kind) {
-        case NUL: return false;
-        case FIXED: return n.a > 0;
-        case RECORD:
-            for (int64_t k = 0; k < n.b; k++)
-                if (has_bytes(plan, plan.children[n.a + k])) return true;
+        if (!varint(n)) return false;
+        if (n < 0) {
+            overlong_ = false;
+            negative_ = true;
             return false;
-        default: return true;  // every other kind starts with at least one byte
         }
+        return (uint64_t)n <= (uint64_t)(end_ - p_);
     }
+    bool negative_ = false;
 
     int store(const Node& n, float x, swjson::Out& out) {
         if (n.slot >= 0) out.rows[n.slot] = x;
@@ -175,6 +190,9 @@ private:
             if (!length(len)) return truncated(out);
             const char* s = (const char*)p_;
             p_ += len;
+            // a string is UTF-8 (the spec; an id goes into an Arrow string array), read or not
+            if (n.kind == STRING && !simdjson::validate_utf8(s, (size_t)len))
+                return fail(out, "bad_avro", "a string that is not UTF-8");
             if (n.slot == -2) {
                 if ((size_t)len > plan.max_bytes ||
                     (uint64_t)len > (uint64_t)std::numeric_limits<int32_t>::max())
@@ -216,7 +234,7 @@ private:
             return 0;
         case ARRAY:
         case MAP: {
-            bool sized = has_bytes(plan, (int32_t)n.a) || n.kind == MAP;  // a key: >= 1 byte
+            bool sized = n.b != 0;  // an item takes a byte at least (the plan says)
             for (;;) {
                 int64_t count;
                 if (!varint(count)) return truncated(out);
@@ -225,15 +243,19 @@ private:
                     if (count == INT64_MIN) return fail(out, "bad_avro", "a bad block count");
                     count = -count;
                     int64_t size;
-                    if (!length(size)) return truncated(out);
+                    if (!varint(size)) return truncated(out);
+                    if (size < 0 || (uint64_t)size > (uint64_t)(end_ - p_))
+                        return fail(out, "bad_avro", "a block's byte size over the bytes left");
                 }
                 if (sized ? (uint64_t)count > (uint64_t)(end_ - p_)
                           : (empty_items_ += (uint64_t)count) > MAX_EMPTY_ITEMS)
                     return fail(out, "bad_avro", "a block of more items than the bytes left");
                 for (int64_t k = 0; k < count; k++) {
-                    if (n.kind == MAP) {
+                    if (n.kind == MAP) {  // a key: a string, UTF-8 too
                         int64_t klen;
                         if (!length(klen)) return truncated(out);
+                        if (!simdjson::validate_utf8((const char*)p_, (size_t)klen))
+                            return fail(out, "bad_avro", "a map key that is not UTF-8");
                         p_ += klen;
                     }
                     int rc = value(plan, (int32_t)n.a, out);

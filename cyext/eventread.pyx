@@ -164,7 +164,8 @@ cdef class AvroReader:
     (kind, slot, a, b) rows, ``children`` (record fields and union branches in order),
     ``enum_codes`` (an enum symbol's category code), ``tables`` (a string feature's
     categories: string -> code). Checked here before the C++ reader may follow it: every
-    index in range, children after their parent (no cycle), slots inside the features."""
+    index in range, children after their parent (no cycle), each node one parent (a tree,
+    no shared subtree), at most 40 deep, slots inside the features."""
 
     cdef APlan plan
     cdef AReader reader
@@ -176,8 +177,8 @@ cdef class AvroReader:
                   int n_features, size_t max_bytes):
         cdef ANode node
         cdef Py_ssize_t i, n = len(nodes)
-        if n == 0:
-            raise ValueError("an empty plan")
+        if n == 0 or n_features < 0:
+            raise ValueError("an empty plan, or a negative feature count")
         self.plan.n_features = n_features
         self.plan.max_bytes = max_bytes
         for c in children:
@@ -208,6 +209,17 @@ cdef class AvroReader:
                 self.has_id = True
             node.kind, node.slot, node.a, node.b = kind, slot, a, b
             self.plan.nodes.push_back(node)
+        # a tree: each node one parent (before it), at most 40 deep (the reader recurses)
+        parents = [0] * n
+        depth = [0] * n
+        for i, (kind, slot, a, b) in enumerate(nodes):
+            below = list(children[a:a + b]) if kind in (12, 13) else \
+                [a] if kind in (10, 11) else []
+            for c in below:
+                parents[c] += 1
+                depth[c] = depth[i] + 1
+                if parents[c] > 1 or depth[c] > 40:
+                    raise ValueError(f"node {c}: shared, or nested deeper than 40")
 
     def read(self, const unsigned char[::1] body):
         """One record's bytes (after the wire format's 5-byte head): as JsonReader.read."""

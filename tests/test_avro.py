@@ -260,3 +260,42 @@ def test_avro_config_needs_its_schemas(tmp_path):
 
     with pytest.raises((ConfigError, ValueError), match="schemas_dir"):
         load_settings(None, source={"type": "file", "path": "x", "format": "avro"})
+
+
+def test_strings_are_utf8(tmp_path):
+    # found by the Avro fuzzer (seed 1, 1,500 cases) before the fix: a string id of invalid
+    # UTF-8 (a flipped bit) was put into an Arrow string array and scored; fastavro refuses it
+    schema = {"type": "record", "name": "S", "fields": [{"name": "txn_id", "type": "string"},
+                                                       {"name": "note", "type": "string"},
+                                                       {"name": "a", "type": "double"}]}
+    fmt = _fmt(tmp_path, {2: schema}, model=_model(["a"]))
+    good = wire(2, schema, {"txn_id": "é", "note": "x", "a": 1.0})
+    assert fmt.decode(good).data[1].to_pylist() == ["é"]
+    bad_id = good.replace("é".encode(), b"\xc3\x28")
+    bad_note = good.replace(b"\x02x", b"\x02\xff")
+    for value in (bad_id, bad_note):
+        assert _reason(fmt, value) == "bad_avro"
+
+
+def test_review_findings_stay_fixed(tmp_path):
+    # found by reading the reader as an attacker: a named type used twice at each of 21
+    # levels (a 2 kB schema) compiled into 2^21 nodes (6.5 s, 744 MB); an array of records of
+    # 10,000 nulls with a count of 2^20 took 30 s for an 18-byte message
+    levels = {"type": "record", "name": "R0", "fields": [{"name": "a", "type": "double"}]}
+    for k in range(1, 22):
+        levels = {"type": "record", "name": f"R{k}", "fields": [
+            {"name": "p", "type": levels}, {"name": "q", "type": f"R{k - 1}"}]}
+    nulls = {"type": "record", "name": "T", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": {
+            "type": "record", "name": "N",
+            "fields": [{"name": f"n{k}", "type": "null"} for k in range(10_000)]}}},
+        {"name": "a", "type": "double"}]}
+    fmt = _fmt(tmp_path, {1: levels, 2: nulls}, model=_model(["a"]))
+    assert _reason(fmt, b"\0\0\0\0\1" + b"\0" * 8) == "bad_schema"
+    # the empty records are dropped from the plan: 2^20 of them cost nothing, one more is
+    # refused
+    ok = _body(_long(2**20), _long(0), struct.pack("<d", 2.0)).replace(b"\x09", b"\x02", 1)
+    assert fmt.decode(ok).data[0].tolist() == [[2.0]]
+    over = _body(_long(2**20 + 1), _long(0), struct.pack("<d", 2.0)).replace(b"\x09", b"\x02",
+                                                                               1)
+    assert _reason(fmt, over) == "bad_avro"

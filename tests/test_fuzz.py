@@ -107,3 +107,13 @@ def test_fuzz_json_messages_through_the_worker(tmp_path):
     assert rep.cases >= 1000
     for outcome in ("scored", "bad_json", "bad_type", "bad_number", "too_deep"):
         assert rep.outcomes[outcome] > 0, rep.summary()
+
+
+def test_fuzz_avro_messages_through_the_worker(tmp_path):
+    # Avro records through the worker's pipeline, fastavro's reader the oracle
+    # (tests/fuzz/avro_events.py); make fuzz runs 100,000
+    rep = runner.run("avro", 1000, tmp_path / "fuzz", seed=20261204)
+    assert rep.ok, rep.summary()
+    assert rep.cases >= 1000
+    for outcome in ("scored", "bad_avro", "bad_magic", "unknown_schema"):
+        assert rep.outcomes[outcome] > 0, rep.summary()

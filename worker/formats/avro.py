@@ -28,8 +28,10 @@ KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, 
          "record": 13}
 NUMERIC = {"boolean", "int", "long", "float", "double"}
 MAX_DEPTH = 32  # nesting of a schema's types
+MAX_NODES = 1 << 16  # a plan's nodes (a named type is compiled at each use: bounded)
 MAX_SCHEMA_BYTES = 1 << 20
 UNKNOWN_RETRY_S = 30.0  # an unknown schema id is looked up again after this
+MAX_IDS = 4096  # schema ids remembered (compiled or unknown); past it the memory starts over
 
 
 class SchemaError(ValueError):
@@ -49,6 +51,7 @@ class _Plan:
         self.tables: list[dict] = []
         self.named: dict[str, object] = {}
         self._stack: list[str] = []
+        self.steps = 0
         self.node(schema, (), 0)
 
     def node(self, schema, path: tuple, depth: int) -> int:
@@ -65,8 +68,14 @@ class _Plan:
         if isinstance(schema, str):
             schema = {"type": schema}
         kind = schema["type"]
+        if kind == "error":  # an error is a record
+            kind = "record"
         if isinstance(kind, (dict, list)) or (isinstance(kind, str) and kind not in KINDS):
             return self.node(kind, path, depth + 1)  # {"type": {...}} or a named reference
+        self.steps += 1  # nodes compiled, kept or dropped: named types at each use
+        if len(self.nodes) >= MAX_NODES or self.steps > 4 * MAX_NODES:
+            raise SchemaError("bad_schema", f"the plan is over {MAX_NODES} nodes (named types "
+                              "are compiled at each use)")
         name = schema.get("name")
         if kind in ("record", "enum", "fixed") and name:
             self.named[name] = schema
@@ -76,12 +85,16 @@ class _Plan:
         if kind == "record":
             self._stack.append(name or "")
             fields = schema["fields"]
-            start = len(self.children)
-            self.children.extend([0] * len(fields))
-            for k, f in enumerate(fields):
-                self.children[start + k] = self.node(f["type"], path + (f["name"],), depth + 1)
+            kept = []
+            for f in fields:
+                child = self.node(f["type"], path + (f["name"],), depth + 1)
+                if self.takes_bytes(child) or self.nodes[child][1] != -1:
+                    kept.append(child)
+                else:  # a field that takes no bytes (null, an empty record) is not visited
+                    del self.nodes[child:]
             self._stack.pop()
-            self.nodes[i][2:] = [start, len(fields)]
+            self.nodes[i][2:] = [len(self.children), len(kept)]  # after its fields' own
+            self.children.extend(kept)
         elif kind == "union":
             branches = schema["branches"]
             start = len(self.children)
@@ -90,10 +103,16 @@ class _Plan:
                 self.children[start + k] = self.node(b, path, depth + 1)
             self.nodes[i][2:] = [start, len(branches)]
         elif kind in ("array", "map"):
-            item = schema["items" if kind == "array" else "values"]
-            self.nodes[i][2] = self.node(item, path + ("[]",), depth + 1)
+            item = self.node(schema["items" if kind == "array" else "values"], path + ("[]",),
+                             depth + 1)
+            # b: an item takes a byte at least (a map's key does): the block count is bounded
+            # by the bytes left; else by the reader's count of empty items
+            self.nodes[i][2:] = [item, int(kind == "map" or self.takes_bytes(item))]
         elif kind == "fixed":
-            self.nodes[i][2] = int(schema["size"])
+            size = schema["size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise SchemaError("bad_schema", f"a fixed size {size!r}")
+            self.nodes[i][2] = size
         elif kind == "enum":
             symbols = list(schema["symbols"])
             cats = self.categories.get(slot)
@@ -109,6 +128,18 @@ class _Plan:
                 self.tables.append({str(c): float(k) for k, c in
                                     reversed(list(enumerate(cats)))})
         return i
+
+    def takes_bytes(self, i: int) -> bool:
+        """Does every value of node i take a byte at least? (Compiled children of a record
+        come right after it: a record with no kept child takes none.)"""
+        kind, _slot, a, b = self.nodes[i]
+        if kind == KINDS["null"]:
+            return False
+        if kind == KINDS["fixed"]:
+            return a > 0
+        if kind == KINDS["record"]:
+            return any(self.takes_bytes(c) for c in self.children[a:a + b])
+        return True
 
     def _check(self, kind: str, slot: int, path: tuple) -> None:
         where = ".".join(path)
@@ -157,16 +188,24 @@ class AvroFormat:
         if self.schemas_dir is not None:
             path = self.schemas_dir / f"{schema_id}.avsc"
             if path.is_file():
-                if path.stat().st_size > MAX_SCHEMA_BYTES:
-                    raise SchemaError("bad_schema", f"{path.name} is over 1 MiB")
-                return path.read_text()
+                try:
+                    if path.stat().st_size > MAX_SCHEMA_BYTES:
+                        raise SchemaError("bad_schema", f"{path.name} is over 1 MiB")
+                    return path.read_text()
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise SchemaError("bad_schema", f"{path.name}: {exc}") from None
         if self._registry_conf:
             if self._registry is None:
                 from confluent_kafka.schema_registry import SchemaRegistryClient
 
                 self._registry = SchemaRegistryClient(dict(self._registry_conf))
             try:
-                return self._registry.get_schema(schema_id).schema_str
+                text = self._registry.get_schema(schema_id).schema_str
+                if len(text) > MAX_SCHEMA_BYTES:
+                    raise SchemaError("bad_schema", f"schema {schema_id} is over 1 MiB")
+                return text
+            except SchemaError:
+                raise
             except Exception as exc:  # noqa: BLE001 (not found, not reachable: unknown)
                 if "404" in str(exc) or "not found" in str(exc).lower():
                     return None
@@ -178,6 +217,9 @@ class AvroFormat:
         got = self._readers.get(schema_id)
         if got is not None:
             return got
+        if len(self._readers) + len(self._unknown) >= MAX_IDS:  # ids made up by a producer
+            self._readers.clear()
+            self._unknown.clear()
         seen = self._unknown.get(schema_id)
         if seen is not None and time.monotonic() - seen < UNKNOWN_RETRY_S:
             raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
@@ -229,6 +271,10 @@ class AvroFormat:
             raise InvalidMessage(*got)
         X, kinds, ints, offsets, strings, _single = got
         if kinds is None:
+            if self.id_column:  # this schema has no id field: the id is null
+                import pyarrow as pa
+
+                return Message(1, X.nbytes + 8, ("avro", "own"), (X, pa.nulls(1, pa.int64())))
             return Message(1, X.nbytes, ("avro", None), (X, None))
         if kinds[0] == 1:
             return Message(1, X.nbytes + 8, ("avro", "int"), (X, ints))
