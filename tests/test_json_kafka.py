@@ -1,7 +1,7 @@
-"""JSON events through the worker on the real broker, both delivery modes: every event scored
-once (exactly once) or at least once, scores equal to XGBoost's own, malformed messages in
-the dead-letter topic with their reasons and counted by reason in the metrics; a SIGKILL
-and a restart in exactly-once lose and duplicate nothing."""
+"""JSON and Avro events through the worker on the real broker, both delivery modes: every
+event scored once (exactly once) or at least once, scores equal to XGBoost's own, malformed
+messages in the dead-letter topic with their reasons and counted by reason in the metrics; a
+SIGKILL and a restart in exactly-once lose and duplicate nothing."""
 
 from __future__ import annotations
 
@@ -156,3 +156,51 @@ def test_json_sigkill_and_restart_lose_and_duplicate_nothing(tmp_path, kafka_boo
     assert rc == 0, (tmp_path / "w2.log").read_text()[-3000:]
     ids = sorted(r["txn_id"] for r in rows)
     assert ids == sorted({r["txn"]["id"] for r in events}), "lost or duplicated events"
+
+
+@pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
+def test_avro_events_on_the_broker(tmp_path, kafka_bootstrap, topic_factory, model_path, mode):
+    import io
+    import struct
+
+    fastavro = pytest.importorskip("fastavro")
+    topics = {"in": topic_factory(partitions=2, prefix="in"),
+              "out": topic_factory(partitions=2, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    schema = {"type": "record", "name": "Txn", "fields": [
+        {"name": "txn", "type": {"type": "record", "name": "T",
+                                 "fields": [{"name": "id", "type": "string"}]}},
+        *({"name": f"feat_{j}", "type": ["null", "float"]} for j in range(M.N_FEATURES))]}
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "12.avsc").write_text(json.dumps(schema))
+    parsed = fastavro.parse_schema(schema)
+    X, events = _events(300, seed=6)
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for k, ev in enumerate(events):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, ev)
+        p.produce(topics["in"], value=b"\0" + struct.pack(">I", 12) + buf.getvalue(),
+                  key=f"card-{k}".encode(), partition=k % 2)
+    for value in (b"\0\0\0\0\x63\x00", b"\x07notavro"):  # an unknown schema, a bad magic byte
+        p.produce(topics["in"], value=value, partition=0)
+    assert p.flush(60) == 0
+    cfg = _config(tmp_path, kafka_bootstrap, model_path, topics, mode)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["source"].update({"format": "avro", "schemas_dir": str(tmp_path / "schemas")})
+    cfg.write_text(yaml.safe_dump(doc))
+    proc = K.start_worker(cfg, tmp_path / "w.log")
+    try:
+        rows, msgs = _read_rows(kafka_bootstrap, topics["out"], len(events), proc=proc)
+        dlq = K.read_topic(kafka_bootstrap, topics["dlq"], expect_messages=2)
+    finally:
+        rc = K.stop_worker(proc)
+    assert rc == 0, (tmp_path / "w.log").read_text()[-3000:]
+    ids = [r["txn_id"] for r in rows]
+    assert set(ids) == {f"t{i}" for i in range(len(events))}
+    if mode == "exactly_once":
+        assert len(ids) == len(events)
+    ref = M.xgboost_models()["xgb-binary-logistic"].inplace_predict(X)
+    by_id = {r["txn_id"]: r["score"] for r in rows}
+    np.testing.assert_allclose([by_id[f"t{i}"] for i in range(len(events))], ref, rtol=2e-7)
+    assert sorted(dict(m.headers())["error_code"] for m in dlq) == [b"bad_magic",
+                                                                    b"unknown_schema"]
