@@ -22,9 +22,8 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from worker import demo
-from worker.io.records import Record
 
-from .messages import pack, unpack
+from .messages import pack, through
 
 FEATURES = demo.FEATURES
 ID = demo.ID_COLUMN
@@ -194,40 +193,29 @@ _ORACLE_LOOPS = ("more items than the bytes left", "a negative length", "a bad b
 
 
 def check(pipeline, data: bytes, i: int) -> str:
-    values = unpack(data)
-    recs = [Record("in", 0, 10 * i + k, None, v, 0, []) for k, v in enumerate(values)]
-    items = [(rec, pipeline.decode(rec)) for rec in recs]
-    outputs, dead, _ = pipeline.process(items)
-    assert len(outputs) + len(dead) == len(recs), "a message neither scored nor dead-lettered"
-    by_origin = {r.origin[2]: r for r in outputs}
-    ends = []
-    for rec, value in zip(recs, values, strict=True):
-        letter = next((d for d in dead if d.offset == rec.offset), None)
-        if letter is not None:
-            h = dict(letter.headers)
-            code, why = h["error_code"].decode(), h["error"].decode()
-            # fastavro must refuse it too (it may loop on hostile counts: not asked then)
-            if code not in ("bad_magic", "unknown_schema", "empty", "too_large") and \
-                    not any(s in why for s in _STRICTER + _ORACLE_LOOPS):
-                try:
-                    reference(value)
-                except ValueError:
-                    pass
-                else:
-                    raise AssertionError(f"refused ({code}: {why}) a record fastavro "
-                                         f"reads: {value[:120]!r}")
-            ends.append(code)
-            continue
+    def refused(value: bytes, code: str, why: str) -> None:
+        # fastavro must refuse it too (it may loop on hostile counts: not asked then)
+        if code in ("bad_magic", "unknown_schema", "empty", "too_large") or \
+                any(s in why for s in _STRICTER + _ORACLE_LOOPS):
+            return
+        try:
+            reference(value)
+        except ValueError:
+            return
+        raise AssertionError(f"refused ({code}: {why}) a record fastavro reads: "
+                             f"{value[:120]!r}")
+
+    def scored(value: bytes, output) -> None:
         try:
             X, rid = reference(value)
         except ValueError as exc:
             raise AssertionError(f"scored a record fastavro refuses ({exc})") from None
-        out = json.loads(by_origin[rec.offset].value)
+        out = json.loads(output.value)
         assert out[ID] == rid, "the id is not the record's"
         want = pipeline.model.predict_proba(X, n_threads=1)[:, 1]
         np.testing.assert_array_equal([out["score"]], want)
-        ends.append("scored")
-    return ends[0] if len(ends) == 1 else f"batch of {len(ends)}, {ends.count('scored')} scored"
+
+    return through(pipeline, data, i, refused, scored)
 
 
 def check_factory(state):

@@ -17,9 +17,8 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from worker import demo
-from worker.io.records import Record
 
-from .messages import pack, unpack
+from .messages import pack, through
 
 FEATURES = demo.FEATURES
 ID = demo.ID_COLUMN
@@ -156,35 +155,27 @@ _STRICTER = {"too_deep", "too_large", "bad_utf8", "bad_json", "bad_number"}
 
 
 def check(pipeline, data: bytes, i: int) -> str:
-    values = unpack(data)
-    recs = [Record("in", 0, 10 * i + k, None, v, 0, []) for k, v in enumerate(values)]
-    items = [(rec, pipeline.decode(rec)) for rec in recs]
-    outputs, dead, _ = pipeline.process(items)
-    assert len(outputs) + len(dead) == len(recs), "a message neither scored nor dead-lettered"
-    by_origin = {r.origin[2]: r for r in outputs}
-    ends = []
-    for rec, value in zip(recs, values, strict=True):
-        letter = next((d for d in dead if d.offset == rec.offset), None)
+    def refused(value: bytes, code: str, _why: str) -> None:
         try:
-            ref = reference(value)
+            reference(value)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return
+        assert code in _STRICTER, \
+            f"refused ({code}) a message Python reads as events: {value[:200]!r}"
+
+    def scored(value: bytes, output) -> None:
+        try:
+            X, ids = reference(value)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            ref = exc
-        if letter is not None:
-            code = dict(letter.headers)["error_code"].decode()
-            assert isinstance(ref, Exception) or code in _STRICTER, \
-                f"refused ({code}) a message Python reads as events: {value[:200]!r}"
-            ends.append(code)
-            continue
-        assert not isinstance(ref, Exception), f"scored a message Python refuses ({ref})"
-        X, ids = ref
-        out = json.loads(by_origin[rec.offset].value)
+            raise AssertionError(f"scored a message Python refuses ({exc})") from None
+        out = json.loads(output.value)
         rows = [out] if isinstance(out, dict) else out
         assert len(rows) == len(X)
         assert [r[ID] for r in rows] == ids, "the ids are not the message's"
         want = pipeline.model.predict_proba(X, n_threads=1)[:, 1]
         np.testing.assert_array_equal([r["score"] for r in rows], want)
-        ends.append("scored")
-    return ends[0] if len(ends) == 1 else f"batch of {len(ends)}, {ends.count('scored')} scored"
+
+    return through(pipeline, data, i, refused, scored)
 
 
 def check_factory(state):

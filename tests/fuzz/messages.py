@@ -490,3 +490,26 @@ def check_factory(state):
 
     atexit.register(lambda: (writer.write(pending), writer.close()))
     return run
+
+
+def through(pipeline, data: bytes, i: int, refused, scored) -> str:
+    """Run a case of another format (a batch of values, ``pack``) through the pipeline: each
+    value either dead-lettered, then ``refused(value, code, error)`` judges it, or scored,
+    then ``scored(value, output)``. Returns the outcome, as ``check`` does."""
+    values = unpack(data)
+    recs = [Record("in", 0, 10 * i + k, None, v, 0, []) for k, v in enumerate(values)]
+    outputs, dead, _ = pipeline.process([(rec, pipeline.decode(rec)) for rec in recs])
+    assert len(outputs) + len(dead) == len(recs), "a message neither scored nor dead-lettered"
+    by_origin = {r.origin[2]: r for r in outputs}
+    ends = []
+    for rec, value in zip(recs, values, strict=True):
+        letter = next((d for d in dead if d.offset == rec.offset), None)
+        if letter is not None:
+            h = dict(letter.headers)
+            code = h["error_code"].decode()
+            refused(value, code, h["error"].decode())
+            ends.append(code)
+            continue
+        scored(value, by_origin[rec.offset])
+        ends.append("scored")
+    return ends[0] if len(ends) == 1 else f"batch of {len(ends)}, {ends.count('scored')} scored"
