@@ -335,3 +335,50 @@ def test_replay_expect_compares_json_outputs(tmp_path):
               tmp_path / "again2.arrows", "--expect", tmp_path / "bad-gold.arrows")
     assert bad.returncode != 0 and "score: 1 rows differ" in bad.stdout + bad.stderr, \
         bad.stdout + bad.stderr
+
+
+def test_shadow_and_hot_swap_read_json_as_the_live_model_does(tmp_path):
+    # the shadow scores the same decoded rows and answers in the sink's format; a swapped-in
+    # model (Pipeline.with_model, what the run loop does) keeps the JSON reader and writer
+    from worker.config import load_settings
+    from worker.pipeline import Pipeline
+
+    models = M.xgboost_models()
+    live_b, other_b = models["xgb-binary-logistic"], models["xgb-binary-logitraw"]
+    live, other = compile_model(live_b), compile_model(other_b)
+    settings = load_settings(
+        None, scoring={"id_column": "txn_id", "threads": 1}, model={"path": "unused"},
+        source={"type": "file", "path": "x.arrows", "format": "json"},
+        sink={"type": "file", "path": "o.arrows", "format": "json"})
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(12, M.N_FEATURES)).astype(np.float32)
+    names = live.feature_names
+    values = [json.dumps({"txn_id": i, **dict(zip(names, X[i].tolist(), strict=True))}).encode()
+              for i in range(6)]
+    values.append(json.dumps([{"txn_id": i, **dict(zip(names, X[i].tolist(), strict=True))}
+                              for i in range(6, 12)]).encode())
+    recs = [Record("in", 0, k, None, v, 0, []) for k, v in enumerate(values)]
+
+    def scores(out_records):
+        rows = []
+        for r in out_records:
+            doc = json.loads(r.value)
+            rows += [doc] if isinstance(doc, dict) else doc
+        return {row["txn_id"]: row["score"] for row in rows}
+
+    pipe = Pipeline(live, settings, "scores")
+    pipe.set_shadow(other, "shadow")
+    outputs, dead, _ = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead
+    live_out = [o for o in outputs if o.topic != "shadow"]
+    shadow_out = [o for o in outputs if o.topic == "shadow"]
+    assert len(live_out) == len(shadow_out) == len(recs)
+    assert all(dict(o.headers)["content-type"] == b"application/json" for o in shadow_out)
+    want_live, want_other = live_b.inplace_predict(X), other_b.inplace_predict(X)
+    np.testing.assert_allclose([scores(live_out)[i] for i in range(12)], want_live, rtol=2e-7)
+    np.testing.assert_allclose([scores(shadow_out)[i] for i in range(12)], want_other,
+                               rtol=2e-6, atol=1e-6)
+    swapped = pipe.with_model(other, settings)
+    outputs, dead, _ = swapped.process([(r, swapped.decode(r)) for r in recs])
+    got = scores([o for o in outputs if o.topic != "shadow"])
+    np.testing.assert_allclose([got[i] for i in range(12)], want_other, rtol=2e-6, atol=1e-6)
