@@ -166,8 +166,14 @@ class LocalCluster:
         self._run("kill", str(node))
 
     def restart(self, node: int) -> None:
-        """Start the node again and wait until it serves."""
-        self._run("restart", str(node))
+        """Start the node again and wait until it serves. On a loaded machine a node started
+        right after its kill can fail to register with the controller quorum in time (it
+        exits): it is started once more."""
+        try:
+            self._run("restart", str(node))
+        except RuntimeError:
+            time.sleep(3)
+            self._run("restart", str(node))
 
     def start(self) -> None:
         """Start every node that is not running and wait until all serve."""
@@ -217,7 +223,9 @@ def kafka_cluster():
 
 @pytest.fixture
 def cluster_topic_factory(kafka_cluster):
-    """Topics on the cluster: replication factor 3, min.insync.replicas 2."""
+    """Topics on the cluster: replication factor 3, min.insync.replicas 2. Every node is
+    started first if one is down (a test before this one that failed mid-way left it so)."""
+    kafka_cluster.start()
     clients = [AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})]
     created: list[str] = []
 
