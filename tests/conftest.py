@@ -23,12 +23,15 @@ def model_path(tmp_path_factory):
 
 
 # Parallel runs (tests/run.sh: pytest-xdist, --dist loadgroup): the tests that share one
-# broker-side resource they change run in one worker process, in order. The three-node
-# cluster is started by the first of its tests and stopped when that worker ends (its tests
-# kill and restart its brokers); the secured brokers' users and ACLs are changed by their
-# tests. Everything else on the single broker uses topics, groups and transactional ids of
-# its own and runs anywhere.
-_GROUPS = {"test_cluster.py": "cluster", "test_security.py": "security"}
+# broker-side resource they change run in one worker process, in order: the secured brokers'
+# users and ACLs are changed by their tests. Everything else on the single broker uses
+# topics, groups and transactional ids of its own and runs anywhere.
+# The three-node cluster's tests run in the serial phase, alone: under the parallel phase's
+# load a node restarted after its kill failed to register with the controller quorum in time,
+# and the group coordinator's recovery after a whole-cluster restart outlasted the test's
+# wait (clean-clone runs, 2026-12-04).
+_GROUPS = {"test_security.py": "security"}
+_SERIAL = {"test_cluster.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,3 +39,5 @@ def pytest_collection_modifyitems(config, items):
         group = _GROUPS.get(item.path.name)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        if item.path.name in _SERIAL:
+            item.add_marker(pytest.mark.serial)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import socket
 import time
 import urllib.request
 import uuid
@@ -102,7 +103,9 @@ def test_json_events_on_the_broker(tmp_path, kafka_bootstrap, topic_factory, mod
               "dlq": topic_factory(partitions=1, prefix="dlq")}
     X, events = _events(N_EVENTS)
     n_msgs = _produce(kafka_bootstrap, topics["in"], events, BAD)
-    port = 39000 + uuid.uuid4().int % 2000
+    with socket.socket() as s:  # a port the system says is free (a random one in the
+        s.bind(("127.0.0.1", 0))  # ephemeral range collided with a client's, CI 2026-12-04)
+        port = s.getsockname()[1]
     proc = K.start_worker(_config(tmp_path, kafka_bootstrap, model_path, topics, mode, port),
                           tmp_path / "w.log")
     try:
