@@ -7,8 +7,9 @@
 # before the run is left running.
 #
 # With no pytest arguments the tests run in two phases: first the serial ones (those that
-# restart the shared broker) alone, on a broker that still holds few topics (restarted after
-# the whole suite's thousands of topics it takes minutes to load them), then every other test
+# restart the shared broker, and the three-node cluster's, which kill and restart its nodes)
+# alone, on a broker that still holds few topics (restarted after the whole suite's thousands
+# of topics it takes minutes to load them), then every other test
 # in TEST_WORKERS processes (pytest-xdist, default 4: most of the suite waits on brokers,
 # timeouts and child processes, not on the two cores; tests sharing a resource they change
 # run in one process, tests/conftest.py). With arguments, pytest runs them as given, in one
