@@ -113,11 +113,14 @@ class JsonOutput:
         self.classifier = model.task != "regression"
         self.feature_names = list(model.feature_names)
         self.id_key = json.dumps(id_column or "id")
-
-    def encode(self, gathered: Gathered, r, recs: list) -> list:
         from .. import _eventread
         from ..model.result import STOP_REASONS
 
+        # once, not per group of messages
+        self._encode_scores = _eventread.encode_scores
+        self.stop_names = [str(x).encode() for x in STOP_REASONS]
+
+    def encode(self, gathered: Gathered, r, recs: list) -> list:
         g = gathered
         n_msg = len(g.offsets) - 1
         singles = np.zeros(n_msg, np.uint8) if g.singles is None else \
@@ -131,14 +134,14 @@ class JsonOutput:
             texts = [_id_json(v) for v in values]
         reasons = self._reasons(r)
         try:
-            return _eventread.encode_scores(
+            return self._encode_scores(
                 np.ascontiguousarray(g.offsets, np.int64), singles, int_ids, texts,
                 self.id_key.encode(), np.ascontiguousarray(r.score, np.float64),
                 np.ascontiguousarray(r.label, np.int64) if self.classifier else _EMPTY_I64,
                 np.ascontiguousarray(r.decision, np.int8),
                 np.ascontiguousarray(r.work_units, np.int32),
                 np.ascontiguousarray(r.stop_code, np.int8),
-                [str(x).encode() for x in STOP_REASONS],
+                self.stop_names,
                 np.ascontiguousarray(r.score_lo, np.float64),
                 np.ascontiguousarray(r.score_hi, np.float64),
                 None if reasons is None else [x.encode() for x in reasons])
