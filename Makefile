@@ -7,7 +7,7 @@ SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
 .PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain \
-	bench-categorical bench-tls golden clean \
+	bench-categorical bench-tls bench-serve golden clean \
 	broker-start \
 	broker-stop fuzz soak chaos
 
@@ -86,6 +86,13 @@ bench-lazy: build
 bench-e2e: build
 	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
 	$(PY) bench/e2e.py
+
+# `scoring-worker serve` against MLServer (its own virtualenv, bench/out/mlserver-venv) and its
+# server against uvicorn and granian: wrk (Debian's package) on one core, each server on the
+# other; writes bench/SERVE-RESULTS.md and bench/serve-latency.png (~5 minutes).
+bench-serve: build
+	$(PY) -m pip install -q "uvicorn[standard]>=0.30" "granian>=2.0" "xgboost==3.2.0" matplotlib
+	$(PY) bench/serve.py
 
 # What TLS and SASL cost: exactly-once one-row throughput on the plaintext broker against the
 # SASL_SSL one (started here), alternating; writes bench/SECURITY-RESULTS.md (~5 minutes).

@@ -1,8 +1,9 @@
-"""Commands: run (--config), compile, score, record, replay."""
+"""Commands: run (--config), compile, score, record, replay, serve."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -308,6 +309,63 @@ def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, 
         result = compare(output, expect, atol=atol, rtol=rtol)
         click.echo(result.summary())
         sys.exit(0 if result.ok else 1)
+
+
+@main.command("serve")
+@click.option("--model", "model_path", default=None, type=click.Path(dir_okay=False),
+              help="Compiled model artifact (default: the config's model.path).")
+@click.option("--name", default=None, help="The model's name in the URLs (default: the "
+              "artifact's file stem).")
+@click.option("--host", default=None, help="Bind address (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default 8080; 0: any free one).")
+@click.option("--workers", type=int, default=None,
+              help="Processes sharing the port (default 1).")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="Worker config: its serve, scoring, model and logging "
+              "sections apply.")
+def serve_cmd(model_path, name, host, port, workers, config_path) -> None:
+    """Synchronous scoring over the Open Inference Protocol (KServe v2): JSON, binary tensors
+    and Arrow bodies at POST /v2/models/NAME/infer."""
+    from . import startup
+    from .config import ConfigError, load_settings
+    from .serve.server import serve_workers
+    from .serve.service import Service
+
+    _exit_if_stopped()
+    over: dict = {}
+    if model_path:
+        over["model"] = {"path": model_path}
+    serve = {k: v for k, v in (("name", name), ("host", host), ("port", port),
+                               ("workers", workers)) if v is not None}
+    if serve:
+        over["serve"] = serve
+    # serve reads no source: a config without one (or none at all) is complete
+    defaults = {"source": {"type": "file", "path": os.devnull}}
+    if not model_path and not config_path:
+        raise click.UsageError("--model (or --config with model.path) is required")
+    try:
+        settings = load_settings(config_path, defaults=defaults, **over)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    path = settings.model.path
+    if not os.path.isfile(path):
+        _config_exit(f"model.path: {path} does not exist")
+    startup.configure_logging(settings.logging.level, settings.logging.format)
+    model_name = settings.serve.name or Path(path).stem
+    s = settings.serve
+
+    def listening(address) -> None:
+        click.echo(f"serving {model_name!r} on http://{address[0]}:{address[1]}/v2 "
+                   f"({s.workers} worker{'s' if s.workers > 1 else ''})", err=True)
+
+    try:
+        rc = serve_workers(lambda: Service(settings, path, model_name), s.host, s.port,
+                           s.workers, listening)
+    except OSError as exc:  # the address is taken, not ours, unknown
+        _config_exit(f"serve.port: cannot listen on {s.host}:{s.port}: "
+                     f"{exc.strerror or exc}")
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

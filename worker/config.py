@@ -492,6 +492,32 @@ class MetricsConfig(_Section):
     """Bind address of the metrics server (loopback by default)."""
 
 
+class ServeConfig(_Section):
+    """`scoring-worker serve` (its flags win over this section)."""
+
+    host: str = "127.0.0.1"
+    """Bind address (loopback by default; 0.0.0.0 in a container)."""
+    port: int = Field(8080, ge=0, le=65535)
+    """Port; 0 takes one the system picks (printed at start-up)."""
+    name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")
+    """The model's name in the URLs; default: the artifact's file stem."""
+    workers: int = Field(1, ge=1, le=64)
+    """Processes sharing the port (SO_REUSEPORT), each with its own copy of the model."""
+    max_body_bytes: int = Field(64 << 20, ge=1024, le=1 << 31)
+    """Largest request body; a larger one is answered 413 without being read."""
+    max_header_bytes: int = Field(16 << 10, ge=1024, le=1 << 20)
+    """Largest request line plus headers (431 beyond)."""
+    max_rows: int = Field(100_000, ge=1, le=10_000_000)
+    """Most rows in one request (413 beyond)."""
+    max_connections: int = Field(1024, ge=1, le=1_000_000)
+    """Open connections at most; more are closed as they arrive."""
+    request_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    """A request's headers and body must arrive within this (408, and the connection is
+    closed: slow clients)."""
+    keepalive_timeout_ms: int = Field(30_000, ge=100, le=3_600_000)
+    """An idle keep-alive connection is closed after this."""
+
+
 class LoggingConfig(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level."""
@@ -514,6 +540,7 @@ class Settings(BaseSettings):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
@@ -693,9 +720,11 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def load_settings(path: str | Path | None = None, **overrides) -> Settings:
-    """YAML file (optional), then the environment on top, then ``overrides`` (command-line
-    flags: they win over both). Raises ConfigError naming the field."""
+def load_settings(path: str | Path | None = None, defaults: dict | None = None,
+                  **overrides) -> Settings:
+    """YAML file (optional; on top of ``defaults``), then the environment on top, then
+    ``overrides`` (command-line flags: they win over both). Raises ConfigError naming the
+    field."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -715,6 +744,8 @@ def load_settings(path: str | Path | None = None, **overrides) -> Settings:
         if not isinstance(data, dict):
             raise ConfigError(f"config error: {p}: the top level must be a mapping of sections")
         _check_file_secrets(data, str(p))
+    if defaults:
+        data = _merge(defaults, data)
     _check_environment()
     try:
         settings = Settings(**_merge(data, overrides))  # the environment wins over both here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -59,5 +60,12 @@ class ScoreResult:
 
 def decisions(score: np.ndarray, thresholds) -> np.ndarray:
     """Band index: how many thresholds the score is >= to."""
-    t = np.sort(np.asarray(list(thresholds), dtype=np.float64))
-    return np.searchsorted(t, score, side="right").astype(np.int8)
+    return np.searchsorted(_sorted(tuple(thresholds)), score, side="right").astype(np.int8)
+
+
+@functools.lru_cache(maxsize=64)
+def _sorted(thresholds: tuple) -> np.ndarray:
+    """The thresholds sorted, once per set (a one-row request would sort them every time)."""
+    t = np.sort(np.asarray(thresholds, dtype=np.float64))
+    t.setflags(write=False)
+    return t

@@ -1,0 +1,548 @@
+"""`scoring-worker serve`: the Open Inference Protocol (KServe v2) over HTTP, checked with
+Triton's own HTTP client (tritonclient) against the real server process; scores equal the
+libraries' own predictions on hostile rows in every body kind (JSON, binary tensors, Arrow);
+hostile requests (malformed bodies and HTTP, wrong shapes and types, oversized bodies, slow
+and idle clients) get a 4xx and the server keeps serving; hot swap between requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+import worker
+from tests import models as M
+from worker.config import load_settings
+from worker.serve import oip
+from worker.serve.service import Service
+
+ROOT = Path(__file__).resolve().parent.parent
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+NAMES = [f"feat_{i}" for i in range(M.N_FEATURES)]
+
+
+class Server:
+    """``scoring-worker serve`` in its own process, on a port the system picks."""
+
+    def __init__(self, model: Path, tmp: Path, config: dict | None = None, *args: str):
+        cfg = tmp / f"serve-{time.monotonic_ns()}.yaml"
+        cfg.write_text(yaml.safe_dump(config or {}))
+        self.log = open(tmp / f"serve-{time.monotonic_ns()}.log", "w+b")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "serve", "--model", str(model), "--port", "0",
+             "--config", str(cfg), *args], cwd=ROOT, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 60
+        while True:
+            text = Path(self.log.name).read_text(errors="replace")
+            m = re.search(r"on http://([0-9.]+):(\d+)/v2", text)
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                break
+            assert self.proc.poll() is None, text
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)
+        self.url = f"{self.host}:{self.port}"
+        self.wait_ready()
+
+    def wait_ready(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if get(self, "/v2/health/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert self.proc.poll() is None, self.output()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(20)
+        self.log.close()
+        return rc
+
+
+def get(server, path):
+    try:
+        with urllib.request.urlopen(f"http://{server.url}{path}", timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post(server, path, body: bytes, headers=None):
+    req = urllib.request.Request(f"http://{server.url}{path}", body,
+                                 {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def raw_http(server, data: bytes, timeout=10.0, read=True) -> bytes:
+    with socket.create_connection((server.host, server.port), timeout=timeout) as s:
+        s.sendall(data)
+        if not read:
+            return b""
+        out = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        except TimeoutError:
+            pass
+        return out
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve-models")
+    xgbs, sks = M.xgboost_models(), M.sklearn_models()
+    out = {}
+    for key, src in (("binary", xgbs["xgb-binary-logistic"]),
+                     ("multi", xgbs["xgb-multi-softprob"]),
+                     ("other", xgbs["xgb-parallel-tree"]),
+                     ("rf", sks["rf-multi"]), ("reg", xgbs["xgb-reg-squarederror"])):
+        m = worker.compile_model(src)
+        if key == "rf":  # sklearn knows no feature names: the same ones as the boosters'
+            m.feature_names = list(NAMES)
+            m.meta["feature_names"] = list(NAMES)
+        out[key] = d / f"{key}.model"
+        m.save(out[key])
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(artifacts, tmp_path_factory):
+    s = Server(artifacts["binary"], tmp_path_factory.mktemp("serve"),
+               {"serve": {"max_body_bytes": 1 << 20, "max_rows": 5000,
+                          "request_timeout_ms": 1500, "max_connections": 64,
+                          "keepalive_timeout_ms": 5000}})
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = httpclient.InferenceServerClient(url=server.url)
+    yield c
+    c.close()
+
+
+def _hostile(booster, n=400, seed=0, inf=True):
+    return M.hostile_rows(n, M.xgboost_thresholds(booster), seed, inf=inf)
+
+
+# ---- conformance with tritonclient ------------------------------------------------------------
+
+def test_health_and_metadata_through_tritonclient(client, artifacts):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("binary")
+    assert not client.is_model_ready("nonesuch")
+    meta = client.get_model_metadata("binary")
+    m = worker.load_model(artifacts["binary"])
+    assert meta["name"] == "binary" and meta["versions"] == [m.model_id]
+    assert meta["inputs"] == [{"name": "input-0", "datatype": "FP32",
+                               "shape": [-1, M.N_FEATURES]}]
+    assert [o["name"] for o in meta["outputs"]] == ["score", "label", "decision",
+                                                     "work_units", "stop_reason"]
+    assert meta["parameters"]["feature_names"] == NAMES
+    server_meta = client.get_server_metadata()
+    assert "binary_tensor_data" in server_meta["extensions"]
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.get_model_metadata("nonesuch")
+
+
+@pytest.mark.parametrize("binary_in,binary_out", [(False, False), (True, False), (True, True),
+                                                  (False, True)])
+def test_scores_equal_predict_proba_on_hostile_rows(client, binary_in, binary_out):
+    """Every body kind of tritonclient: scores equal XGBoost's predict on NaN, +-inf
+    (binary) / numbers beyond float32 (JSON: inf after the cast), zeros, threshold values."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, inf=binary_in)
+    if not binary_in:  # JSON cannot say inf: numbers a float32 cast makes +-inf of
+        X[:7, 1] = np.float32(3.0e38)
+    inp = httpclient.InferInput("input-0", list(X.shape), "FP32")
+    inp.set_data_from_numpy(X, binary_data=binary_in)
+    outs = [httpclient.InferRequestedOutput(n, binary_data=binary_out)
+            for n in ("score", "label", "decision", "stop_reason", "work_units")]
+    res = client.infer("binary", [inp], outputs=outs, request_id="r-1")
+    want = booster.predict(xgb.DMatrix(M.finite_for_library(X), feature_names=NAMES))
+    score = res.as_numpy("score")
+    assert score.dtype == np.float64 and score.shape == (len(X),)
+    np.testing.assert_allclose(score, want, rtol=0, atol=2e-7)
+    assert (res.as_numpy("label") == (want > 0.5)).all()
+    assert (res.as_numpy("decision") == (score >= 0.5)).all()
+    assert [s.decode() if isinstance(s, bytes) else s
+            for s in res.as_numpy("stop_reason")] == ["full"] * len(X)
+    assert (res.as_numpy("work_units") == 25).all()
+    r = res.get_response()
+    assert r["id"] == "r-1" and r["model_name"] == "binary"
+    assert r["model_version"] == r["parameters"]["model_id"]
+
+
+def test_one_input_per_feature_with_missing_features(server):
+    """Inputs named by the features (any order); a feature without one is missing."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, n=50, seed=3, inf=False)
+    X[:, 4] = np.nan  # feat_4 not sent
+    inputs = [{"name": NAMES[j], "shape": [len(X)], "datatype": "FP64",
+               "data": [None if np.isnan(v) else float(v) for v in X[:, j]]}
+              for j in (6, 0, 1, 2, 3, 5)]
+    status, _, body = post(server, "/v2/models/binary/infer",
+                           json.dumps({"inputs": inputs}).encode())
+    assert status == 200, body
+    score = np.array(json.loads(body)["outputs"][0]["data"])
+    want = booster.predict(xgb.DMatrix(X, feature_names=NAMES))
+    np.testing.assert_allclose(score, want, rtol=0, atol=2e-7)
+
+
+def test_multiclass_and_forest_scores_equal_the_libraries(artifacts, tmp_path):
+    xgb = pytest.importorskip("xgboost")
+    for key, ref in (("multi", M.xgboost_models()["xgb-multi-softprob"]),
+                     ("rf", M.sklearn_models()["rf-multi"])):
+        s = Server(artifacts[key], tmp_path)
+        try:
+            thresholds = M.xgboost_thresholds(ref) if key == "multi" else \
+                M.sklearn_thresholds(ref)
+            X = M.hostile_rows(300, thresholds, 5, inf=True)
+            c = httpclient.InferenceServerClient(url=s.url)
+            inp = httpclient.InferInput("input-0", list(X.shape), "FP32")
+            inp.set_data_from_numpy(X, binary_data=True)
+            res = c.infer(key, [inp])
+            c.close()
+            Xl = M.finite_for_library(X)
+            proba = ref.predict(xgb.DMatrix(Xl, feature_names=NAMES)) if key == "multi" \
+                else ref.predict_proba(Xl)
+            np.testing.assert_array_equal(res.as_numpy("label"), proba.argmax(axis=1))
+            np.testing.assert_allclose(res.as_numpy("score"), proba.max(axis=1), rtol=0,
+                                       atol=2e-6)
+        finally:
+            assert s.stop() == 0
+
+
+def test_arrow_body_is_answered_in_arrow_with_ids(server):
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, n=120, seed=9)
+    cols = [pa.array(X[:, j]) for j in range(X.shape[1])]
+    for ids in (None, pa.array([f"t{i}" for i in range(len(X))])):
+        names = list(NAMES)
+        if ids is not None:
+            cols2, names = [*cols, ids], [*NAMES, "txn_id"]
+        else:
+            cols2 = cols
+        batch = pa.RecordBatch.from_arrays(cols2, names=names)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        status, headers, body = post(server, "/v2/models/binary/infer",
+                                     sink.getvalue().to_pybytes(),
+                                     {"Content-Type": "application/vnd.apache.arrow.stream"})
+        assert status == 200, body
+        assert headers["Content-Type"] == "application/vnd.apache.arrow.stream"
+        out = pa.ipc.open_stream(body).read_all()
+        want = booster.predict(xgb.DMatrix(M.finite_for_library(X), feature_names=NAMES))
+        np.testing.assert_allclose(out.column("score").to_numpy(), want, rtol=0, atol=2e-7)
+        if ids is not None:
+            assert out.column("id").to_pylist() == ids.to_pylist()
+        assert headers["model-id"] == out.schema.metadata[b"model_id"].decode()
+
+
+def test_reason_codes_when_asked(server):
+    X = np.zeros((3, M.N_FEATURES), np.float32)
+    X[1] = 2.0
+    body = {"inputs": [{"name": "x", "shape": [3, M.N_FEATURES], "datatype": "FP32",
+                        "data": X.ravel().tolist()}],
+            "outputs": [{"name": "score"}, {"name": "reason_feature"},
+                        {"name": "reason_value"}], "parameters": {"top_k": 2}}
+    status, _, out = post(server, "/v2/models/binary/infer", json.dumps(body).encode())
+    assert status == 200, out
+    got = {o["name"]: o for o in json.loads(out)["outputs"]}
+    assert got["reason_feature"]["shape"] == [3, 2]
+    assert all(f in NAMES for f in got["reason_feature"]["data"])
+    assert got["reason_value"]["shape"] == [3, 2]
+    m = worker.load_model(server.proc.args[server.proc.args.index("--model") + 1])
+    r = m.score_batch(X, explain="treeshap", top_k=2, explain_min_score=-np.inf)
+    np.testing.assert_allclose(np.array(got["reason_value"]["data"]).reshape(3, 2),
+                               r.reason_value, rtol=1e-6)
+
+
+# ---- hostile requests --------------------------------------------------------------------------
+
+BAD_BODIES = {
+    b"": 400, b"not json": 400, b"[]": 400, b'{"inputs": []}': 400,
+    b'{"inputs": [1]}': 400, b'{"inputs": [{"name": "x"}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32"}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [1,2,3,4,5,6]}]}':
+        400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "BYTES", "data": ["a"]}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", "data": [1,2,3,"4",5,6,7]'
+    b'}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", "data": [1,2,3,{},5,6,7]'
+    b'}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [2, 7], "datatype": "FP32", "data": [1,2]}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, -7], "datatype": "FP32", "data": []}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7.0], "datatype": "FP32", "data": []}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [true, 7], "datatype": "FP32", "data": []}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "INT32", "data": [1,2,3,4,5,6,'
+    b'7.5]}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "BOOL", "data": [1,2,3,4,5,6,7]'
+    b'}]}': 400,
+    b'{"inputs": [{"name": "feat_0", "shape": [1], "datatype": "FP32", "data": [1]}, '
+    b'{"name": "feat_0", "shape": [1], "datatype": "FP32", "data": [1]}]}': 400,
+    b'{"inputs": [{"name": "feat_0", "shape": [1], "datatype": "FP32", "data": [1]}, '
+    b'{"name": "feat_1", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}': 400,
+    b'{"inputs": [{"name": "feat_0", "shape": [1], "datatype": "FP32", "data": [1]}, '
+    b'{"name": "nofeature", "shape": [1], "datatype": "FP32", "data": [1]}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [9999999, 7], "datatype": "FP32", "data": []}]}':
+        413,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", "data": [[1,2,3,4,5,6,'
+    b'[7]]]}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", "data": [1,2,3,4,5,6,7]}]'
+    b', "outputs": [{"name": "nonesuch"}]}': 400,
+    b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", "data": [1,2,3,4,5,6,7]}]'
+    b', "parameters": {"top_k": 0}}': 400,
+    b"[" * 100_000 + b"]" * 100_000: 400,
+}
+
+
+def test_malformed_requests_get_400_and_the_server_keeps_serving(server):
+    for body, want in BAD_BODIES.items():
+        status, _, out = post(server, "/v2/models/binary/infer", body)
+        assert status == want, (body[:120], out)
+        assert "error" in json.loads(out)
+    status, _, _ = post(server, "/v2/models/nonesuch/infer", b"{}")
+    assert status == 404
+    assert get(server, "/v2/models/binary/infer")[0] == 405
+    assert get(server, "/v2/nonesuch")[0] == 404
+    status, _, _ = post(server, "/v2/models/binary/infer", b"{}",
+                        {"Content-Encoding": "gzip"})
+    assert status == 415
+    assert server.proc.poll() is None
+    ok = b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", ' \
+         b'"data": [1,2,3,4,5,6,7]}]}'
+    assert post(server, "/v2/models/binary/infer", ok)[0] == 200
+
+
+def test_binary_tensor_sizes_are_checked_against_the_body(server):
+    X = np.ones((2, M.N_FEATURES), np.float32).tobytes()
+
+    def send(size, data, hlen=None, shape=(2, M.N_FEATURES)):
+        head = json.dumps({"inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32",
+                                       "parameters": {"binary_data_size": size}}]}).encode()
+        n = len(head) if hlen is None else hlen
+        return post(server, "/v2/models/binary/infer", head + data,
+                    {"Inference-Header-Content-Length": str(n),
+                     "Content-Type": "application/octet-stream"})
+
+    assert send(len(X), X)[0] == 200
+    for size, data, hlen in [(len(X), X[:-1], None), (len(X) - 4, X, None),
+                             (len(X), X + b"\0", None), (2**63 - 1, X, None), (-1, X, None),
+                             (2**32, X, None), (len(X), X, 10**12), (len(X), X, -5),
+                             (len(X), X, 3)]:
+        status, _, out = send(size, data, hlen)
+        assert status == 400, (size, len(data), hlen, out)
+    for shape in [(2**31, M.N_FEATURES), (2**63 - 1, M.N_FEATURES), (2, 2**32)]:
+        status, _, out = send(len(X), X, shape=shape)
+        assert status in (400, 413), (shape, out)
+    status, _, out = post(server, "/v2/models/binary/infer", b"{}",
+                          {"Inference-Header-Content-Length": "x1"})
+    assert status == 400
+
+
+def test_an_oversized_body_is_refused_before_it_is_sent(server):
+    """Content-Length over serve.max_body_bytes: 413 at once, the body never read."""
+    t0 = time.monotonic()
+    out = raw_http(server, b"POST /v2/models/binary/infer HTTP/1.1\r\nHost: x\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n",
+                   timeout=5)
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+    assert time.monotonic() - t0 < 4
+    # chunked, no length: refused once it passes the limit
+    chunk = b"x" * 65536
+    data = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(20))
+    out = raw_http(server, b"POST /v2/models/binary/infer HTTP/1.1\r\nHost: x\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n" + data, timeout=5)
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+
+
+def test_malformed_http_and_huge_headers(server):
+    assert raw_http(server, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert raw_http(server, b"GET /v2 HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 +
+                    b"\r\n\r\n").startswith(b"HTTP/1.1 431")
+    assert raw_http(server, b"GET /" + b"a" * 40000 + b" HTTP/1.1\r\n\r\n").startswith(
+        b"HTTP/1.1 431")
+    assert get(server, "/v2/health/live")[0] == 200
+
+
+def test_slow_and_idle_clients_are_bounded(server):
+    """A request that trickles in past serve.request_timeout_ms gets 408 and is closed; idle
+    connections beyond serve.max_connections are closed as they arrive; service goes on."""
+    with socket.create_connection((server.host, server.port), timeout=10) as s:
+        s.sendall(b"POST /v2/models/binary/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100"
+                  b"\r\n\r\n{")
+        t0 = time.monotonic()
+        got = s.recv(4096)
+        assert got.startswith(b"HTTP/1.1 408"), got
+        assert 1.0 < time.monotonic() - t0 < 8
+    idle = []
+    try:
+        for _ in range(200):  # max_connections is 64
+            idle.append(socket.create_connection((server.host, server.port), timeout=5))
+        time.sleep(0.3)
+        closed = 0
+        for s in idle:
+            s.setblocking(False)
+            try:
+                if s.recv(1) == b"":
+                    closed += 1
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 200 - 64
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.2)
+    assert get(server, "/v2/health/ready")[0] == 200
+    text = get(server, "/metrics")[1].decode()
+    assert re.search(r"serve_connections_refused_total [1-9]", text), text[-2000:]
+    assert 'serve_requests_total{route="http",status="408"}' in text
+
+
+def test_metrics(server):
+    text = get(server, "/metrics")[1].decode()
+    for name in ("serve_request_seconds_bucket", "serve_rows_total", "serve_ready 1.0",
+                 'serve_requests_total{route="infer",status="400"}', "serve_model_info"):
+        assert name in text, name
+
+
+# ---- the model's life ----------------------------------------------------------------------------
+
+def test_readiness_is_false_until_the_model_is_loaded(artifacts):
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(artifacts["binary"])})
+    svc = Service(s, str(artifacts["binary"]), "binary")
+    assert svc.handle(b"GET", b"/v2/health/live", {}, b"")[0] == 200
+    assert svc.handle(b"GET", b"/v2/health/ready", {}, b"")[0] == 503
+    assert svc.handle(b"GET", b"/v2/models/binary/ready", {}, b"")[0] == 503
+    assert svc.handle(b"POST", b"/v2/models/binary/infer", {}, b"{}")[0] == 503
+    svc.load()
+    assert svc.handle(b"GET", b"/v2/health/ready", {}, b"")[0] == 200
+
+
+def test_hot_swap_between_requests(artifacts, tmp_path):
+    path = tmp_path / "live.model"
+    path.write_bytes(artifacts["binary"].read_bytes())
+    s = Server(path, tmp_path, {"model": {"reload": True, "reload_interval_ms": 50}},
+               "--name", "live")
+    try:
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, M.N_FEATURES],
+                                       "datatype": "FP32", "data": [0.5] * M.N_FEATURES}]}
+                          ).encode()
+        first = json.loads(post(s, "/v2/models/live/infer", body)[2])["model_version"]
+        new = worker.load_model(artifacts["other"])
+        new.save(path)
+        deadline = time.monotonic() + 20
+        while True:
+            status, headers, out = post(s, "/v2/models/live/infer", body)
+            assert status == 200
+            got = json.loads(out)
+            assert got["model_version"] == headers["model-id"]
+            if got["model_version"] == new.model_id:
+                break
+            assert got["model_version"] == first
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        score = got["outputs"][0]["data"][0]
+        assert score == pytest.approx(float(new.score_batch(
+            np.full((1, M.N_FEATURES), 0.5, np.float32)).score[0]), abs=1e-12)
+    finally:
+        assert s.stop() == 0
+
+
+def test_workers_share_the_port_and_stop_together(artifacts, tmp_path):
+    s = Server(artifacts["binary"], tmp_path, None, "--workers", "2")
+    try:
+        children = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        assert len(children) == 2
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, M.N_FEATURES],
+                                       "datatype": "FP32", "data": [0.5] * M.N_FEATURES}]}
+                          ).encode()
+        for _ in range(20):
+            assert post(s, "/v2/models/binary/infer", body)[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_bad_model_and_bad_config_exit_2(tmp_path, artifacts):
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"\0not a model" * 50)
+    for args in (["--model", str(bad)], ["--model", str(tmp_path / "missing.model")],
+                 ["--model", str(artifacts["binary"]), "--port", "70000"],
+                 ["--model", str(artifacts["binary"]), "--workers", "0"]):
+        r = subprocess.run([sys.executable, "-m", "worker.cli", "serve", "--port", "0", *args]
+                           if "--port" not in args else
+                           [sys.executable, "-m", "worker.cli", "serve", *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert "error" in r.stderr
+
+
+def test_parse_infer_edges():
+    """The parser alone, at integer edges, without a server."""
+    index = {f: j for j, f in enumerate(NAMES)}
+    F = M.N_FEATURES
+    for shape in ([2**31, F], [2**32, F], [2**63 - 1, F], [0, F]):
+        body = json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32",
+                                       "data": []}]}).encode()
+        if shape[0] == 0:
+            assert oip.parse_infer(body, None, index, 100, True, False).X.shape == (0, F)
+        else:
+            with pytest.raises(oip.RequestError) as e:
+                oip.parse_infer(body, None, index, 100, True, False)
+            assert e.value.status == 413
+    # JSON numbers as Arrow casts them: integers beyond 2^53 in one rounding
+    edge = [2**53 + 1, 2**62 + 3, 2**63 - 1, -2**63, 2**64 - 1, 16777217, 1e39, -1e39]
+    body = json.dumps({"inputs": [{"name": "feat_0", "shape": [len(edge)], "datatype": "FP64",
+                                   "data": edge}]}).encode()
+    X = oip.parse_infer(body, None, index, 100, True, False).X
+    for v, got in zip(edge, X[:, 0], strict=True):
+        if isinstance(v, float):
+            ref = np.float32(v) if abs(v) < 3.5e38 else np.float32(np.copysign(np.inf, v))
+        else:
+            t = pa.uint64() if v >= 2**63 else pa.int64()
+            ref = pa.array([v], t).cast(pa.float32(), safe=False).to_numpy()[0]
+        assert got == ref, v
+    assert np.isnan(X[:, 1:]).all()

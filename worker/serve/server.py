@@ -1,0 +1,360 @@
+"""The HTTP/1.1 server of ``scoring-worker serve``: asyncio (uvloop's loop where installed)
+with httptools' parser (llhttp, the parser uvicorn uses), around ``Service.handle``.
+
+Chosen by measurement (bench/serve.py, bench/SERVE-RESULTS.md): uvicorn with httptools and
+granian ran the same ``Service`` behind their ASGI interfaces; this one, without the ASGI
+layer, answered the most one-row requests per second on one core.
+
+Bounds, each answered and counted, never a crash: a body over ``serve.max_body_bytes``
+(413 from its Content-Length before a byte of it is read, or as soon as a chunked body
+passes it; the connection is closed), request line and headers over
+``serve.max_header_bytes`` (431), a request not complete within
+``serve.max_request_timeout_ms`` (408: slow clients), an idle keep-alive connection (closed
+after ``serve.keepalive_timeout_ms``), more than ``serve.max_connections`` open (closed at
+once). A request is answered in the loop's thread: scoring a row takes microseconds, and a
+request's answer is written before the next one on the connection is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+
+import httptools
+import structlog
+
+log = structlog.get_logger("worker.serve")
+
+_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+            408: b"Request Timeout", 413: b"Content Too Large", 415: b"Unsupported Media Type",
+            431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
+            503: b"Service Unavailable"}
+
+
+def response_bytes(status: int, ctype: bytes, body: bytes, extra: list, keep_alive: bool,
+                   head_only: bool = False) -> bytes:
+    parts = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
+             % (status, _REASONS.get(status, b"Error"), ctype, len(body))]
+    for k, v in extra:
+        parts.append(k + b": " + v + b"\r\n")
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    if not head_only:
+        parts.append(body)
+    return b"".join(parts)
+
+
+LINGER_S = 2.0  # after an error answer: how long the rest of a request is read and dropped
+LINGER_BYTES = 8 << 20  # and how much of it
+
+
+class _Limits:
+    __slots__ = ("max_body", "max_header", "request_timeout", "keepalive_timeout",
+                 "max_connections")
+
+    def __init__(self, serve):
+        self.max_body = serve.max_body_bytes
+        self.max_header = serve.max_header_bytes
+        self.request_timeout = serve.request_timeout_ms / 1000
+        self.keepalive_timeout = serve.keepalive_timeout_ms / 1000
+        self.max_connections = serve.max_connections
+
+
+class _State:
+    """What every connection of one server shares."""
+
+    def __init__(self, service, limits: _Limits):
+        self.service, self.limits = service, limits
+        self.open = 0
+        self.connections: set = set()
+
+
+class HttpProtocol(asyncio.Protocol):
+    __slots__ = ("state", "loop", "transport", "parser", "url", "headers", "body", "size",
+                 "header_bytes", "timer", "closing", "t0", "_name")
+
+    def __init__(self, state: _State, loop):
+        self.state, self.loop = state, loop
+        self.transport = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+        self.size = 0
+        self.header_bytes = 0
+        self.timer = None
+        self.closing = False
+        self._name = b""
+
+    # ---- the connection ------------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        st = self.state
+        if st.open >= st.limits.max_connections:
+            st.service.metrics.connections_refused.inc()
+            self.closing = True
+            transport.abort()  # over the cap: closed at once, nothing read
+            return
+        st.open += 1
+        st.connections.add(self)
+        st.service.metrics.connections.set(st.open)
+        self._arm(st.limits.keepalive_timeout, self._idle)
+
+    def connection_lost(self, exc):
+        st = self.state
+        if self in st.connections:
+            st.connections.discard(self)
+            st.open -= 1
+            st.service.metrics.connections.set(st.open)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm(self, after: float, then) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(after, then)
+
+    def _idle(self):
+        self.timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _too_slow(self):
+        self.timer = None
+        self._fail(408, "the request did not arrive within serve.request_timeout_ms")
+
+    def data_received(self, data: bytes):
+        if self.closing:  # lingering after an error answer: what still comes is dropped
+            self.size += len(data)
+            if self.size > LINGER_BYTES:
+                self.transport.abort()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            if not self.closing:
+                self._fail(400, f"malformed HTTP request: {exc}")
+
+    def _fail(self, status: int, message: str, route: str = "http") -> None:
+        """Answer ``status`` and close the connection (what was read of it is unusable)."""
+        if self.closing:
+            return
+        self.closing = True
+        import orjson
+
+        self.state.service.metrics.answered(route, status)
+        self.transport.write(response_bytes(status, b"application/json",
+                                            orjson.dumps({"error": message}), [], False))
+        # a lingering close: the answer, then our end shut while what the client still sends
+        # is read and dropped (closing at once with unread data resets the connection, and
+        # the client may lose the answer), for LINGER_S or LINGER_BYTES at most
+        self.size = 0
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._arm(LINGER_S, self.transport.abort)
+        else:
+            self.transport.close()
+
+    # ---- httptools' callbacks ------------------------------------------------------------
+    def on_message_begin(self):
+        self.url = b""
+        self.headers = {}
+        self.body = []
+        self.size = 0
+        self.header_bytes = 0
+        self.t0 = time.perf_counter()
+        self._arm(self.state.limits.request_timeout, self._too_slow)
+
+    def on_url(self, url: bytes):
+        self.url += url
+        self.header_bytes += len(url)
+        if self.header_bytes > self.state.limits.max_header:
+            self._fail(431, "the request line is longer than serve.max_header_bytes")
+            raise httptools.HttpParserError("too long")
+
+    def on_header(self, name: bytes, value: bytes):
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > self.state.limits.max_header:
+            self._fail(431, "the headers are larger than serve.max_header_bytes")
+            raise httptools.HttpParserError("too long")
+        if len(self.headers) >= 256:
+            self._fail(431, "more than 256 headers")
+            raise httptools.HttpParserError("too many")
+        name = name.lower()
+        if name in self.headers:  # a repeated header: its values joined, as HTTP says
+            self.headers[name] += b"," + value
+        else:
+            self.headers[name] = value
+
+    def on_headers_complete(self):
+        length = self.headers.get(b"content-length")
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                n = -1
+            if n > self.state.limits.max_body:
+                self._fail(413, f"the body ({n} bytes) is larger than serve.max_body_bytes "
+                                f"({self.state.limits.max_body})", "infer")
+                raise httptools.HttpParserError("too large")
+
+    def on_body(self, body: bytes):
+        self.size += len(body)
+        if self.size > self.state.limits.max_body:
+            self._fail(413, f"the body is larger than serve.max_body_bytes "
+                            f"({self.state.limits.max_body})", "infer")
+            raise httptools.HttpParserError("too large")
+        self.body.append(body)
+
+    def on_message_complete(self):
+        if self.closing:
+            return
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body = []
+        method = self.parser.get_method()
+        keep_alive = self.parser.should_keep_alive()
+        status, ctype, out, extra = self.state.service.handle(method, self.url, self.headers,
+                                                              body)
+        self.transport.write(response_bytes(status, ctype, out, extra, keep_alive,
+                                            method == b"HEAD"))
+        if keep_alive:
+            self._arm(self.state.limits.keepalive_timeout, self._idle)
+        else:
+            self.closing = True
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self.transport.close()
+
+
+def new_event_loop():
+    """uvloop's loop where it is installed (about twice asyncio's requests/s), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_socket(service, sock: socket.socket, on_listening=None) -> int:
+    """Serve on the bound ``sock`` until SIGTERM/SIGINT; load the model in a thread meanwhile
+    (live at once, ready once it is loaded). Exit code: 0, or 2 if the model cannot load."""
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    state = _State(service, _Limits(service.serve))
+    stop = asyncio.Event()
+    result = {"code": 0}
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def load():
+        try:
+            await loop.run_in_executor(None, service.load)
+        except Exception as exc:  # noqa: BLE001 (reported, and the server exits 2)
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else \
+                type(exc).__name__
+            print(f"config error: model: {text}", file=sys.stderr)
+            result["code"] = 2
+            stop.set()
+
+    async def main():
+        sock.listen(4096)
+        server = await loop.create_server(lambda: HttpProtocol(state, loop), sock=sock,
+                                          backlog=4096)
+        if on_listening is not None:
+            on_listening(sock.getsockname())
+        loader = loop.create_task(load())
+        await stop.wait()
+        server.close()
+        for conn in list(state.connections):  # finish nothing half-read: close them
+            if conn.transport is not None:
+                conn.transport.close()
+        loader.cancel()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        service.close()
+        loop.close()
+    return result["code"]
+
+
+def serve_workers(make_service, host: str, port: int, workers: int, on_listening=None) -> int:
+    """``workers`` processes, each with its own socket on one port (SO_REUSEPORT: the kernel
+    spreads connections) and its own model; one that dies is started again. SIGTERM/SIGINT
+    stop them all."""
+    if workers == 1:
+        sock = bind(host, port, reuse_port=False)
+        return serve_socket(make_service(), sock, on_listening)
+    first = bind(host, port, reuse_port=True)  # the port (0: the one the system picked)
+    port = first.getsockname()[1]
+    children: dict[int, int] = {}
+    stopping = False
+
+    def spawn(i: int) -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: its own socket on the port, its own loop and model
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                sock = first if i == 0 else bind(host, port, reuse_port=True)
+                code = serve_socket(make_service(), sock)
+            finally:
+                os._exit(code)
+        children[pid] = i
+
+    def on_stop(*_):
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    for i in range(workers):
+        spawn(i)
+    if on_listening is not None:
+        on_listening(first.getsockname())
+    code = 0
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        i = children.pop(pid, None)
+        if i is None:
+            continue
+        rc = os.waitstatus_to_exitcode(status)
+        if rc == 2:  # the model cannot load: it will not in a new process either
+            code = 2
+            on_stop()
+        elif not stopping:
+            log.warning("serve worker exited: starting another", worker=i, exit_code=rc)
+            time.sleep(0.5)
+            spawn(i)
+    return code

@@ -1,0 +1,355 @@
+"""What ``scoring-worker serve`` answers, whatever HTTP server carries it: the Open Inference
+Protocol's routes (health, metadata, inference) and ``/metrics``, over one model that hot
+swaps between requests.
+
+``Service.handle`` takes a parsed request (method, path, lower-cased headers, body) and gives
+``(status, content type, body, extra headers)``; it never raises. Scoring is the worker's:
+the same compiled artifact, lazy policy, thresholds, audit and reason codes
+(``settings.scoring``); an Arrow IPC body goes through the worker's own pipeline (its C
+reader, its writer), so a request and a message are scored and answered alike.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import structlog
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from .. import __version__
+from ..config import Settings
+from ..formats.base import InvalidMessage
+from ..io.records import Record
+from ..model.result import STOP_REASONS, default_threads
+from . import oip
+
+log = structlog.get_logger("worker.serve")
+
+JSON = b"application/json"
+ARROW = b"application/vnd.apache.arrow.stream"
+_LATENCY = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+            1, 2.5)
+SMALL_REQUEST_ROWS = 1024  # fewer rows than this: one kernel thread (no pool to wake)
+
+
+class ServeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.seconds = Histogram("serve_request_seconds", "Inference request time, body read "
+                                 "to response written, by body kind", ["kind"],
+                                 buckets=_LATENCY, registry=r)
+        self.requests = Counter("serve_requests", "Requests answered, by route and status",
+                                ["route", "status"], registry=r)
+        self.rows = Counter("serve_rows", "Rows scored", registry=r)
+        self.work_units = Counter("serve_work_units", "Work units (trees or boosting rounds) "
+                                  "evaluated", registry=r)
+        self.ready = Gauge("serve_ready", "1 once the model is loaded and warmed up",
+                           registry=r)
+        self.model_info = Gauge("serve_model_info", "1 for the model scoring now",
+                                ["model_id"], registry=r)
+        self.model_swaps = Counter("scoring_model_swaps", "Models swapped in while running",
+                                   ["role"], registry=r)
+        self.model_refusals = Counter("scoring_model_refusals", "New model artifacts refused "
+                                      "(the running model stayed)", ["role", "reason"],
+                                      registry=r)
+        self.connections = Gauge("serve_connections", "Open client connections", registry=r)
+        self.connections_refused = Counter("serve_connections_refused", "Connections closed "
+                                           "at once: serve.max_connections were open",
+                                           registry=r)
+        # the seconds histogram's children, looked up once
+        self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow")}
+        self._counts: dict[tuple[str, int], object] = {}
+
+    def answered(self, route: str, status: int) -> None:
+        c = self._counts.get((route, status))
+        if c is None:
+            c = self._counts[(route, status)] = self.requests.labels(route, str(status))
+        c.inc()
+
+
+@dataclass
+class _Model:
+    """The model answering a request (a hot swap replaces the whole of it)."""
+
+    model: object
+    pipeline: object  # the Arrow body's (worker.pipeline.Pipeline), with the id column
+    anonymous: object  # the same without one (a body without scoring.id_column)
+    metadata: bytes
+    specs: list
+    stop_names: np.ndarray
+    classifier: bool
+    index: dict  # feature name -> column
+    id_header: list  # the response's model-id header
+
+
+class Service:
+    def __init__(self, settings: Settings, model_path: str, name: str, metrics=None):
+        self.settings = settings
+        self.path = model_path
+        self.name = name
+        self.metrics = metrics or ServeMetrics()
+        self.serve = settings.serve
+        self.scoring = settings.scoring
+        self.threads = settings.scoring.threads or default_threads()
+        self.lazy_params = dict(settings.scoring.lazy.params)
+        if settings.scoring.audit_fraction:
+            self.lazy_params["audit_fraction"] = settings.scoring.audit_fraction
+        self.rows_seen = 0
+        self.current: _Model | None = None
+        self.watcher = None
+        self.load_error: str | None = None
+        self._lock = threading.Lock()
+
+    # ---- the model's life ----------------------------------------------------------------
+    def load(self) -> None:
+        """Load, check and warm up the model (readiness turns true after); then watch it if
+        model.reload. Raises ArtifactError / OSError / ValueError with the reason."""
+        from ..lifecycle import ModelWatcher, identity
+        from ..model.compiled import load_model
+
+        seen = identity(self.path)
+        model = load_model(self.path)
+        if self.scoring.lazy.mode != "off":  # the policy's parameters, tried on this model
+            model.score_batch(np.zeros((1, model.n_features), np.float32),
+                              lazy=self.scoring.lazy.mode, thresholds=self.scoring.thresholds,
+                              **self.scoring.lazy.params)
+        self._install(self._prepare(model))
+        if self.settings.model.reload:
+            self.watcher = ModelWatcher(self.path, model, self.settings, self.metrics,
+                                        seen=seen).start()
+        self.metrics.ready.set(1)
+        log.info("model ready", name=self.name, model_id=model.model_id[:12],
+                 features=model.n_features)
+
+    def _prepare(self, model) -> _Model:
+        from ..pipeline import Pipeline
+
+        # warm up: the kernels' first calls (both thread settings), reason codes if on
+        for rows in (1, SMALL_REQUEST_ROWS):
+            X = np.zeros((rows, model.n_features), np.float32)
+            model.score_batch(X, lazy=self.scoring.lazy.mode, thresholds=self.scoring.thresholds,
+                              n_threads=1 if rows < SMALL_REQUEST_ROWS else self.threads,
+                              **self.scoring.lazy.params)
+        s = self.settings
+        arrow = s.model_copy(update={
+            "source": s.source.model_copy(update={"format": "arrow"}),
+            "sink": s.sink.model_copy(update={"format": "arrow"}),
+            "delivery": s.delivery.model_copy(update={
+                "max_message_rows": self.serve.max_rows}),
+        })
+        pipeline = Pipeline(model, arrow, "serve")
+        anonymous = pipeline if not self.scoring.id_column else Pipeline(
+            model, arrow.model_copy(update={"scoring": arrow.scoring.model_copy(
+                update={"id_column": None})}), "serve")
+        classifier = model.task != "regression"
+        specs = oip.output_specs(classifier)
+        explain_on = self.scoring.explain is not None
+        outputs = specs + (list(oip.REASON_OUTPUTS) if explain_on else [])
+        meta = {
+            "name": self.name, "versions": [model.model_id], "platform": "scoring-worker",
+            "inputs": [{"name": oip.MATRIX_INPUT, "datatype": "FP32",
+                        "shape": [-1, model.n_features]}],
+            "outputs": [{"name": o.name, "datatype": o.datatype,
+                         "shape": [-1, -1] if o.name.startswith("reason_") else [-1]}
+                        for o in outputs],
+            "parameters": {"model_id": model.model_id, "task": model.task,
+                           "feature_names": list(model.feature_names),
+                           "thresholds": list(self.scoring.thresholds),
+                           "lazy": self.scoring.lazy.mode,
+                           "explain": explain_on,
+                           "reason_outputs": [o.name for o in oip.REASON_OUTPUTS]},
+        }
+        return _Model(model, pipeline, anonymous, orjson.dumps(meta), specs, STOP_REASONS,
+                      classifier, {f: j for j, f in enumerate(model.feature_names)},
+                      [(b"model-id", model.model_id.encode())])
+
+    def _install(self, m: _Model) -> None:
+        old = self.current
+        self.current = m
+        if old is not None:
+            self.metrics.model_info.remove(old.model.model_id)
+            self.metrics.model_swaps.labels("live").inc()
+        self.metrics.model_info.labels(m.model.model_id).set(1)
+
+    def _model(self) -> _Model | None:
+        """The model for this request: a verified new one, if the watcher has one."""
+        if self.watcher is not None:
+            new = self.watcher.take()
+            if new is not None:
+                try:
+                    self._install(self._prepare(new))
+                    log.info("model swapped in", model_id=new.model_id[:12])
+                except Exception as exc:  # noqa: BLE001 (the running model stays)
+                    log.warning("model refused: the running model stays", reason=str(exc))
+        return self.current
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    # ---- requests -------------------------------------------------------------------------
+    def handle(self, method: bytes, path: bytes, headers: dict[bytes, bytes], body: bytes
+               ) -> tuple[int, bytes, bytes, list]:
+        """One request's answer: (status, content type, body, extra headers). Never raises."""
+        try:
+            return self._route(method, path.split(b"?", 1)[0], headers, body)
+        except oip.RequestError as exc:
+            self.metrics.answered("infer", exc.status)
+            return exc.status, JSON, _error(exc.message), []
+        except Exception as exc:  # noqa: BLE001 (one request never stops the server)
+            # the error, never the request's values (a traceback's locals would hold them)
+            log.error("request failed", path=path[:200].decode("latin-1"),
+                      error=f"{type(exc).__name__}: {exc}"[:500])
+            self.metrics.answered("infer", 500)
+            return 500, JSON, _error(f"internal error: {type(exc).__name__}"), []
+
+    def _route(self, method: bytes, path: bytes, headers: dict, body: bytes):
+        parts = path.strip(b"/").split(b"/")
+        if parts[:1] == [b"metrics"] and len(parts) == 1:
+            return self._get(method, "metrics", lambda: (
+                200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.registry), []))
+        if parts[:1] != [b"v2"]:
+            return self._simple("other", 404, "not found")
+        rest = parts[1:]
+        if not rest:
+            return self._get(method, "server", lambda: (200, JSON, orjson.dumps({
+                "name": "scoring-worker", "version": __version__,
+                "extensions": ["binary_tensor_data", "arrow_stream"]}), []))
+        if rest[0] == b"health" and len(rest) == 2 and rest[1] in (b"live", b"ready"):
+            if rest[1] == b"live":
+                return self._get(method, "live", lambda: (200, JSON, b"", []))
+            ready = self.current is not None
+            return self._get(method, "ready", lambda: (
+                (200, JSON, b"", []) if ready else (503, JSON, _error("not ready"), [])))
+        if rest[0] != b"models" or len(rest) < 2:
+            return self._simple("other", 404, "not found")
+        name = rest[1].decode("utf-8", "replace")
+        tail = rest[2:]
+        if name != self.name:
+            return self._simple("model", 404, f"unknown model {name[:100]!r} (this server "
+                                              f"serves {self.name!r})")
+        m = self.current
+        if len(tail) >= 2 and tail[0] == b"versions":
+            version = tail[1].decode("utf-8", "replace")
+            if m is None or len(version) < 6 or not m.model.model_id.startswith(version):
+                return self._simple("model", 404, f"model {name!r} has no version "
+                                                  f"{version[:80]!r}")
+            tail = tail[2:]
+        if not tail:
+            if m is None:
+                return self._simple("model", 503, "the model is loading")
+            return self._get(method, "model", lambda: (200, JSON, m.metadata, []))
+        if tail == [b"ready"]:
+            return self._get(method, "model_ready", lambda: (
+                (200, JSON, b"", []) if m is not None else
+                (503, JSON, _error("the model is loading"), [])))
+        if tail == [b"infer"]:
+            if method != b"POST":
+                return self._simple("infer", 405, "use POST")
+            return self._infer(headers, body)
+        return self._simple("other", 404, "not found")
+
+    def _get(self, method: bytes, route: str, answer):
+        if method not in (b"GET", b"HEAD"):
+            return self._simple(route, 405, "use GET")
+        status, ctype, body, extra = answer()
+        self.metrics.answered(route, status)
+        return status, ctype, body, extra
+
+    def _simple(self, route: str, status: int, message: str):
+        self.metrics.answered(route, status)
+        return status, JSON, _error(message), []
+
+    def _infer(self, headers: dict, body: bytes):
+        t0 = time.perf_counter()
+        m = self._model()
+        if m is None:
+            return self._simple("infer", 503, "the model is loading")
+        encoding = headers.get(b"content-encoding")
+        if encoding not in (None, b"identity"):
+            return self._simple("infer", 415, f"Content-Encoding {encoding[:40]!r} is not "
+                                              "supported (send the body uncompressed)")
+        ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+        if ctype == ARROW:
+            status, out_type, out, extra = self._infer_arrow(m, body)
+            kind = "arrow"
+        else:
+            length = headers.get(oip.HEADER_LENGTH.encode())
+            if length is not None:
+                try:
+                    length = int(length)
+                except ValueError:
+                    raise oip.bad("Inference-Header-Content-Length is not an integer") \
+                        from None
+            req = oip.parse_infer(body, length, m.index, self.serve.max_rows,
+                                  m.classifier, self.scoring.explain is not None)
+            r = self._score(m, req)
+            arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
+            out, head = oip.encode_response(self.name, m.model.model_id, req, arrays)
+            status, extra = 200, m.id_header
+            if head is not None:
+                extra = [*extra, (b"inference-header-content-length", str(head).encode())]
+                out_type, kind = b"application/octet-stream", "binary"
+            else:
+                out_type, kind = JSON, "binary" if length is not None else "json"
+            self.metrics.rows.inc(len(r))
+            self.metrics.work_units.inc(int(r.work_units.sum()))
+        self.metrics.answered("infer", status)
+        if status == 200:
+            self.metrics.by_kind[kind].observe(time.perf_counter() - t0)
+        return status, out_type, out, extra
+
+    def _score(self, m: _Model, req: oip.InferRequest):
+        s = self.scoring
+        n = len(req.X)
+        params = self.lazy_params
+        if "audit_fraction" in params:
+            params = {**params, "audit_seed": self.rows_seen}
+        kw = {}
+        if req.explain:
+            ex = s.explain
+            kw = {"explain": ex.method if ex else "treeshap",
+                  "top_k": req.top_k or (ex.top_k if ex else 3),
+                  # asked for in the request: every row; configured: as the worker does
+                  "explain_min_score": ex.min_score if ex else -math.inf}
+        r = m.model.score_batch(req.X, lazy=s.lazy.mode, thresholds=s.thresholds,
+                                n_threads=1 if n < SMALL_REQUEST_ROWS else self.threads,
+                                **params, **kw)
+        self.rows_seen += n
+        return r
+
+    def _infer_arrow(self, m: _Model, body: bytes):
+        rec = Record("serve", 0, 0, None, body)
+        pipeline = m.pipeline
+        msg = pipeline.decode(rec)
+        if isinstance(msg, InvalidMessage) and msg.code == "missing_column" and \
+                pipeline is not m.anonymous and "id column" in msg.detail:
+            pipeline = m.anonymous  # no id column: the rows are numbered
+            msg = pipeline.decode(rec)
+        if isinstance(msg, InvalidMessage):
+            status = 413 if msg.code == "too_large" else 400
+            return status, JSON, _error(f"{msg.code}: {msg.detail}"), []
+        outs, dead, stats = pipeline.process([(rec, msg)])
+        if dead:
+            h = dict(dead[0].headers)
+            return 500 if h.get("error_code") == b"encode_error" else 400, JSON, _error(
+                f"{h.get('error_code', b'').decode()}: {h.get('error', b'').decode()}"), []
+        self.metrics.rows.inc(stats.rows)
+        self.metrics.work_units.inc(stats.work_units)
+        return 200, ARROW, outs[0].value, m.id_header
+
+
+def _error(message: str) -> bytes:
+    return orjson.dumps({"error": message})
