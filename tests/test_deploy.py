@@ -160,3 +160,47 @@ def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values
     if values.get("model.shadowFile"):
         assert s.model.shadow_path.endswith("/challenger.model")
         assert s.sink.shadow_topic == "scores-shadow"
+
+
+@pytest.mark.parametrize("hpa", [True, False])
+def test_the_chart_renders_serve_mode(tmp_path, hpa):
+    """mode: serve renders a Deployment, a Service and (unless turned off) a
+    HorizontalPodAutoscaler, ready on /v2/health/ready, hardened like the worker, no broker
+    egress, and a serve config the command accepts."""
+    from worker.config import load_settings
+
+    args = [_helm(), "template", "fraud", str(CHART), "--set", "mode=serve"]
+    if not hpa:
+        args += ["--set", "serve.hpa.enabled=false"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert sorted(d["kind"] for d in docs) == sorted(
+        ["ConfigMap", "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"]
+        + (["HorizontalPodAutoscaler"] if hpa else []))
+    _validate(docs)
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["args"][:1] == ["serve"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert ("replicas" in dep["spec"]) == (not hpa)
+    svc = next(d for d in docs if d["kind"] == "Service")
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http"}]
+    assert "clusterIP" not in svc["spec"]
+    if hpa:
+        h = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
+        assert h["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                               "name": "fraud-scoring-worker"}
+    np_ = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert [r["ports"] for r in np_["spec"]["ingress"]] == [[{"port": 8080, "protocol": "TCP"}]]
+    assert sorted(p["port"] for r in np_["spec"]["egress"] for p in r["ports"]) == [53, 53]
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(cm["data"]["serve.yaml"])
+    s = load_settings(str(cfg), defaults={"source": {"type": "file", "path": os.devnull}})
+    assert (s.serve.host, s.serve.port, s.serve.name) == ("0.0.0.0", 8080, "fraud")
+    assert s.model.path == "/var/lib/scoring-worker/models/fraud.model" and s.model.reload
