@@ -54,7 +54,7 @@ chaos: build
 FUZZ_CASES ?= 100000
 FUZZ_SEED ?= $(shell date +%s)
 fuzz: build
-	$(PY) -m tests.fuzz messages json avro artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
+	$(PY) -m tests.fuzz messages json avro requests artifacts --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
 		--state out/fuzz
 
 lint: setup

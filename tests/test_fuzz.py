@@ -117,3 +117,15 @@ def test_fuzz_avro_messages_through_the_worker(tmp_path):
     assert rep.cases >= 1000
     for outcome in ("scored", "bad_avro", "bad_magic", "unknown_schema"):
         assert rep.outcomes[outcome] > 0, rep.summary()
+
+
+def test_fuzz_serve_requests(tmp_path):
+    # inference requests through serve's parser and scoring, a reading of the protocol on
+    # Python's json and struct the oracle (tests/fuzz/serve_requests.py); make fuzz runs
+    # 100,000. It found a 500 (reason codes asked of a model without node covers) before
+    # the fix.
+    rep = runner.run("requests", 1000, tmp_path / "fuzz", seed=20261204)
+    assert rep.ok, rep.summary()
+    assert rep.cases >= 1000
+    for outcome in ("scored", "refused_400"):
+        assert rep.outcomes[outcome] > 0, rep.summary()

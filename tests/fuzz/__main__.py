@@ -1,4 +1,4 @@
-"""python -m tests.fuzz {messages,json,avro,artifacts} --cases N [--seed S] [--state DIR]
+"""python -m tests.fuzz {messages,json,avro,requests,artifacts} --cases N [--seed S] [--state DIR]
 
 Runs N hostile cases through the worker in child processes and prints how they ended; exits 1
 on any crash, hang or broken invariant (the cases are kept under DIR). ``child`` is the child
@@ -28,6 +28,9 @@ def child(kind: str, cases: int, seed: int, state: Path) -> int:
     elif kind == "avro":
         from .avro_events import cases as strategy
         from .avro_events import check_factory
+    elif kind == "requests":
+        from .serve_requests import cases as strategy
+        from .serve_requests import check_factory
     else:
         from .artifacts import cases as strategy
         from .artifacts import check_factory
@@ -51,7 +54,8 @@ def child(kind: str, cases: int, seed: int, state: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.fuzz")
-    ap.add_argument("what", nargs="+", help="messages | json | avro | artifacts | child KIND")
+    ap.add_argument("what", nargs="+",
+                    help="messages | json | avro | requests | artifacts | child KIND")
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state", type=Path, default=Path("out/fuzz"))

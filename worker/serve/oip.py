@@ -231,7 +231,8 @@ def _values(t: dict, name: str, count: int, binary, pos: int) -> tuple[np.ndarra
         raw = np.frombuffer(binary, dtype=dtype, count=count, offset=pos)
         if dtype == np.bool_:
             raw = np.frombuffer(binary, dtype=np.uint8, count=count, offset=pos) != 0
-        return raw.astype(np.float32), pos + size
+        with np.errstate(over="ignore"):  # beyond float32: infinity, as a cast gives
+            return raw.astype(np.float32), pos + size
     data = t.get("data")
     if not isinstance(data, list):
         raise bad(f"input {name!r}: data must be a list (or binary_data_size given)")

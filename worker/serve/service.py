@@ -92,6 +92,7 @@ class _Model:
     classifier: bool
     index: dict  # feature name -> column
     id_header: list  # the response's model-id header
+    explain_error: str | None  # why this model gives no reason codes (None: it does)
 
 
 class Service:
@@ -171,9 +172,20 @@ class Service:
                            "explain": explain_on,
                            "reason_outputs": [o.name for o in oip.REASON_OUTPUTS]},
         }
+        explain_error = None
+        try:  # reason codes: this artifact has what they need, or the reason it has not
+            ex = self.scoring.explain
+            model.score_batch(np.zeros((1, model.n_features), np.float32),
+                              thresholds=self.scoring.thresholds, n_threads=1,
+                              explain=ex.method if ex else "treeshap", top_k=1,
+                              explain_min_score=-math.inf)
+        except (ValueError, NotImplementedError) as exc:
+            explain_error = str(exc)
+            if self.scoring.explain is not None:  # asked for every request: cannot serve
+                raise ValueError(f"scoring.explain: {exc}") from None
         return _Model(model, pipeline, anonymous, orjson.dumps(meta), specs, STOP_REASONS,
                       classifier, {f: j for j, f in enumerate(model.feature_names)},
-                      [(b"model-id", model.model_id.encode())])
+                      [(b"model-id", model.model_id.encode())], explain_error)
 
     def _install(self, m: _Model) -> None:
         old = self.current
@@ -295,6 +307,8 @@ class Service:
                         from None
             req = oip.parse_infer(body, length, m.index, self.serve.max_rows,
                                   m.classifier, self.scoring.explain is not None)
+            if req.explain and m.explain_error is not None:
+                raise oip.bad(f"reason codes: {m.explain_error}")
             r = self._score(m, req)
             arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
             out, head = oip.encode_response(self.name, m.model.model_id, req, arrays)
