@@ -440,6 +440,7 @@ def test_slow_and_idle_clients_are_bounded(server):
 
 
 def test_metrics(server):
+    assert post(server, "/v2/models/binary/infer", b"{")[0] == 400
     text = get(server, "/metrics")[1].decode()
     for name in ("serve_request_seconds_bucket", "serve_rows_total", "serve_ready 1.0",
                  'serve_requests_total{route="infer",status="400"}', "serve_model_info"):
@@ -496,11 +497,19 @@ def test_workers_share_the_port_and_stop_together(artifacts, tmp_path):
         children = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
                                   text=True).stdout.split()
         assert len(children) == 2
+        deadline = time.monotonic() + 60  # both loaded (each listens once it has)
+        while not re.search(r"^serve_ready 1\.0$", get(s, "/metrics")[1].decode(), re.M):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
         body = json.dumps({"inputs": [{"name": "x", "shape": [1, M.N_FEATURES],
                                        "datatype": "FP32", "data": [0.5] * M.N_FEATURES}]}
                           ).encode()
         for _ in range(20):
             assert post(s, "/v2/models/binary/infer", body)[0] == 200
+        # whichever process answers /metrics counts both processes' requests
+        for _ in range(4):
+            text = get(s, "/metrics")[1].decode()
+            assert re.search(r"^serve_rows_total 20\.0$", text, re.M), text[-3000:]
     finally:
         assert s.stop() == 0
 

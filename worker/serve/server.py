@@ -256,9 +256,19 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def serve_socket(service, sock: socket.socket, on_listening=None) -> int:
+def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bool = False
+                 ) -> int:
     """Serve on the bound ``sock`` until SIGTERM/SIGINT; load the model in a thread meanwhile
-    (live at once, ready once it is loaded). Exit code: 0, or 2 if the model cannot load."""
+    (live at once, ready once it is loaded), or with ``load_first`` before listening (one of
+    several processes on a port: the kernel gives connections only to those listening, so
+    none is sent to a process still loading). Exit code: 0, or 2 if the model cannot
+    load."""
+    if load_first:
+        try:
+            service.load()
+        except Exception as exc:  # noqa: BLE001 (reported, and the process exits 2)
+            _load_failed(exc)
+            return 2
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     state = _State(service, _Limits(service.serve))
@@ -269,12 +279,12 @@ def serve_socket(service, sock: socket.socket, on_listening=None) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     async def load():
+        if load_first:
+            return
         try:
             await loop.run_in_executor(None, service.load)
         except Exception as exc:  # noqa: BLE001 (reported, and the server exits 2)
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else \
-                type(exc).__name__
-            print(f"config error: model: {text}", file=sys.stderr)
+            _load_failed(exc)
             result["code"] = 2
             stop.set()
 
@@ -300,6 +310,11 @@ def serve_socket(service, sock: socket.socket, on_listening=None) -> int:
     return result["code"]
 
 
+def _load_failed(exc: BaseException) -> None:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"config error: model: {text}", file=sys.stderr)
+
+
 def serve_workers(make_service, host: str, port: int, workers: int, on_listening=None) -> int:
     """``workers`` processes, each with its own socket on one port (SO_REUSEPORT: the kernel
     spreads connections) and its own model; one that dies is started again. SIGTERM/SIGINT
@@ -308,6 +323,16 @@ def serve_workers(make_service, host: str, port: int, workers: int, on_listening
         sock = bind(host, port, reuse_port=False)
         return serve_socket(make_service(), sock, on_listening)
     first = bind(host, port, reuse_port=True)  # the port (0: the one the system picked)
+    # metrics: every process writes its values to files here, any of them answers /metrics
+    # (prometheus_client's multiprocess mode, chosen before a metric is made)
+    import tempfile
+
+    from prometheus_client import multiprocess
+    from prometheus_client import values as prom_values
+
+    metrics_dir = tempfile.mkdtemp(prefix="scoring-worker-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    prom_values.ValueClass = prom_values.get_value_class()
     port = first.getsockname()[1]
     children: dict[int, int] = {}
     stopping = False
@@ -320,7 +345,7 @@ def serve_workers(make_service, host: str, port: int, workers: int, on_listening
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 sock = first if i == 0 else bind(host, port, reuse_port=True)
-                code = serve_socket(make_service(), sock)
+                code = serve_socket(make_service(), sock, load_first=True)
             finally:
                 os._exit(code)
         children[pid] = i
@@ -349,6 +374,7 @@ def serve_workers(make_service, host: str, port: int, workers: int, on_listening
         i = children.pop(pid, None)
         if i is None:
             continue
+        multiprocess.mark_process_dead(pid)
         rc = os.waitstatus_to_exitcode(status)
         if rc == 2:  # the model cannot load: it will not in a new process either
             code = 2
@@ -357,4 +383,7 @@ def serve_workers(make_service, host: str, port: int, workers: int, on_listening
             log.warning("serve worker exited: starting another", worker=i, exit_code=rc)
             time.sleep(0.5)
             spawn(i)
+    import shutil
+
+    shutil.rmtree(metrics_dir, ignore_errors=True)
     return code

@@ -12,6 +12,7 @@ reader, its writer), so a request and a message are scored and answered alike.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -55,19 +56,28 @@ class ServeMetrics:
         self.rows = Counter("serve_rows", "Rows scored", registry=r)
         self.work_units = Counter("serve_work_units", "Work units (trees or boosting rounds) "
                                   "evaluated", registry=r)
-        self.ready = Gauge("serve_ready", "1 once the model is loaded and warmed up",
-                           registry=r)
+        # with serve.workers > 1 each process writes its values to PROMETHEUS_MULTIPROC_DIR
+        # and any of them answers /metrics for all (a gauge: as the mode says)
+        self.ready = Gauge("serve_ready", "1 once the model is loaded and warmed up (in "
+                           "every worker process)", registry=r, multiprocess_mode="livemin")
         self.model_info = Gauge("serve_model_info", "1 for the model scoring now",
-                                ["model_id"], registry=r)
+                                ["model_id"], registry=r, multiprocess_mode="livemax")
         self.model_swaps = Counter("scoring_model_swaps", "Models swapped in while running",
                                    ["role"], registry=r)
         self.model_refusals = Counter("scoring_model_refusals", "New model artifacts refused "
                                       "(the running model stayed)", ["role", "reason"],
                                       registry=r)
-        self.connections = Gauge("serve_connections", "Open client connections", registry=r)
+        self.connections = Gauge("serve_connections", "Open client connections", registry=r,
+                                 multiprocess_mode="livesum")
         self.connections_refused = Counter("serve_connections_refused", "Connections closed "
                                            "at once: serve.max_connections were open",
                                            registry=r)
+        self.exposition = r
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            self.exposition = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.exposition)
         # the seconds histogram's children, looked up once
         self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow")}
         self._counts: dict[tuple[str, int], object] = {}
@@ -191,6 +201,7 @@ class Service:
         old = self.current
         self.current = m
         if old is not None:
+            self.metrics.model_info.labels(old.model.model_id).set(0)
             self.metrics.model_info.remove(old.model.model_id)
             self.metrics.model_swaps.labels("live").inc()
         self.metrics.model_info.labels(m.model.model_id).set(1)
@@ -231,7 +242,7 @@ class Service:
         parts = path.strip(b"/").split(b"/")
         if parts[:1] == [b"metrics"] and len(parts) == 1:
             return self._get(method, "metrics", lambda: (
-                200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.registry), []))
+                200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.exposition), []))
         if parts[:1] != [b"v2"]:
             return self._simple("other", 404, "not found")
         rest = parts[1:]
