@@ -6,6 +6,7 @@ and idle clients) get a 4xx and the server keeps serving; hot swap between reque
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -555,3 +556,116 @@ def test_parse_infer_edges():
             ref = pa.array([v], t).cast(pa.float32(), safe=False).to_numpy()[0]
         assert got == ref, v
     assert np.isnan(X[:, 1:]).all()
+
+
+# ---- what an attacker's review found (each failed before its fix) -------------------------------
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def tight(artifacts, tmp_path_factory):
+    s = Server(artifacts["binary"], tmp_path_factory.mktemp("serve-tight"),
+               {"serve": {"max_connections": 6, "keepalive_timeout_ms": 1000,
+                          "request_timeout_ms": 3000}})
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def _nonreading_socket(server) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((server.host, server.port))
+    s.settimeout(0.2)
+    return s
+
+
+def test_pipelining_without_reading_the_answers_is_bounded(tight):
+    """Requests sent without their answers being read: the server stops reading from the
+    client (its memory does not grow with what is sent), and drops it when idle."""
+    before = _rss_mb(tight.proc.pid)
+    req = b"GET /v2/models/binary HTTP/1.1\r\nHost: x\r\n\r\n" * 2000
+    s = _nonreading_socket(tight)
+    sent, t0 = 0, time.monotonic()
+    try:
+        while time.monotonic() - t0 < 4:
+            try:
+                sent += s.send(req)
+            except (TimeoutError, BlockingIOError):
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        assert _rss_mb(tight.proc.pid) - before < 100
+    finally:
+        s.close()
+    assert get(tight, "/v2/health/live")[0] == 200
+
+
+def test_clients_that_stop_reading_do_not_keep_their_slots(tight):
+    socks = []
+    try:
+        for _ in range(6):  # every slot: each with answers it does not read
+            s = _nonreading_socket(tight)
+            with contextlib.suppress(OSError):  # a timeout, or dropped already
+                s.send(b"GET /v2/models/binary HTTP/1.1\r\nHost: x\r\n\r\n" * 8000)
+            socks.append(s)
+        time.sleep(2.5)  # the keep-alive timeout (1 s) aborts them
+        assert get(tight, "/v2/health/live")[0] == 200
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_header_value_that_never_ends_gets_431_with_bounded_memory(tight):
+    before = _rss_mb(tight.proc.pid)
+    with socket.create_connection((tight.host, tight.port), timeout=10) as s:
+        s.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX: ")
+        got = b""
+        try:
+            for _ in range(2000):
+                s.sendall(b"a" * 16384)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        with contextlib.suppress(OSError):
+            got = s.recv(4096)
+    assert got == b"" or got.startswith(b"HTTP/1.1 431"), got[:100]
+    assert _rss_mb(tight.proc.pid) - before < 100
+    assert get(tight, "/v2/health/live")[0] == 200
+
+
+def test_upgrades_get_one_answer(server):
+    out = raw_http(server, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                   b"Upgrade: h2c\r\n\r\nGET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert out.count(b"HTTP/1.1 ") == 1 and out.startswith(b"HTTP/1.1 400"), out[:300]
+    out = raw_http(server, b"POST /v2/models/binary/infer HTTP/1.1\r\nHost: x\r\n"
+                   b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 501"), out[:200]
+
+
+@pytest.mark.parametrize("body", [
+    # lone surrogates through the NaN-literal reader: a name, an id
+    b'{"inputs":[{"name":"\\ud800","datatype":"FP32","shape":[1,7],"data":[1,2,3,4,5,6,NaN]}]}',
+    b'{"id":"\\ud800","inputs":[{"name":"x","datatype":"FP32","shape":[1,7],'
+    b'"data":[1,2,3,4,5,6,NaN]}]}',
+    # rows of the wrong widths that add up to the right count
+    b'{"inputs":[{"name":"x","datatype":"FP32","shape":[2,7],"data":[[1],[2,3,4,5,6,7,8,9,10,'
+    b'11,12,13,14]]}]}',
+    b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,7],"data":[[],[1,2,3,4,5,6,7]]}]}',
+    # values outside their declared type
+    b'{"inputs":[{"name":"feat_0","datatype":"UINT8","shape":[1],"data":[-1]}]}',
+    b'{"inputs":[{"name":"feat_0","datatype":"INT8","shape":[1],"data":[300]}]}',
+], ids=["surrogate-name", "surrogate-id", "uneven-rows", "empty-row", "uint8", "int8"])
+def test_review_findings_are_400(server, body):
+    status, _, out = post(server, "/v2/models/binary/infer", body)
+    assert status == 400, out
+
+
+def test_an_integer_beyond_float64_with_nan_literals_is_scored(server):
+    body = (b'{"inputs":[{"name":"x","datatype":"FP64","shape":[1,7],"data":[1' + b"0" * 400
+            + b',2,3,4,5,6,NaN]}]}')
+    status, _, out = post(server, "/v2/models/binary/infer", body)
+    assert status == 200, out

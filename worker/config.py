@@ -505,6 +505,12 @@ class ServeConfig(_Section):
     """Processes sharing the port (SO_REUSEPORT), each with its own copy of the model."""
     max_body_bytes: int = Field(64 << 20, ge=1024, le=1 << 31)
     """Largest request body; a larger one is answered 413 without being read."""
+    max_buffered_bytes: int = Field(256 << 20, ge=1024, le=1 << 40)
+    """Request bodies held at once, all connections together (503 beyond: memory stays
+    bounded whatever the number of clients)."""
+    max_json_bytes: int = Field(16 << 20, ge=1024, le=1 << 31)
+    """Largest JSON request (its header, with binary tensors); a parsed JSON value takes
+    tens of times its size: send large requests as binary tensors or Arrow (413 beyond)."""
     max_header_bytes: int = Field(16 << 10, ge=1024, le=1 << 20)
     """Largest request line plus headers (431 beyond)."""
     max_rows: int = Field(100_000, ge=1, le=10_000_000)

@@ -128,8 +128,11 @@ def _loads(header) -> object:
         error = exc
     if b"NaN" in header or b"Infinity" in header:
         try:
-            return json.loads(bytes(header))
-        except (ValueError, RecursionError):
+            doc = json.loads(bytes(header).decode("utf-8"))
+            # no lone surrogate ("\\ud800" escapes), which orjson refuses too
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+            return doc
+        except (ValueError, RecursionError, UnicodeError):
             pass
     raise bad(f"the request is not valid JSON: {error}")
 
@@ -177,7 +180,7 @@ def _rows(inputs: list, binary: memoryview | bytes, index: dict[str, int],
         if shape[0] > max_rows:
             raise RequestError(413, f"input {name!r}: {shape[0]} rows, more than "
                                     f"serve.max_rows ({max_rows})")
-        values, pos = _values(t, name, shape[0] * n_features, binary, pos)
+        values, pos = _values(t, name, shape[0] * n_features, binary, pos, shape)
         X = np.ascontiguousarray(values.reshape(shape[0], n_features))
     else:
         n = None
@@ -199,7 +202,7 @@ def _rows(inputs: list, binary: memoryview | bytes, index: dict[str, int],
                                             f"serve.max_rows ({max_rows})")
             elif shape[0] != n:
                 raise bad(f"input {name!r}: {shape[0]} rows, the other inputs have {n}")
-            columns[j], pos = _values(t, name, n, binary, pos)
+            columns[j], pos = _values(t, name, n, binary, pos, shape)
         X = np.full((n, n_features), np.nan, dtype=np.float32)
         for j, col in columns.items():
             X[:, j] = col
@@ -208,7 +211,8 @@ def _rows(inputs: list, binary: memoryview | bytes, index: dict[str, int],
     return X
 
 
-def _values(t: dict, name: str, count: int, binary, pos: int) -> tuple[np.ndarray, int]:
+def _values(t: dict, name: str, count: int, binary, pos: int, shape: list[int]
+            ) -> tuple[np.ndarray, int]:
     """An input's ``count`` values as float32 (flat), and the next binary offset."""
     datatype = t.get("datatype")
     dtype = DTYPES.get(datatype) if isinstance(datatype, str) else None
@@ -236,19 +240,22 @@ def _values(t: dict, name: str, count: int, binary, pos: int) -> tuple[np.ndarra
     data = t.get("data")
     if not isinstance(data, list):
         raise bad(f"input {name!r}: data must be a list (or binary_data_size given)")
-    return _json_values(data, name, count, dtype, datatype), pos
+    return _json_values(data, name, count, dtype, datatype, shape), pos
 
 
 _VALUE_TYPES = frozenset((float, int, bool, type(None)))
 
 
-def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: str
-                 ) -> np.ndarray:
+def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: str,
+                 shape: list[int]) -> np.ndarray:
     """JSON values (flat, or nested row by row: one level) as ``count`` float32s; null is a
     missing value; true and false are 1 and 0."""
-    if data and type(data[0]) is list:  # nested: [[row], [row], ...]
-        if any(type(row) is not list for row in data):
-            raise bad(f"input {name!r}: data mixes rows (lists) and values")
+    if data and type(data[0]) is list:  # nested: [[row], [row], ...], each as the shape says
+        width = shape[1] if len(shape) == 2 else None
+        if len(data) != shape[0] or any(type(row) is not list or len(row) != width
+                                        for row in data):
+            raise bad(f"input {name!r}: nested data must be {shape[0]} rows of "
+                      f"{width} values (its shape {shape})")
         data = [v for row in data for v in row]
     if len(data) != count:
         raise bad(f"input {name!r}: {len(data)} values for {count} (its shape)")
@@ -270,10 +277,16 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
             if type(v) is int and abs(v) > 2**53:
                 a[i] = _int_to_float32(v)
         a = a.astype(np.float64)
-    if dtype.kind in "iu" and float in kinds:
-        whole = a[np.isfinite(a)]
-        if not np.array_equal(whole, np.floor(whole)):
+    if dtype.kind in "iu":
+        whole = a[~np.isnan(a)]
+        if float in kinds and not np.array_equal(whole, np.floor(whole)):
             raise bad(f"input {name!r}: {datatype} values must be integers")
+        info = np.iinfo(dtype)
+        if whole.size and (whole.min() < info.min or whole.max() > info.max):
+            raise bad(f"input {name!r}: a value is outside {datatype}'s range")
+    elif dtype == np.float16:  # FP16 values: as that type holds them
+        with np.errstate(over="ignore"):
+            a = a.astype(np.float16)
     with np.errstate(over="ignore"):  # beyond float32: infinity, as a cast gives
         return a.astype(np.float32)
 
@@ -295,7 +308,7 @@ def _to_float64(v) -> float:
     try:
         return float(v)
     except OverflowError:  # an integer beyond float64
-        return math.copysign(math.inf, v)
+        return math.inf if v > 0 else -math.inf
 
 
 def _outputs(requested, params: dict, classifier: bool, explain_on: bool

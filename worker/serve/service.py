@@ -316,6 +316,11 @@ class Service:
                 except ValueError:
                     raise oip.bad("Inference-Header-Content-Length is not an integer") \
                         from None
+            json_size = len(body) if length is None else length  # (a length outside
+            if json_size > self.serve.max_json_bytes and json_size <= len(body):  # it: 400)
+                raise oip.RequestError(413, f"the JSON ({json_size} bytes) is larger than "
+                                            f"serve.max_json_bytes ({self.serve.max_json_bytes})"
+                                            ": send large requests as binary tensors or Arrow")
             req = oip.parse_infer(body, length, m.index, self.serve.max_rows,
                                   m.classifier, self.scoring.explain is not None)
             if req.explain and m.explain_error is not None:
