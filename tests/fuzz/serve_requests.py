@@ -158,6 +158,11 @@ class Refused(Exception):
         self.status = status
 
 
+_RANGES = {t: (np.iinfo(c).min, np.iinfo(c).max) for t, c in
+           (("UINT8", "u1"), ("UINT16", "u2"), ("UINT32", "u4"), ("UINT64", "u8"),
+            ("INT8", "i1"), ("INT16", "i2"), ("INT32", "i4"), ("INT64", "i8"))}
+
+
 def _f32(v, datatype: str) -> float:
     if v is None:
         return math.nan
@@ -165,6 +170,15 @@ def _f32(v, datatype: str) -> float:
         return float(v)
     if datatype == "BOOL":
         raise Refused(400, "BOOL takes true, false or null")
+    if datatype in _RANGES and type(v) in (int, float) and not (
+            type(v) is float and not v.is_integer()):
+        lo, hi = _RANGES[datatype]
+        if not lo <= v <= hi:
+            raise Refused(400, "outside the type's range")
+    if datatype == "FP16" and type(v) in (int, float):
+        with np.errstate(over="ignore"):
+            return float(np.float32(np.float16(float(v) if abs(v) < 2**1000 else
+                                               math.copysign(math.inf, v))))
     if type(v) is int:
         if -2**63 <= v < 2**63:
             return float(pa.array([v], pa.int64()).cast(pa.float32(), safe=False)[0].as_py())
@@ -179,7 +193,8 @@ def _f32(v, datatype: str) -> float:
     raise Refused(400, f"{type(v).__name__} value")
 
 
-def _values(t: dict, count: int, binary: bytes, pos: int) -> tuple[list[float], int]:
+def _values(t: dict, count: int, binary: bytes, pos: int, shape: list
+            ) -> tuple[list[float], int]:
     datatype = t.get("datatype")
     if datatype not in _TYPES:
         raise Refused(400, "datatype")
@@ -208,8 +223,9 @@ def _values(t: dict, count: int, binary: bytes, pos: int) -> tuple[list[float], 
     if type(data) is not list:
         raise Refused(400, "data")
     if data and type(data[0]) is list:
-        if any(type(r) is not list for r in data):
-            raise Refused(400, "mixed rows")
+        width = shape[1] if len(shape) == 2 else -1
+        if len(data) != shape[0] or any(type(r) is not list or len(r) != width for r in data):
+            raise Refused(400, "rows not as the shape says")
         data = [v for r in data for v in r]
     if len(data) != count:
         raise Refused(400, "count")
@@ -256,7 +272,7 @@ def reference(body: bytes, hlen: int | None, explainable: bool) -> tuple[np.ndar
             raise Refused(400, "matrix shape")
         if s[0] > MAX_ROWS:
             raise Refused(413, "rows")
-        vals, pos = _values(inputs[0], s[0] * F, binary, pos)
+        vals, pos = _values(inputs[0], s[0] * F, binary, pos, s)
         X = np.array(vals, np.float32).reshape(s[0], F)
     else:
         n, cols = None, {}
@@ -272,7 +288,7 @@ def reference(body: bytes, hlen: int | None, explainable: bool) -> tuple[np.ndar
                     raise Refused(413, "rows")
             elif s[0] != n:
                 raise Refused(400, "rows differ")
-            cols[t["name"]], pos = _values(t, n, binary, pos)
+            cols[t["name"]], pos = _values(t, n, binary, pos, s)
         X = np.full((n, F), np.nan, np.float32)
         for name, vals in cols.items():
             X[:, FEATURES.index(name)] = vals
