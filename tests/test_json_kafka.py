@@ -207,3 +207,39 @@ def test_avro_events_on_the_broker(tmp_path, kafka_bootstrap, topic_factory, mod
     np.testing.assert_allclose([by_id[f"t{i}"] for i in range(len(events))], ref, rtol=2e-7)
     assert sorted(dict(m.headers())["error_code"] for m in dlq) == [b"bad_magic",
                                                                     b"unknown_schema"]
+
+
+def test_json_topic_recorded_and_replayed(tmp_path, kafka_bootstrap, topic_factory, model_path):
+    """`record` keeps JSON messages as they are on the topic; `replay` of the recording
+    scores them as the worker does (XGBoost's own scores), and --expect passes against it."""
+    import subprocess
+    import sys
+
+    from worker.io.records import read_outputs
+
+    topics = {"in": topic_factory(partitions=2, prefix="in"), "out": "unused",
+              "dlq": "unused-dlq"}
+    X, events = _events(200, seed=5)
+    n_msgs = _produce(kafka_bootstrap, topics["in"], events, {})
+    rec = tmp_path / "json.arrows"
+    cli = [sys.executable, "-m", "worker.cli"]
+    r = subprocess.run([*cli, "record", "--bootstrap-servers", kafka_bootstrap, "--topic",
+                        topics["in"], "--output", str(rec), "--max-messages", str(n_msgs),
+                        "--max-seconds", "60"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cfg = _config(tmp_path, kafka_bootstrap, model_path, topics, "at_least_once")
+    out = tmp_path / "replayed.arrows"
+    r = subprocess.run([*cli, "replay", str(rec), "--config", str(cfg), "--output", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    tables = [t for _, t in read_outputs(out)]
+    ids = [i for t in tables for i in t.column("id").to_pylist()]
+    scores = [s for t in tables for s in t.column("score").to_pylist()]
+    assert sorted(ids) == sorted(f"t{i}" for i in range(200))
+    ref = M.xgboost_models()["xgb-binary-logistic"].inplace_predict(X)
+    by_id = dict(zip(ids, scores, strict=True))
+    np.testing.assert_allclose([by_id[f"t{i}"] for i in range(200)], ref, rtol=2e-7)
+    r = subprocess.run([*cli, "replay", str(rec), "--config", str(cfg), "--output",
+                        str(tmp_path / "again.arrows"), "--expect", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
