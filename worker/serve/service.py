@@ -103,6 +103,7 @@ class _Model:
     index: dict  # feature name -> column
     id_header: list  # the response's model-id header
     explain_error: str | None  # why this model gives no reason codes (None: it does)
+    id_name: bytes | None  # scoring.id_column, as a schema holds it
 
 
 class Service:
@@ -195,7 +196,8 @@ class Service:
                 raise ValueError(f"scoring.explain: {exc}") from None
         return _Model(model, pipeline, anonymous, orjson.dumps(meta), specs, STOP_REASONS,
                       classifier, {f: j for j, f in enumerate(model.feature_names)},
-                      [(b"model-id", model.model_id.encode())], explain_error)
+                      [(b"model-id", model.model_id.encode())], explain_error,
+                      self.scoring.id_column.encode() if self.scoring.id_column else None)
 
     def _install(self, m: _Model) -> None:
         old = self.current
@@ -362,15 +364,19 @@ class Service:
 
     def _infer_arrow(self, m: _Model, body: bytes):
         rec = Record("serve", 0, 0, None, body)
-        pipeline = m.pipeline
+        # the id column's name not in the stream's first message (its schema): no id column,
+        # the rows are numbered (a name found may be part of another: then tried, then not)
+        pipeline = m.pipeline if m.id_name is not None and m.id_name in _schema_bytes(body) \
+            else m.anonymous
         msg = pipeline.decode(rec)
         if isinstance(msg, InvalidMessage) and msg.code == "missing_column" and \
                 pipeline is not m.anonymous and "id column" in msg.detail:
-            pipeline = m.anonymous  # no id column: the rows are numbered
+            pipeline = m.anonymous
             msg = pipeline.decode(rec)
         if isinstance(msg, InvalidMessage):
             status = 413 if msg.code == "too_large" else 400
             return status, JSON, _error(f"{msg.code}: {msg.detail}"), []
+        pipeline.threads = 1 if msg.rows < SMALL_REQUEST_ROWS else self.threads
         outs, dead, stats = pipeline.process([(rec, msg)])
         if dead:
             h = dict(dead[0].headers)
@@ -379,6 +385,14 @@ class Service:
         self.metrics.rows.inc(stats.rows)
         self.metrics.work_units.inc(stats.work_units)
         return 200, ARROW, outs[0].value, m.id_header
+
+
+def _schema_bytes(body: bytes) -> bytes:
+    """An Arrow IPC stream's first message (the schema), as far as the body holds it: its
+    length after the optional continuation marker, bounded by the body."""
+    start = 4 if body[:4] == b"\xff\xff\xff\xff" else 0
+    n = int.from_bytes(body[start:start + 4], "little", signed=True)
+    return body[:start + 4 + max(0, min(n, len(body)))]
 
 
 def _error(message: str) -> bytes:
