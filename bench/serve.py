@@ -377,12 +377,15 @@ def report(res: dict) -> str:
         "",
         "| target | measured | met |",
         "|---|---|---|",
-        f"| one-row requests/s >= 10x MLServer's (rows with missing values) | "
-        f"{ours1m['rps']:,.0f} vs {mls1m['rps']:,.0f}: {ours1m['rps'] / mls1m['rps']:.1f}x | "
-        f"{'yes' if ours1m['rps'] >= 10 * mls1m['rps'] else 'no'} |",
-        f"| one-row requests/s >= 10x MLServer's (dense rows) | "
-        f"{ours1['rps']:,.0f} vs {mls1['rps']:,.0f}: {ours1['rps'] / mls1['rps']:.1f}x | "
-        f"{'yes' if ours1['rps'] >= 10 * mls1['rps'] else 'no'} |",
+        *sorted([  # the less flattering ratio first
+            f"| one-row requests/s >= 10x MLServer's (rows with missing values) | "
+            f"{ours1m['rps']:,.0f} vs {mls1m['rps']:,.0f}: "
+            f"{ours1m['rps'] / mls1m['rps']:.1f}x | "
+            f"{'yes' if ours1m['rps'] >= 10 * mls1m['rps'] else 'no'} |",
+            f"| one-row requests/s >= 10x MLServer's (dense rows) | "
+            f"{ours1['rps']:,.0f} vs {mls1['rps']:,.0f}: {ours1['rps'] / mls1['rps']:.1f}x | "
+            f"{'yes' if ours1['rps'] >= 10 * mls1['rps'] else 'no'} |"],
+            key=lambda line: float(line.split(": ")[1].split("x")[0])),
         f"| p99 <= 5 ms at 8 connections (one row, at the maximum rate) | "
         f"{ours1['percentiles_us']['99'] / 1e3:.2f} ms | "
         f"{'yes' if ours1['percentiles_us']['99'] <= 5000 else 'no'} |",
@@ -455,7 +458,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--quick", action="store_true", help="2-second runs")
     ap.add_argument("--mlserver-python", default=None)
+    ap.add_argument("--report", action="store_true",
+                    help="write the results file and the plot again from bench/out/serve.json")
     args = ap.parse_args()
+    if args.report:
+        res = json.loads((HERE / "out" / "serve.json").read_text())
+        plot(res, HERE / "serve-latency.png")
+        (HERE / "SERVE-RESULTS.md").write_text(report(res))
+        return 0
     for tool in ("wrk", "taskset"):
         if shutil.which(tool) is None:
             print(f"bench-serve needs {tool} (Debian: apt-get install {tool})", file=sys.stderr)
