@@ -183,11 +183,13 @@ def reference(value: bytes):
 
 
 # (fastavro reads varints longer than the spec's 10 bytes, ints over 32 bits, boolean bytes
-# other than 0 and 1, a block count of -2^63 as an empty block, a negative union branch as one
-# counted from the end, a block whose byte size is wrong; the worker refuses them)
+# other than 0 and 1, a block count of -2^63 as an empty block, a negative union branch or
+# enum index as one counted from the end (Python's negative index: found by make fuzz's
+# 100,000 cases, 2026-12-04), a block whose byte size is wrong; the worker refuses them)
 _STRICTER = ("an int outside 32 bits", "a boolean that is not 0 or 1", "float32 cannot hold",
              "a varint over 64 bits", "a bad block count", "a union branch out of range",
-             "a negative length", "a block's byte size over the bytes left")
+             "a negative length", "a block's byte size over the bytes left",
+             "an enum index out of range")
 # refusals whose record fastavro may loop on (hostile counts): the oracle is not asked
 _ORACLE_LOOPS = ("more items than the bytes left", "a negative length", "a bad block count")
 
