@@ -669,3 +669,27 @@ def test_an_integer_beyond_float64_with_nan_literals_is_scored(server):
             + b',2,3,4,5,6,NaN]}]}')
     status, _, out = post(server, "/v2/models/binary/infer", body)
     assert status == 200, out
+
+
+def test_the_lazy_policy_and_thresholds_are_the_workers(artifacts, tmp_path):
+    """scoring.lazy and scoring.thresholds apply to requests: certified stopping evaluates
+    fewer trees on some rows and never changes a decision band against full evaluation."""
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, n=500, seed=21)
+    s = Server(artifacts["binary"], tmp_path,
+               {"scoring": {"thresholds": [0.3, 0.7], "lazy": {"mode": "certified"}}})
+    try:
+        c = httpclient.InferenceServerClient(url=s.url)
+        inp = httpclient.InferInput("input-0", list(X.shape), "FP32")
+        inp.set_data_from_numpy(X, binary_data=True)
+        res = c.infer("binary", [inp])
+        c.close()
+    finally:
+        assert s.stop() == 0
+    full = worker.load_model(artifacts["binary"]).score_batch(X, thresholds=[0.3, 0.7])
+    np.testing.assert_array_equal(res.as_numpy("decision"), full.decision)
+    assert set(np.unique(full.decision)) == {0, 1, 2}
+    work = res.as_numpy("work_units")
+    assert (work <= 25).all() and (work < 25).any()
+    stops = {x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("stop_reason")}
+    assert stops - {"full"}
