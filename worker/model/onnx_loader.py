@@ -1,6 +1,7 @@
 """ONNX tree ensembles (``ai.onnx.ml`` TreeEnsembleRegressor / TreeEnsembleClassifier, opsets
-1-3) -> Ensemble. The file is read with the ``onnx`` package as data (protobuf): nothing in it
-is executed, and ONNX Runtime only runs it afterwards, in ``compile.verify``, to compare.
+1-3, and TreeEnsemble, opset 5, read into the same form by ``_from_opset5``) -> Ensemble.
+The file is read with the ``onnx`` package as data (protobuf): nothing in it is executed,
+and ONNX Runtime only runs it afterwards, in ``compile.verify``, to compare.
 
 A graph is accepted when it is one tree-ensemble node plus the nodes exporters add around it
 that do not change a score: ZipMap (probabilities as a map), Cast, Identity, and a Mul by a
@@ -34,11 +35,16 @@ import numpy as np
 from .ir import Ensemble, Tree, UnsupportedModelError, float32_at_or_below, float32_below
 
 ML = "ai.onnx.ml"
-TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")
+TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier", "TreeEnsemble")
 # nodes that pass a tree ensemble's outputs on unchanged
 PASS_THROUGH = ("ZipMap", "Cast", "Identity")
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
-         "LEAF")
+         "LEAF", "BRANCH_MEMBER")
+# TreeEnsemble (opset 5): nodes_modes codes, aggregate_function and post_transform numbers
+MODES5 = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
+          "BRANCH_MEMBER")
+AGGREGATES5 = ("AVERAGE", "SUM", "MIN", "MAX")
+POSTS5 = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
 MAX_NODES = 1 << 26  # far beyond any real ensemble; bounds the arrays built from a file
 MAX_FEATURES = 1 << 17  # an input this wide costs gigabytes to probe; none is real
 MAX_OUTPUTS = 1 << 12  # classes
@@ -46,6 +52,7 @@ MAX_LEAF_VALUES = 1 << 26  # nodes x outputs held as float64
 MAX_DEPTH = 1000  # ONNX Runtime itself crashes (SIGSEGV) verifying chains ~14,000 deep
 MAX_ID = (1 << 31) - 1  # ONNX Runtime keeps tree and node ids in 32 bits
 MAX_TREE_NODES = 1 << 20  # one tree, BRANCH_EQ/NEQ unfolded
+MAX_MEMBERS = 4096  # values of one BRANCH_MEMBER set
 
 
 def is_onnx_source(source) -> bool:
@@ -136,9 +143,6 @@ def tree_node(model):
     for n in graph.node:
         if n in trees or (n.op_type in PASS_THROUGH + ("Mul",) and n.domain in ("", ML)):
             continue
-        if n.op_type == "TreeEnsemble" and n.domain == ML:
-            refused.append(f"{n.name or n.op_type} (TreeEnsemble, ai.onnx.ml opset 5)")
-            continue
         refused.append(f"{n.name or '(unnamed)'} ({n.op_type})")
     if refused:
         raise UnsupportedModelError(
@@ -147,7 +151,8 @@ def tree_node(model):
     if len(trees) != 1:
         raise UnsupportedModelError(f"the graph has {len(trees)} tree-ensemble nodes (one is "
                                     "supported: TreeEnsembleRegressor or "
-                                    "TreeEnsembleClassifier, ai.onnx.ml opsets 1-3)")
+                                    "TreeEnsembleClassifier, ai.onnx.ml opsets 1-3, or "
+                                    "TreeEnsemble, opset 5)")
     _check_wiring(model, trees[0])
     return trees[0]
 
@@ -206,6 +211,235 @@ def _check_wiring(model, tree) -> None:
     return next(o for o in outs if path[o] == "scores")
 
 
+@functools.lru_cache(maxsize=1)
+def _kinds5() -> dict:
+    """TreeEnsemble's (opset 5) attributes and the type each must have."""
+    from onnx import AttributeProto as A
+
+    ints = ["nodes_featureids", "nodes_truenodeids", "nodes_trueleafs", "nodes_falsenodeids",
+            "nodes_falseleafs", "nodes_missing_value_tracks_true", "leaf_targetids",
+            "tree_roots"]
+    kinds = {k: A.INTS for k in ints}
+    kinds.update({k: A.TENSOR for k in ("nodes_modes", "nodes_splits", "leaf_weights",
+                                        "membership_values", "nodes_hitrates")})
+    kinds.update({"n_targets": A.INT, "aggregate_function": A.INT, "post_transform": A.INT})
+    return kinds
+
+
+def _from_opset5(node) -> tuple[dict, bool, list | None, dict]:
+    """TreeEnsemble (ai.onnx.ml opset 5) as the opset 1-3 attributes ``_to_ir`` reads: its
+    trees (roots in ``tree_roots``; a child is a node or, where ``nodes_*leafs`` says so, a
+    leaf) numbered per tree, leaves as LEAF nodes with their weights, BRANCH_MEMBER nodes
+    with their values (``membership_values``, one NaN-separated run per member node, in node
+    order). ONNX Runtime ignores a post transform on one target but PROBIT; more targets with
+    SOFTMAX are a multiclass model (classes 0, 1, ...). Returns (attributes, classifier,
+    class labels or None, {legacy node row: member values})."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    kinds = _kinds5()
+    raw: dict = {}
+    for at in node.attribute:
+        if at.name in raw:
+            raise UnsupportedModelError(f"attribute {at.name} is given twice")
+        kind = kinds.get(at.name)
+        if kind is None:
+            raise UnsupportedModelError(f"TreeEnsemble attribute {at.name} is not one this "
+                                        "compiler reads")
+        if at.type != kind:
+            raise UnsupportedModelError(f"attribute {at.name} has the wrong type")
+        if kind == helper.AttributeProto.TENSOR:
+            t = at.t
+            if t.data_location == TensorProto.EXTERNAL or len(t.external_data):
+                raise UnsupportedModelError(f"attribute {at.name} keeps its data in an external "
+                                            "file: only self-contained models are read")
+            raw[at.name] = (t.data_type, numpy_helper.to_array(t).ravel())
+        else:
+            raw[at.name] = helper.get_attribute_value(at)
+    for key in ("nodes_modes", "nodes_splits", "leaf_weights", "tree_roots", "leaf_targetids",
+                "nodes_featureids", "nodes_truenodeids", "nodes_falsenodeids"):
+        if key not in raw:
+            raise UnsupportedModelError(f"TreeEnsemble without {key}")
+    mtype, mode_codes = raw["nodes_modes"]
+    if mtype != TensorProto.UINT8:
+        raise UnsupportedModelError("nodes_modes is not a uint8 tensor")
+    n = mode_codes.shape[0]
+    if n == 0 or n > MAX_NODES:
+        raise UnsupportedModelError(f"{n} nodes: not a tree ensemble this compiler reads")
+    stype, splits = raw["nodes_splits"]
+    wtype, leaf_w = raw["leaf_weights"]
+    if stype not in (TensorProto.FLOAT, TensorProto.DOUBLE) or wtype != stype:
+        raise UnsupportedModelError("nodes_splits and leaf_weights must be float or double "
+                                    "tensors of one type")
+    if splits.shape[0] != n:
+        raise UnsupportedModelError(f"nodes_splits has {splits.shape[0]} entries, expected {n}")
+    splits = splits.astype(np.float64)
+    leaf_w = leaf_w.astype(np.float64)
+    n_leaves = leaf_w.shape[0]
+    if n_leaves == 0 or n_leaves > MAX_NODES:
+        raise UnsupportedModelError(f"{n_leaves} leaves")
+
+    def ints(key: str, count: int, default=None) -> np.ndarray:
+        v = raw.get(key)
+        if v is None or len(v) == 0:
+            if default is None:
+                raise UnsupportedModelError(f"TreeEnsemble without {key}")
+            return np.full(count, default, dtype=np.int64)
+        arr = np.asarray(v, dtype=np.int64).ravel()
+        if arr.shape[0] != count:
+            raise UnsupportedModelError(f"attribute {key} has {arr.shape[0]} entries, "
+                                        f"expected {count}")
+        return arr
+
+    features = ints("nodes_featureids", n)
+    true_ix, false_ix = ints("nodes_truenodeids", n), ints("nodes_falsenodeids", n)
+    true_leaf, false_leaf = ints("nodes_trueleafs", n, 0), ints("nodes_falseleafs", n, 0)
+    tracks = ints("nodes_missing_value_tracks_true", n, 0)
+    leaf_target = ints("leaf_targetids", n_leaves)
+    roots = np.asarray(raw["tree_roots"], dtype=np.int64).ravel()
+    for key, arr in (("nodes_trueleafs", true_leaf), ("nodes_falseleafs", false_leaf),
+                     ("nodes_missing_value_tracks_true", tracks)):
+        if np.any((arr != 0) & (arr != 1)):
+            raise UnsupportedModelError(f"{key} holds a value other than 0 or 1")
+    if np.any(mode_codes > len(MODES5) - 1):
+        raise UnsupportedModelError(f"a node mode {int(mode_codes.max())} is not one of "
+                                    f"{len(MODES5)} (BRANCH_LEQ .. BRANCH_MEMBER)")
+    if roots.size == 0 or roots.min() < 0 or roots.max() >= n:
+        raise UnsupportedModelError("tree_roots points outside the nodes")
+    for flags, ix, side in ((true_leaf, true_ix, "true"), (false_leaf, false_ix, "false")):
+        bound = np.where(flags == 1, n_leaves, n)
+        if np.any(ix < 0) or np.any(ix >= bound):
+            raise UnsupportedModelError(f"a node's {side} child points outside the nodes or "
+                                        "leaves")
+    n_targets = int(raw.get("n_targets", 1))
+    if n_targets < 1 or n_targets > MAX_OUTPUTS:
+        raise UnsupportedModelError(f"n_targets={n_targets}")
+    if leaf_target.min() < 0 or leaf_target.max() >= n_targets:
+        raise UnsupportedModelError(f"a leaf weight for target {int(leaf_target.max())} of "
+                                    f"{n_targets}")
+    agg_code = int(raw.get("aggregate_function", 1))
+    post_code = int(raw.get("post_transform", 0))
+    if not 0 <= agg_code < len(AGGREGATES5) or not 0 <= post_code < len(POSTS5):
+        raise UnsupportedModelError(f"aggregate_function {agg_code} or post_transform "
+                                    f"{post_code} is not one ONNX defines")
+    agg, post = AGGREGATES5[agg_code], POSTS5[post_code]
+    # member values: one NaN-separated run a BRANCH_MEMBER node, in node order
+    member_nodes = np.flatnonzero(mode_codes == MODES5.index("BRANCH_MEMBER")).tolist()
+    runs: list[list[float]] = []
+    if member_nodes:
+        if "membership_values" not in raw:
+            raise UnsupportedModelError("BRANCH_MEMBER nodes without membership_values")
+        mv_type, mv = raw["membership_values"]
+        if mv_type != stype:
+            raise UnsupportedModelError("membership_values is not of nodes_splits' type")
+        cur: list[float] = []
+        for v in mv.astype(np.float64).tolist():
+            if np.isnan(v):
+                runs.append(cur)
+                cur = []
+            else:
+                cur.append(v)
+        if cur:
+            runs.append(cur)
+        if len(runs) < len(member_nodes):
+            raise UnsupportedModelError(f"membership_values holds {len(runs)} sets for "
+                                        f"{len(member_nodes)} BRANCH_MEMBER nodes")
+        for r in runs[:len(member_nodes)]:
+            if not r or len(r) > MAX_MEMBERS:
+                raise UnsupportedModelError(f"a BRANCH_MEMBER set of {len(r)} values (1 to "
+                                            f"{MAX_MEMBERS} are read)")
+            if len(r) < 31 and all(0 <= v <= 30 for v in r):
+                continue  # ONNX Runtime: x == v, one value after another
+            for v in r:  # a big set: integers an int32 holds (x is cast to one)
+                if not (np.isfinite(v) and v == int(v) and -2**31 < v < 2**31):
+                    raise UnsupportedModelError(
+                        f"a BRANCH_MEMBER value {v} is not an integer in int32's range "
+                        "(ONNX Runtime looks x up, cast to an int32, in a set of more than "
+                        "30 values or of values outside [0, 30])")
+    member_of = dict(zip(member_nodes, runs, strict=False))
+
+    # each tree from its root: its nodes and leaves numbered in the order reached
+    rows = {k: [] for k in ("tree", "node", "mode", "feature", "value", "tracks", "true",
+                            "false")}
+    weights = {k: [] for k in ("tree", "node", "id", "w")}
+    members: dict[int, list[float]] = {}
+    total = 0
+    for t, root in enumerate(roots.tolist()):
+        ids: dict[tuple, int] = {}
+        queue: list[tuple] = [("n", root)]
+        ids[("n", root)] = 0
+        for key in queue:
+            kind, ix = key[0], key[1]
+            nid = ids[key]
+            total += 1
+            if total > MAX_NODES:
+                raise UnsupportedModelError(f"more than {MAX_NODES} nodes once the trees are "
+                                            "numbered")
+            row = len(rows["tree"])
+            rows["tree"].append(t)
+            rows["node"].append(nid)
+            if kind == "l":
+                rows["mode"].append("LEAF")
+                for k in ("feature", "value", "tracks", "true", "false"):
+                    rows[k].append(0)
+                weights["tree"].append(t)
+                weights["node"].append(nid)
+                weights["id"].append(int(leaf_target[ix]))
+                weights["w"].append(float(leaf_w[ix]))
+                continue
+            children = []
+            for flag, child in ((true_leaf[ix], true_ix[ix]), (false_leaf[ix], false_ix[ix])):
+                # a leaf may be shared (both sides of a split): each reference its own copy
+                key = ("l", int(child), len(ids)) if flag else ("n", int(child))
+                if key in ids:
+                    raise UnsupportedModelError(f"tree {t}: node {int(child)} is reached twice "
+                                                "(a tree's nodes and leaves have one parent)")
+                ids[key] = len(ids)
+                queue.append(key)
+                children.append(ids[key])
+            mode = MODES5[int(mode_codes[ix])]
+            rows["mode"].append(mode)
+            rows["feature"].append(int(features[ix]))
+            rows["value"].append(float(splits[ix]) if mode != "BRANCH_MEMBER" else 0.0)
+            rows["tracks"].append(int(tracks[ix]))
+            rows["true"].append(children[0])
+            rows["false"].append(children[1])
+            if mode == "BRANCH_MEMBER":
+                members[row] = member_of[ix]
+    a = {"_double": set() if stype == TensorProto.FLOAT else {"nodes_values"},
+         "nodes_modes": rows["mode"], "nodes_treeids": rows["tree"],
+         "nodes_nodeids": rows["node"], "nodes_featureids": rows["feature"],
+         "nodes_values": np.asarray(rows["value"], dtype=np.float64),
+         "nodes_missing_value_tracks_true": rows["tracks"],
+         "nodes_truenodeids": rows["true"], "nodes_falsenodeids": rows["false"],
+         "aggregate_function": agg}
+    if n_targets == 1:
+        if post != "NONE":  # ONNX Runtime transforms one target only with PROBIT, where the
+            # specification transforms it with each: which one the user means is not known
+            raise UnsupportedModelError(f"post_transform {post} on one target is not "
+                                        "supported (ONNX Runtime applies only PROBIT to one "
+                                        "target, the ONNX specification each transform)")
+        a.update({"post_transform": "NONE", "n_targets": 1, "target_treeids": weights["tree"],
+                  "target_nodeids": weights["node"], "target_ids": weights["id"],
+                  "target_weights": np.asarray(weights["w"], dtype=np.float64)})
+        return a, False, None, members
+    # ONNX Runtime (1.19 to 1.32 at least) reads post_transform 1 as LOGISTIC and 2 as
+    # SOFTMAX, the reverse of the ONNX specification's numbers; the scores its users get are
+    # the reference: 2 is a softmax (and compile's check against ONNX Runtime would refuse a
+    # runtime that changed its reading), 1 is refused
+    if post_code == POSTS5.index("SOFTMAX"):
+        raise UnsupportedModelError(
+            f"{n_targets} targets with post_transform 1 (SOFTMAX in the ONNX specification, "
+            "LOGISTIC in ONNX Runtime): refused, the runtimes disagree on it")
+    if post_code != POSTS5.index("LOGISTIC"):
+        raise UnsupportedModelError(f"{n_targets} targets with post_transform {post}: several "
+                                    "targets are read as a multiclass model's softmax only "
+                                    "(post_transform 2, ONNX Runtime's SOFTMAX)")
+    a.update({"post_transform": "SOFTMAX", "class_treeids": weights["tree"],
+              "class_nodeids": weights["node"], "class_ids": weights["id"],
+              "class_weights": np.asarray(weights["w"], dtype=np.float64)})
+    return a, True, list(range(n_targets)), members
+
+
 def _labels(attrs: dict) -> list:
     ints = attrs.get("classlabels_int64s")
     strings = attrs.get("classlabels_strings")
@@ -255,8 +489,11 @@ def to_ir(source) -> Ensemble:
 
 
 def _to_ir(model, node) -> Ensemble:
-    a = _attrs(node)
-    classifier = node.op_type == "TreeEnsembleClassifier"
+    if node.op_type == "TreeEnsemble":
+        a, classifier, labels5, members = _from_opset5(node)
+    else:
+        a, classifier, labels5, members = _attrs(node), \
+            node.op_type == "TreeEnsembleClassifier", None, {}
     modes = [m.decode() if isinstance(m, bytes) else str(m) for m in a.get("nodes_modes", [])]
     n = len(modes)
     if n == 0 or n > MAX_NODES:
@@ -291,7 +528,8 @@ def _to_ir(model, node) -> Ensemble:
     if w_val.shape[0] != w_tree.shape[0]:
         raise UnsupportedModelError(f"{prefix}_weights and {prefix}_treeids differ in length")
     if classifier:
-        labels = _labels({x.name: x for x in node.attribute})
+        labels = labels5 if labels5 is not None else \
+            _labels({x.name: x for x in node.attribute})
         n_out = len(labels)
         if n_out < 2 or n_out > MAX_OUTPUTS:
             raise UnsupportedModelError(f"a classifier with {n_out} class labels")
@@ -353,7 +591,7 @@ def _to_ir(model, node) -> Ensemble:
     trees, groups = [], []
     for t in order:
         tree, group = _tree(t, by_tree[t], node_ids, modes, features, values, tracks, true_ids,
-                            false_ids, weights, G, col)
+                            false_ids, weights, G, col, members)
         trees.append(tree)
         groups.append(group)
 
@@ -426,7 +664,7 @@ def _to_ir(model, node) -> Ensemble:
 
 
 def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_ids, weights,
-          G: int, col):
+          G: int, col, members: dict):
     """One ONNX tree (its attribute rows) as an ir.Tree, nodes renumbered from the root."""
     where = f"tree {t}"
     pos = {}
@@ -494,6 +732,10 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
             continue
         if mode not in MODES:
             raise UnsupportedModelError(f"{where} node {nid}: unknown node mode {mode!r}")
+        if mode == "BRANCH_MEMBER":
+            _member(i, int(features[k]), members[k], bool(tracks[k]), int(true_ids[k]),
+                    int(false_ids[k]), new, split, stack)
+            continue
         v = values[k]
         if np.isnan(v) or (mode not in ("BRANCH_LEQ", "BRANCH_GT") and v == -np.inf):
             raise UnsupportedModelError(f"{where} node {nid}: {mode} with threshold {v}")
@@ -530,6 +772,51 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
                 threshold=np.asarray(threshold, dtype=np.float32),
                 left=np.asarray(left, dtype=np.int32), right=np.asarray(right, dtype=np.int32),
                 default_left=np.asarray(default_left, dtype=bool), value=value_arr), group
+
+
+def _member(i: int, f: int, values, tracks: bool, on_true: int, on_false: int, new, split,
+            stack) -> None:
+    """``x in values`` (BRANCH_MEMBER) at ir node ``i``, as ONNX Runtime decides it. A set of
+    fewer than 31 values, all in [0, 30], becomes a chain of ``x == v`` tests (float
+    equality); any other set is a "big set" of integers that x, cast to an int32 (truncated
+    toward zero), is looked up in: member v holds [v, v + 1) for v > 0, (v - 1, v] for v < 0
+    and (-1, 1) for 0; x beyond int32's range and +-inf are in none. NaN: a member when
+    ``tracks``. Either way the members are float32 intervals; their ends cut the line, and a
+    balanced search over the cuts ends in each piece, which continues to the true or false
+    subtree (each emitted once a piece)."""
+    small = len(values) < 31 and all(0 <= v <= 30 for v in values)
+    spans = []  # (lo, hi): the float32 x with lo < x <= hi are members
+    for v in sorted(set(values)):
+        if small:  # x == v: only a float32 value can equal it
+            if float(np.float32(v)) == v:
+                spans.append((float(_below(v)), v))
+            continue
+        lo, hi = (v - 1, v + 1) if v == 0 else (v, v + 1) if v > 0 else (v - 1, v)
+        # v > 0: x >= lo and x < hi; v < 0: x > lo and x <= hi; 0: x > lo and x < hi
+        low = float(_below(lo)) if v > 0 else float(float32_at_or_below(np.array([lo]))[0])
+        high = float(np.float32(hi)) if v < 0 else float(_below(hi))
+        spans.append((low, high))
+    cuts = sorted({c for span in spans for c in span})
+    lo_ = np.array([s_[0] for s_ in spans])
+    hi_ = np.array([s_[1] for s_ in spans])
+    # piece j: (cuts[j - 1], cuts[j]] (j = 0 from -inf; the last one above the last cut: none)
+    pieces = [bool(np.any((lo_ < c) & (c <= hi_))) for c in cuts] + [False]
+    if tracks and not any(pieces):
+        raise UnsupportedModelError("a BRANCH_MEMBER node no float32 value is a member of, "
+                                    "with missing values tracked true")
+    nan_to = next(j for j, m in enumerate(pieces) if m == tracks)
+
+    def build(node: int, lo: int, hi: int) -> None:
+        if lo == hi:
+            stack.append((on_true if pieces[lo] else on_false, node))
+            return
+        mid = (lo + hi) // 2  # right: x > cuts[mid], pieces mid + 1 .. hi
+        left, right = new(), new()
+        split(node, f, np.float32(cuts[mid]), left, right, nan_left=nan_to <= mid)
+        build(left, lo, mid)
+        build(right, mid + 1, hi)
+
+    build(i, 0, len(cuts))
 
 
 def _below(v: float) -> np.float32:
