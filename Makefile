@@ -7,7 +7,7 @@ SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
 .PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain \
-	bench-categorical bench-tls bench-serve golden clean \
+	bench-categorical bench-tls bench-serve bench-runtimes golden clean \
 	broker-start \
 	broker-stop fuzz soak chaos
 
@@ -67,6 +67,14 @@ bench: build
 	$(PY) bench/run.py
 	$(PY) bench/explain.py
 	$(PY) bench/categorical.py
+	$(PY) bench/onnx_speed.py
+	$(PY) bench/catboost_speed.py
+
+# ours against ONNX Runtime on exported models and against CatBoost's predictor
+# (bench/ONNX-RESULTS.md, bench/CATBOOST-RESULTS.md; in make bench)
+bench-runtimes: build
+	$(PY) bench/onnx_speed.py
+	$(PY) bench/catboost_speed.py
 
 # models E (LightGBM, categorical features) and F (XGBoost partition splits) against LightGBM,
 # lleaves and XGBoost (bench/CATEGORICAL-RESULTS.md)

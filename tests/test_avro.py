@@ -54,7 +54,7 @@ def _fmt(tmp_path, schemas: dict[int, object], model=None, id_column="txn_id", f
     for sid, schema in schemas.items():
         (d / f"{sid}.avsc").write_text(schema if isinstance(schema, str) else json.dumps(schema))
     return input_format("avro", model or _model(), id_column, None, max_bytes, fields,
-                        schemas_dir=str(d), schema_registry=None)
+                        schemas_dir=str(d))
 
 
 def wire(schema_id: int, schema, record) -> bytes:

@@ -52,15 +52,12 @@ class SourceConfig(_Section):
     its name."""
     schemas_dir: str | None = None
     """Avro: a folder of writer schemas, <schema id>.avsc."""
-    schema_registry: dict[str, str] | None = None
-    """Avro: a schema registry's client settings (confluent-kafka's SchemaRegistryClient:
-    url, basic.auth.user.info, ssl.ca.location, ...); schemas_dir is looked in first."""
 
     @model_validator(mode="after")
     def _needs(self):
-        if self.format == "avro" and not (self.schemas_dir or self.schema_registry):
-            raise ValueError("source.format avro needs source.schemas_dir or "
-                             "source.schema_registry")
+        if self.format == "avro" and not self.schemas_dir:
+            raise ValueError("source.format avro needs source.schemas_dir (a folder of "
+                             "<schema id>.avsc writer schemas)")
         if self.format == "avro":
             try:
                 import fastavro  # noqa: F401 (the schemas' parser)

@@ -146,8 +146,7 @@ class Pipeline:
             settings.source.format, model, settings.scoring.id_column,
             settings.delivery.max_message_rows,
             min(settings.message_byte_limit, settings.delivery.memory_budget_mb << 20),
-            settings.source.fields, **({"schemas_dir": settings.source.schemas_dir,
-                                        "schema_registry": settings.source.schema_registry}
+            settings.source.fields, **({"schemas_dir": settings.source.schemas_dir}
                                        if settings.source.format == "avro" else {}))
         self.sink_format = settings.sink.format
         self.id_column = settings.scoring.id_column

@@ -11,8 +11,7 @@ __all__ = ["Format", "Gathered", "InvalidMessage", "Message", "OutputFormat", "i
 def input_format(name: str, model, id_column: str | None, max_rows: int | None,
                  max_bytes: int, fields: dict[str, str] | None = None, **schemas) -> Format:
     """The reader of ``name`` for ``model``'s features (``fields``: key paths of features
-    and the id, for formats with nested events; ``schemas``: Avro's schemas_dir and
-    schema_registry)."""
+    and the id, for formats with nested events; ``schemas``: Avro's schemas_dir)."""
     if name == "arrow":
         from .arrow import ArrowFormat
 

@@ -159,8 +159,7 @@ class AvroFormat:
     name = "avro"
 
     def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int,
-                 fields: dict[str, str] | None = None, schemas_dir: str | None = None,
-                 schema_registry: dict | None = None):
+                 fields: dict[str, str] | None = None, schemas_dir: str | None = None):
         self.feature_names = list(model.feature_names)
         fields = dict(fields or {})
         unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
@@ -178,8 +177,6 @@ class AvroFormat:
                            if cats.get(f)}
         self.max_bytes = int(max_bytes)
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
-        self._registry_conf = schema_registry
-        self._registry = None
         self._readers: dict[int, object] = {}  # id -> AvroReader, or SchemaError
         self._unknown: dict[int, float] = {}  # id -> when it was last looked for
 
@@ -194,23 +191,6 @@ class AvroFormat:
                     return path.read_text()
                 except (OSError, UnicodeDecodeError) as exc:
                     raise SchemaError("bad_schema", f"{path.name}: {exc}") from None
-        if self._registry_conf:
-            if self._registry is None:
-                from confluent_kafka.schema_registry import SchemaRegistryClient
-
-                self._registry = SchemaRegistryClient(dict(self._registry_conf))
-            try:
-                text = self._registry.get_schema(schema_id).schema_str
-                if len(text) > MAX_SCHEMA_BYTES:
-                    raise SchemaError("bad_schema", f"schema {schema_id} is over 1 MiB")
-                return text
-            except SchemaError:
-                raise
-            except Exception as exc:  # noqa: BLE001 (not found, not reachable: unknown)
-                if "404" in str(exc) or "not found" in str(exc).lower():
-                    return None
-                raise SchemaError("unknown_schema", f"schema {schema_id}: the registry did "
-                                  f"not answer: {exc}") from None
         return None
 
     def _reader(self, schema_id: int):
