@@ -389,3 +389,75 @@ def test_crafted_opset_5_attributes_are_refused_or_exact(tmp_path):
                                       ref.astype(np.float32))
 
     run()
+
+
+# ---- what an attacker's review found (each failed before its fix) ---------------------------
+
+def _chain(depth: int, roots: list[int], n_targets: int = 1, post: int = 0, mode: int = 6):
+    """A chain of ``depth`` splits on x0, each's false side the next, true a leaf."""
+    n = depth
+    node = helper.make_node(
+        "TreeEnsemble", ["X"], ["Y"], domain=ML, n_targets=n_targets, aggregate_function=1,
+        post_transform=post, tree_roots=roots,
+        nodes_modes=helper.make_tensor("nodes_modes", TensorProto.UINT8, (n,),
+                                       np.full(n, mode, np.uint8)),
+        nodes_featureids=[0] * n, nodes_splits=_tensor("nodes_splits", [5.0] * n),
+        nodes_truenodeids=list(range(n)), nodes_trueleafs=[1] * n,
+        nodes_falsenodeids=list(range(1, n)) + [n], nodes_falseleafs=[0] * (n - 1) + [1],
+        leaf_targetids=[i % n_targets for i in range(n + 1)],
+        leaf_weights=_tensor("leaf_weights", np.arange(n + 1, dtype=np.float64)),
+        membership_values=_tensor("membership_values", [5.0, np.nan] * n))
+    return _model(node, 1)
+
+
+def test_a_negative_big_set_member_in_a_double_model_is_exact(tmp_path):
+    """-16777217 is no float32: the piece's top is the float32 at or below it (rounding to
+    nearest counted -16777216 as a member)."""
+    node = helper.make_node(
+        "TreeEnsemble", ["X"], ["Y"], domain=ML, n_targets=1, tree_roots=[0],
+        nodes_modes=helper.make_tensor("nodes_modes", TensorProto.UINT8, (1,),
+                                       np.array([6], np.uint8)),
+        nodes_featureids=[0], nodes_splits=_tensor("nodes_splits", [0.0], True),
+        nodes_truenodeids=[0], nodes_trueleafs=[1], nodes_falsenodeids=[1],
+        nodes_falseleafs=[1], leaf_targetids=[0, 0],
+        leaf_weights=_tensor("leaf_weights", [1.0, 0.0], True),
+        membership_values=_tensor("membership_values", [-16777217.0, -3.0], True))
+    model = _model(node, 1, double=True)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    compiled = worker.compile_model(path)
+    x = np.array([-16777218, -16777217, -16777216, -16777215, -3.5, -3, -2.5, -2], np.float32)
+    X = np.concatenate([x, np.nextafter(x, np.float32(1)), np.nextafter(x, np.float32(-1))])
+    X = X.reshape(-1, 1)
+    np.testing.assert_array_equal(_ours(compiled, X), _ort(model, X.astype(np.float64)))
+
+
+@pytest.mark.parametrize("roots", [[0, 0], [0, 1]])
+def test_trees_sharing_nodes_are_refused(roots, tmp_path):
+    from worker.model.ir import UnsupportedModelError
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_chain(3, roots), path)
+    with pytest.raises(UnsupportedModelError, match="in another tree too"):
+        worker.compile_model(path)
+
+
+@pytest.mark.parametrize("depth,n_targets,post", [(40, 1, 0), (16, 4096, 2)])
+def test_a_small_file_that_would_unfold_to_gigabytes_is_refused_quickly(depth, n_targets,
+                                                                          post, tmp_path):
+    """Each MEMBER split emits its false side twice: a chain of 40 is 2^41 nodes; 16 of them
+    with 4,096 outputs a leaf, gigabytes of leaf values. Refused by the unfolding budget."""
+    import resource
+    import time
+
+    from worker.model.ir import UnsupportedModelError
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_chain(depth, [0], n_targets, post), path)
+    assert path.stat().st_size < 4096
+    t0 = time.monotonic()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(UnsupportedModelError, match="unfolded"):
+        worker.compile_model(path)
+    assert time.monotonic() - t0 < 60
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 1_000_000  # KB

@@ -363,6 +363,7 @@ def _from_opset5(node) -> tuple[dict, bool, list | None, dict]:
     weights = {k: [] for k in ("tree", "node", "id", "w")}
     members: dict[int, list[float]] = {}
     total = 0
+    reached: set[int] = set()  # split nodes already in a tree
     for t, root in enumerate(roots.tolist()):
         ids: dict[tuple, int] = {}
         queue: list[tuple] = [("n", root)]
@@ -386,6 +387,11 @@ def _from_opset5(node) -> tuple[dict, bool, list | None, dict]:
                 weights["id"].append(int(leaf_target[ix]))
                 weights["w"].append(float(leaf_w[ix]))
                 continue
+            if ix in reached:  # a root repeated, or a node two trees share: each tree's
+                # copy would be compiled again (ONNX Runtime walks it again)
+                raise UnsupportedModelError(f"tree {t}: node {ix} is in another tree too (a "
+                                            "root repeated, or a node two trees share)")
+            reached.add(ix)
             children = []
             for flag, child in ((true_leaf[ix], true_ix[ix]), (false_leaf[ix], false_ix[ix])):
                 # a leaf may be shared (both sides of a split): each reference its own copy
@@ -486,6 +492,9 @@ def to_ir(source) -> Ensemble:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
         raise UnsupportedModelError(f"malformed tree-ensemble attributes: {exc}") from None
+    except MemoryError:
+        raise UnsupportedModelError("the tree ensemble is too large to compile in this "
+                                    "process's memory") from None
 
 
 def _to_ir(model, node) -> Ensemble:
@@ -589,9 +598,15 @@ def _to_ir(model, node) -> Ensemble:
     for k, t in enumerate(tree_ids.tolist()):
         by_tree.setdefault(t, []).append(k)
     trees, groups = [], []
+    # what unfolding EQ, NEQ and MEMBER splits may add (each emits a subtree more than once):
+    # four times the file's nodes (at least 2^20) in all trees together, and leaf values
+    # (nodes x outputs) twice the file's (at least 2^23): a file of a few hundred bytes could
+    # otherwise unfold to gigabytes
+    budget = {"nodes": max(4 * n, 1 << 20),
+              "values": min(MAX_LEAF_VALUES, max(2 * n * G, 1 << 23))}
     for t in order:
         tree, group = _tree(t, by_tree[t], node_ids, modes, features, values, tracks, true_ids,
-                            false_ids, weights, G, col, members)
+                            false_ids, weights, G, col, members, budget)
         trees.append(tree)
         groups.append(group)
 
@@ -664,7 +679,7 @@ def _to_ir(model, node) -> Ensemble:
 
 
 def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_ids, weights,
-          G: int, col, members: dict):
+          G: int, col, members: dict, budget: dict):
     """One ONNX tree (its attribute rows) as an ir.Tree, nodes renumbered from the root."""
     where = f"tree {t}"
     pos = {}
@@ -710,9 +725,13 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
         right.append(-1)
         default_left.append(False)
         value.append(np.zeros(G))
-        if len(feature) > MAX_TREE_NODES:
-            raise UnsupportedModelError(f"{where}: more than {MAX_TREE_NODES} nodes once its "
-                                        "BRANCH_EQ/NEQ splits are unfolded")
+        budget["nodes"] -= 1
+        budget["values"] -= G
+        if len(feature) > MAX_TREE_NODES or budget["nodes"] < 0 or budget["values"] < 0:
+            raise UnsupportedModelError(f"{where}: more than {MAX_TREE_NODES} nodes in a tree, "
+                                        "or four times the file's nodes in all (twice its "
+                                        "leaf values), once the BRANCH_EQ, NEQ and MEMBER "
+                                        "splits are unfolded")
         return len(feature) - 1
 
     def split(i: int, f: int, thr, to_left: int, to_right: int, nan_left: bool) -> None:
@@ -794,7 +813,8 @@ def _member(i: int, f: int, values, tracks: bool, on_true: int, on_false: int, n
         lo, hi = (v - 1, v + 1) if v == 0 else (v, v + 1) if v > 0 else (v - 1, v)
         # v > 0: x >= lo and x < hi; v < 0: x > lo and x <= hi; 0: x > lo and x < hi
         low = float(_below(lo)) if v > 0 else float(float32_at_or_below(np.array([lo]))[0])
-        high = float(np.float32(hi)) if v < 0 else float(_below(hi))
+        high = float(float32_at_or_below(np.array([float(hi)]))[0]) if v < 0 else \
+            float(_below(hi))
         spans.append((low, high))
     cuts = sorted({c for span in spans for c in span})
     lo_ = np.array([s_[0] for s_ in spans])
