@@ -121,8 +121,8 @@ class Service:
         self.rows_seen = 0
         self.current: _Model | None = None
         self.watcher = None
-        self.load_error: str | None = None
-        self._lock = threading.Lock()
+        self._staged: _Model | None = None  # prepared, swapped in at the next request
+        self._preparing = False
 
     # ---- the model's life ----------------------------------------------------------------
     def load(self) -> None:
@@ -209,16 +209,30 @@ class Service:
         self.metrics.model_info.labels(m.model.model_id).set(1)
 
     def _model(self) -> _Model | None:
-        """The model for this request: a verified new one, if the watcher has one."""
-        if self.watcher is not None:
+        """The model for this request: a new one once it is ready. The watcher verifies a
+        new artifact off the request path; it is prepared (warmed up, its pipelines built)
+        in a thread of its own too, then swapped in between two requests."""
+        staged = self._staged
+        if staged is not None:
+            self._staged = None
+            self._install(staged)
+            log.info("model swapped in", model_id=staged.model.model_id[:12])
+        if self.watcher is not None and not self._preparing:
             new = self.watcher.take()
             if new is not None:
-                try:
-                    self._install(self._prepare(new))
-                    log.info("model swapped in", model_id=new.model_id[:12])
-                except Exception as exc:  # noqa: BLE001 (the running model stays)
-                    log.warning("model refused: the running model stays", reason=str(exc))
+                self._preparing = True
+                threading.Thread(target=self._stage, args=(new,), name="model-prepare",
+                                 daemon=True).start()
         return self.current
+
+    def _stage(self, model) -> None:
+        try:
+            self._staged = self._prepare(model)
+        except Exception as exc:  # noqa: BLE001 (the running model stays)
+            log.warning("model refused: the running model stays", reason=str(exc))
+            self.metrics.model_refusals.labels("live", "prepare_failed").inc()
+        finally:
+            self._preparing = False
 
     def close(self) -> None:
         if self.watcher is not None:
