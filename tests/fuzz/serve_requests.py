@@ -170,6 +170,8 @@ def _f32(v, datatype: str) -> float:
         return float(v)
     if datatype == "BOOL":
         raise Refused(400, "BOOL takes true, false or null")
+    if datatype in _RANGES and type(v) is float and math.isinf(v):
+        raise Refused(400, "an integer type cannot hold infinity")
     if datatype in _RANGES and type(v) in (int, float) and not (
             type(v) is float and not v.is_integer()):
         lo, hi = _RANGES[datatype]
