@@ -7,9 +7,10 @@
 # before the run is left running.
 #
 # With no pytest arguments the tests run in two phases: first the serial ones (those that
-# restart the shared broker, and the three-node cluster's, which kill and restart its nodes)
-# alone, on a broker that still holds few topics (restarted after the whole suite's thousands
-# of topics it takes minutes to load them), then every other test
+# restart the shared broker, and the three-node cluster's, which kill and restart its nodes),
+# on a broker that still holds few topics (restarted after the whole suite's thousands of
+# topics it takes minutes to load them), with the tests that need no broker beside them in
+# one process; then every other broker test
 # in TEST_WORKERS processes (pytest-xdist, default 4: most of the suite waits on brokers,
 # timeouts and child processes, not on the two cores; tests sharing a resource they change
 # run in one process, tests/conftest.py). With arguments, pytest runs them as given, in one
@@ -45,9 +46,20 @@ if (($#)); then
   "$PY" -m pytest -q -p no:cacheprovider --durations=30 "$@"
   exit $?
 fi
+# beside the serial phase (which mostly waits on restarting brokers), the tests that need no
+# broker, in one process (one core: the cluster's tests flaked when four processes of the
+# whole suite ran beside them); their report follows the serial phase's
+free_log=$(mktemp)
+"$PY" -m pytest -q -p no:cacheprovider --durations=10 -m "not kafka and not cluster and not serial" \
+  >"$free_log" 2>&1 &
+free_pid=$!
+trap 'kill $free_pid 2>/dev/null; rm -f "$free_log"; cleanup' EXIT
 "$PY" -m pytest -q -p no:cacheprovider --durations=5 -m serial
 serial=$?
+wait $free_pid
+free=$?
+cat "$free_log"
 "$PY" -m pytest -q -p no:cacheprovider --durations=30 -n "${TEST_WORKERS:-4}" \
-  --dist loadgroup -m "not serial"
+  --dist loadgroup -m "kafka and not serial"
 parallel=$?
-((parallel == 0 && serial == 0)) || exit $((serial ? serial : parallel))
+((parallel == 0 && serial == 0 && free == 0)) || exit $((serial ? serial : free ? free : parallel))
