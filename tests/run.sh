@@ -9,8 +9,7 @@
 # With no pytest arguments the tests run in two phases: first the serial ones (those that
 # restart the shared broker, and the three-node cluster's, which kill and restart its nodes),
 # on a broker that still holds few topics (restarted after the whole suite's thousands of
-# topics it takes minutes to load them), with the tests that need no broker beside them in
-# one process; then every other broker test
+# topics it takes minutes to load them), then every other broker test
 # in TEST_WORKERS processes (pytest-xdist, default 4: most of the suite waits on brokers,
 # timeouts and child processes, not on the two cores; tests sharing a resource they change
 # run in one process, tests/conftest.py). With arguments, pytest runs them as given, in one
@@ -46,20 +45,33 @@ if (($#)); then
   "$PY" -m pytest -q -p no:cacheprovider --durations=30 "$@"
   exit $?
 fi
-# beside the serial phase (which mostly waits on restarting brokers), the tests that need no
-# broker, in one process (one core: the cluster's tests flaked when four processes of the
-# whole suite ran beside them); their report follows the serial phase's
-free_log=$(mktemp)
-"$PY" -m pytest -q -p no:cacheprovider --durations=10 -m "not kafka and not cluster and not serial" \
-  >"$free_log" 2>&1 &
+# The tests that need no broker run beside the other phases, in one process each time: most
+# of them (A) beside the serial phase, which mostly waits on restarting brokers (the
+# cluster's tests flaked when four processes of the whole suite ran beside them), the rest
+# (B, these files) beside the broker tests, whose processes mostly wait too; each report
+# follows its phase's.
+FREE="not kafka and not cluster and not serial"
+FREE_B=(tests/test_fuzz.py tests/test_onnx.py tests/test_onnx5.py tests/test_serve.py
+        tests/test_categorical.py)
+free_a_log=$(mktemp)
+free_b_log=$(mktemp)
+"$PY" -m pytest -q -p no:cacheprovider --durations=10 -m "$FREE" \
+  "${FREE_B[@]/#/--ignore=}" >"$free_a_log" 2>&1 &
 free_pid=$!
-trap 'kill $free_pid 2>/dev/null; rm -f "$free_log"; cleanup' EXIT
+trap 'kill $free_pid 2>/dev/null; rm -f "$free_a_log" "$free_b_log"; cleanup' EXIT
 "$PY" -m pytest -q -p no:cacheprovider --durations=5 -m serial
 serial=$?
 wait $free_pid
-free=$?
-cat "$free_log"
+free_a=$?
+cat "$free_a_log"
+"$PY" -m pytest -q -p no:cacheprovider --durations=10 -m "$FREE" "${FREE_B[@]}" \
+  >"$free_b_log" 2>&1 &
+free_pid=$!
 "$PY" -m pytest -q -p no:cacheprovider --durations=30 -n "${TEST_WORKERS:-4}" \
   --dist loadgroup -m "kafka and not serial"
 parallel=$?
+wait $free_pid
+free_b=$?
+cat "$free_b_log"
+free=$((free_a ? free_a : free_b))
 ((parallel == 0 && serial == 0 && free == 0)) || exit $((serial ? serial : free ? free : parallel))
