@@ -121,9 +121,10 @@ def output_ids(messages) -> np.ndarray:
 
 
 def wait_for_ids(bootstrap: str | dict, topic: str, n_ids: int, timeout: float = 180,
-                 proc: subprocess.Popen | None = None) -> list:
+                 proc: subprocess.Popen | None = None, ids_of=None) -> list:
     """Read committed output until n_ids distinct ids arrived (or time out, or ``proc``, the
-    worker, exits)."""
+    worker, exits). ``ids_of``: a message's ids (default: an Arrow output's id column)."""
+    ids_of = ids_of or (lambda m: output_ids([m]).tolist())
     deadline = time.monotonic() + timeout
     c = Consumer({**client(bootstrap), "group.id": f"reader-{uuid.uuid4().hex}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
@@ -137,7 +138,7 @@ def wait_for_ids(bootstrap: str | dict, topic: str, n_ids: int, timeout: float =
             for m in c.consume(500, 0.5):
                 if m.error() is None:
                     out.append(m)
-                    seen.update(output_ids([m]).tolist())
+                    seen.update(ids_of(m))
         # linger briefly: anything duplicated would arrive now
         end = time.monotonic() + 2
         while time.monotonic() < end:

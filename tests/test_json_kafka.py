@@ -9,14 +9,12 @@ import json
 import math
 import signal
 import socket
-import time
 import urllib.request
-import uuid
 
 import numpy as np
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from tests import kafka_util as K
 from tests import models as M
@@ -50,35 +48,17 @@ def _produce(bootstrap: str, topic: str, events: list[dict], bad: dict[str, byte
     return len(values)
 
 
+def _rows_of(m) -> list[dict]:
+    doc = json.loads(m.value())
+    return [doc] if isinstance(doc, dict) else doc
+
+
 def _read_rows(bootstrap: str, topic: str, n_ids: int, timeout: float = 120, proc=None):
     """(every output row, every output message) of a topic, read committed, until n_ids
     distinct ids arrived."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
-                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    c.subscribe([topic])
-    rows, msgs, seen = [], [], set()
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and len(seen) < n_ids:
-            if proc is not None and proc.poll() is not None:
-                break
-            for m in c.consume(500, 0.5):
-                if m.error() is None:
-                    doc = json.loads(m.value())
-                    got = [doc] if isinstance(doc, dict) else doc
-                    rows += got
-                    msgs.append(m)
-                    seen.update(r["txn_id"] for r in got)
-        end = time.monotonic() + 2  # anything duplicated arrives now
-        while time.monotonic() < end:
-            for m in c.consume(500, 0.5):
-                if m.error() is None:
-                    doc = json.loads(m.value())
-                    rows += [doc] if isinstance(doc, dict) else doc
-                    msgs.append(m)
-    finally:
-        c.close()
-    return rows, msgs
+    msgs = K.wait_for_ids(bootstrap, topic, n_ids, timeout, proc,
+                          ids_of=lambda m: [r["txn_id"] for r in _rows_of(m)])
+    return [r for m in msgs for r in _rows_of(m)], msgs
 
 
 def _config(tmp_path, bootstrap, model_path, topics, mode, port=0):

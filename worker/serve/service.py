@@ -97,7 +97,6 @@ class _Model:
     pipeline: object  # the Arrow body's (worker.pipeline.Pipeline), with the id column
     anonymous: object  # the same without one (a body without scoring.id_column)
     metadata: bytes
-    specs: list
     stop_names: np.ndarray
     classifier: bool
     index: dict  # feature name -> column
@@ -166,9 +165,9 @@ class Service:
             model, arrow.model_copy(update={"scoring": arrow.scoring.model_copy(
                 update={"id_column": None})}), "serve")
         classifier = model.task != "regression"
-        specs = oip.output_specs(classifier)
         explain_on = self.scoring.explain is not None
-        outputs = specs + (list(oip.REASON_OUTPUTS) if explain_on else [])
+        outputs = oip.output_specs(classifier) + (list(oip.REASON_OUTPUTS) if explain_on
+                                                   else [])
         meta = {
             "name": self.name, "versions": [model.model_id], "platform": "scoring-worker",
             "inputs": [{"name": oip.MATRIX_INPUT, "datatype": "FP32",
@@ -194,7 +193,7 @@ class Service:
             explain_error = str(exc)
             if self.scoring.explain is not None:  # asked for every request: cannot serve
                 raise ValueError(f"scoring.explain: {exc}") from None
-        return _Model(model, pipeline, anonymous, orjson.dumps(meta), specs, STOP_REASONS,
+        return _Model(model, pipeline, anonymous, orjson.dumps(meta), STOP_REASONS,
                       classifier, {f: j for j, f in enumerate(model.feature_names)},
                       [(b"model-id", model.model_id.encode())], explain_error,
                       self.scoring.id_column.encode() if self.scoring.id_column else None)
