@@ -52,6 +52,29 @@ cdef extern from "qs.h":
     int sw_qs_simd_on() noexcept nogil
     enum: SW_QS_R, SW_QS_ROW, SW_QS_AVX2, SW_QS_AVX512
 
+cdef extern from "oblivious.h":
+    ctypedef struct sw_obl:
+        const uint32_t* key
+        const uint32_t* thr
+        int64_t n_trees
+        int32_t depth
+        int32_t simd
+    void sw_obl_cols(const float* X, int64_t ldx, int32_t n, int32_t nf,
+                     uint32_t* cols) noexcept nogil
+    void sw_obl_slots(const sw_obl* o, const uint32_t* cols, int32_t n, int64_t t0, int64_t t1,
+                      int32_t* slot) noexcept nogil
+    void sw_obl_sum_d(const sw_obl* o, const uint32_t* cols, int32_t n, const double* leaves,
+                      double* acc) noexcept nogil
+    void sw_obl_sum_f(const sw_obl* o, const uint32_t* cols, int32_t n, const float* leaves,
+                      float* acc) noexcept nogil
+    int sw_obl_simd_best() noexcept nogil
+    enum: SW_OBL_R, SW_OBL_ROW, SW_OBL_AVX2, SW_OBL_AVX512
+
+cdef enum:
+    OBL_STACK_KEYS = 16384    # eval_oblivious's stack buffer: a block's columns for up to 128
+                              # features (64 KB); wider models allocate theirs
+    OBL_TREES = 16            # trees whose positions are taken at once (vector leaves)
+
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
     LINK_COPY = 0         # soft-voting forests with one column per class: raw is the probability
@@ -451,6 +474,53 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
         t += 1
 
 
+cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X, int32_t n,
+                         acc_t* acc) noexcept nogil:
+    """Every tree of an oblivious model (oblivious.h) for n row-major rows, added to acc in
+    tree order, SW_OBL_R rows a block."""
+    cdef const sw_obl* o = <const sw_obl*>m.obl
+    cdef int32_t nf = m.n_features, G = m.n_outputs, r0, k, r
+    cdef int64_t t0, t1, t, nl = (<int64_t>1) << m.depth
+    cdef uint32_t stack_cols[OBL_STACK_KEYS]
+    cdef uint32_t* cols = stack_cols
+    cdef acc_t blk[SW_OBL_R]
+    cdef int32_t slot[OBL_TREES * SW_OBL_R]
+    cdef bint one = G == 1 and m.n_leaf_out == 1
+    if 2 * <int64_t>nf * SW_OBL_R > OBL_STACK_KEYS:
+        cols = <uint32_t*>malloc(2 * <int64_t>nf * SW_OBL_R * sizeof(uint32_t))
+        if cols == NULL:  # no memory for the columns: the walks need none
+            eval_trees(m, leaves, X, nf, n, 0, m.n_trees, acc)
+            return
+    for r in range(SW_OBL_R):
+        blk[r] = 0
+    r0 = 0
+    while r0 < n:
+        k = min(<int32_t>SW_OBL_R, n - r0)
+        sw_obl_cols(X + <int64_t>r0 * nf, nf, k, nf, cols)
+        if one:
+            for r in range(k):
+                blk[r] = acc[r0 + r]
+            if acc_t is double:
+                sw_obl_sum_d(o, cols, k, leaves, blk)
+            else:
+                sw_obl_sum_f(o, cols, k, leaves, blk)
+            for r in range(k):
+                acc[r0 + r] = blk[r]
+        else:
+            t0 = 0
+            while t0 < m.n_trees:
+                t1 = min(t0 + OBL_TREES, m.n_trees)
+                sw_obl_slots(o, cols, k, t0, t1, slot)
+                for r in range(k):
+                    for t in range(t0, t1):
+                        add_leaf(m, leaves, t, t * nl + slot[(t - t0) * SW_OBL_R + r],
+                                 acc + <int64_t>(r0 + r) * G)
+                t0 = t1
+        r0 += k
+    if cols != stack_cols:
+        free(cols)
+
+
 cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                     double divisor, const float* X, int32_t n, acc_t* acc,
                     double* raw, RowPlan* plan=NULL, float* xx=NULL,
@@ -472,7 +542,9 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         k = SW_QS_R if simd else 1
         mk = <uint64_t*>malloc(k * m.n_trees * sizeof(uint64_t))
         qslot = <int64_t*>malloc(k * m.n_trees * sizeof(int64_t))
-    if mk != NULL and qslot != NULL:
+    if m.obl != NULL:  # oblivious trees (oblivious.h): leaves from the bits of each level
+        eval_oblivious(m, leaves, X, n, acc)
+    elif mk != NULL and qslot != NULL:
         if simd:
             r0 = 0
             while r0 < n:
@@ -637,12 +709,14 @@ cdef class Forest:
 
     def __cinit__(self):
         self.qs_tables = NULL
+        self.obl_tables = NULL
         self.scratch_x = NULL
         self.scratch_acc = NULL
         self.scratch_raw = NULL
 
     def __dealloc__(self):
         free(self.qs_tables)
+        free(self.obl_tables)
         free(self.scratch_x)
         free(self.scratch_acc)
         free(self.scratch_raw)
@@ -733,19 +807,86 @@ cdef class Forest:
             raise ValueError("base has the wrong number of outputs")
         self._check()
         self.view.qs = NULL
+        self.view.obl = NULL
         self.kernel_timings = {}
         self.qs_arrays = {}
+        self.obl_arrays = {}
         self.kernel = "walk"
         self.kernel_reason = ""
-        if kernel not in ("auto", "walk", "quickscorer"):
-            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer)")
-        if kernel != "walk":
+        if kernel not in ("auto", "walk", "quickscorer", "oblivious"):
+            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious)")
+        if kernel == "oblivious":
+            self._oblivious()
+        elif kernel != "walk":
             self._quickscorer(kernel == "quickscorer")
         self.scratch_x = <float*>malloc(BLOCK_ROWS * max(n_features, 1) * sizeof(float))
         self.scratch_acc = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
         self.scratch_raw = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
         if self.scratch_x == NULL or self.scratch_acc == NULL or self.scratch_raw == NULL:
             raise MemoryError()
+
+    def _oblivious(self):
+        """The oblivious kernel's tables (oblivious.h), for a padded model without special
+        nodes whose every tree asks one question per level (same feature, missing-value side
+        and threshold at every node of the level); otherwise ValueError saying why."""
+        cdef sw_obl* o
+        cdef const uint32_t[:, ::1] kv
+        cdef const uint32_t[:, ::1] tv
+        cdef int32_t D = self.view.depth
+        cdef int64_t T = self.view.n_trees
+        reason = ""
+        if self.view.qnodes == NULL or D < 1 or self.view.n_features < 1:
+            reason = "not a padded model of depth 1 or more without categorical splits"
+        else:
+            q = np.asarray(self.qnodes).reshape(T, (1 << D) - 1, 2)
+            keys = np.empty((T, D), dtype=np.uint32)
+            thr = np.empty((T, D), dtype=np.uint32)
+            for level in range(D):
+                seg = q[:, (1 << level) - 1:(1 << (level + 1)) - 1, :]
+                differ = np.flatnonzero((seg != seg[:, :1, :]).any(axis=(1, 2)))
+                if differ.size:
+                    reason = (f"tree {int(differ[0])} asks more than one question at level "
+                              f"{level} (not an oblivious tree)")
+                    break
+                keys[:, level] = seg[:, 0, 0]
+                thr[:, level] = seg[:, 0, 1]
+            # every index the kernel reads: a key inside the doubled row, 2^D leaves a tree
+            if not reason and (int(keys.max()) >= 2 * self.view.n_features
+                               or self.arrays["leaves"].shape[0] != T << D):
+                raise ValueError("kernel oblivious: a level reads beyond the doubled row")
+        if reason:
+            self.kernel_reason = reason
+            raise ValueError(f"kernel oblivious: {reason}")
+        self.obl_arrays = {"obl_key": keys, "obl_thr": thr}
+        kv = keys
+        tv = thr
+        o = <sw_obl*>malloc(sizeof(sw_obl))
+        if o == NULL:
+            raise MemoryError()
+        self.obl_tables = o
+        o.key = &kv[0, 0]
+        o.thr = &tv[0, 0]
+        o.n_trees = T
+        o.depth = D
+        o.simd = sw_obl_simd_best()
+        self.view.obl = o
+        self.kernel = "oblivious"
+
+    def oblivious_simd(self, object mode=None):
+        """How the oblivious kernel scores: "avx512" (16 rows a compare), "avx2" (8) or
+        "row" (portable C), the best the CPU has by default; ``mode`` sets it (tests score
+        every way), refusing what the CPU lacks. What is in force; None without the kernel."""
+        cdef sw_obl* o = <sw_obl*>self.obl_tables
+        names = {SW_OBL_ROW: "row", SW_OBL_AVX2: "avx2", SW_OBL_AVX512: "avx512"}
+        if o == NULL:
+            return None
+        if mode is not None:
+            best = sw_obl_simd_best()
+            want = {v: k for k, v in names.items()}.get(mode, -1)
+            if want < 0 or want > best:
+                raise ValueError(f"oblivious mode {mode!r}: this CPU has {names[best]}")
+            o.simd = want
+        return names[o.simd]
 
     def _quickscorer(self, bint forced):
         """QuickScorer tables (worker/model/quickscorer.py) for a compact model whose trees

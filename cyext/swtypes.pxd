@@ -48,6 +48,7 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     int64_t n_nodes           # compact: the nodes of all trees (the last tree's end); else 0
     int64_t n_leaves          # rows of leaf values
     const void* qs            # QuickScorer tables (qs.h sw_qs), or NULL: the walks score
+    const void* obl           # oblivious-tree tables (oblivious.h sw_obl), or NULL
     int32_t trees_walk        # 1: deep-forest tasks walk 16 trees a row, not the rows walk
                               # (kernels.rows_walk; Forest.rows_walk, for tests and A/B runs)
 

@@ -95,7 +95,8 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto",
               help="Node layout; auto times every layout the model allows on probe rows and "
                    "keeps the fastest (stored in the artifact).")
-@click.option("--kernel", type=click.Choice(["auto", "walk", "quickscorer"]), default="auto",
+@click.option("--kernel", type=click.Choice(["auto", "walk", "quickscorer", "oblivious"]),
+              default="auto",
               help="Full-evaluation kernel; auto: measured with the layout.")
 @click.option("--trust-pickle", is_flag=True,
               help="Allow a joblib/pickle source: loading one runs code from the file.")

@@ -28,7 +28,9 @@ cdef class Forest:
     cdef object sqnodes            # qnodes of a compact model in 8 bytes a node, or None
     cdef void* qs_tables           # qs.h sw_qs over arrays in qs_arrays (malloc'd), or NULL
     cdef readonly dict qs_arrays   # worker/model/quickscorer.py tables ({} without)
-    cdef readonly str kernel       # "walk" or "quickscorer"
+    cdef void* obl_tables          # oblivious.h sw_obl over obl_arrays (malloc'd), or NULL
+    cdef readonly dict obl_arrays  # each tree's per-level key and threshold ({} without)
+    cdef readonly str kernel       # "walk", "quickscorer" or "oblivious"
     cdef readonly str kernel_reason  # why the other kernel was not taken
     cdef readonly dict kernel_timings  # auto: us per probe row of each candidate
     cdef readonly bint float32_acc  # leaves and base are float32 (XGBoost) or float64

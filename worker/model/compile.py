@@ -191,13 +191,17 @@ def compile_model(source, layout: str = "auto", check: bool = True,
     return model
 
 
+# the full-evaluation kernels a compile times (walk.h, qs.h, oblivious.h), under each layout
+KERNELS = ("walk", "quickscorer", "oblivious")
+
+
 def chosen(ens: Ensemble, layout: str = "auto", kernel: str = "auto") -> CompiledModel:
     """The model packed and scored as measured fastest (or as forced), its choice recorded."""
     if layout not in ("auto", "padded", "compact"):
         raise ValueError(f"unknown layout {layout!r} (auto, padded or compact)")
-    if kernel not in ("auto", "walk", "quickscorer"):
-        raise ValueError(f"unknown kernel {kernel!r} (auto, walk or quickscorer)")
-    kernels = ["walk", "quickscorer"] if kernel == "auto" else [kernel]
+    if kernel not in ("auto",) + KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r} (auto, {', '.join(KERNELS)})")
+    kernels = list(KERNELS) if kernel == "auto" else [kernel]
     built, refused = {}, {}
     for lay in layouts.layouts(ens, layout):
         info, arrays = pack.pack(ens, lay)
@@ -207,11 +211,11 @@ def chosen(ens: Ensemble, layout: str = "auto", kernel: str = "auto") -> Compile
                 built[layouts.name(lay, k)] = (meta, arrays, CompiledModel(meta, arrays,
                                                                           kernel=k))
             except ValueError as exc:
-                if k != "quickscorer" or not str(exc).startswith("kernel quickscorer"):
+                if k == "walk" or not str(exc).startswith(f"kernel {k}: "):
                     raise
-                refused[layouts.name(lay, k)] = str(exc).removeprefix("kernel quickscorer: ")
-    if not built:  # only a forced QuickScorer can leave nothing
-        raise ValueError("kernel quickscorer: " + "; ".join(refused.values()))
+                refused[layouts.name(lay, k)] = str(exc).removeprefix(f"kernel {k}: ")
+    if not built:  # only a forced QuickScorer or oblivious kernel can leave nothing
+        raise ValueError(f"kernel {kernel}: " + "; ".join(refused.values()))
     choice = {"by": "forced", "us_per_row": {}, "not_candidates": refused}
     if len(built) > 1 or layout == "auto" or kernel == "auto":
         X = layouts.probe_rows(ens)

@@ -49,11 +49,12 @@ class CompiledModel:
         try:
             self.forest = _kernels.Forest(*args, stored)
         except ValueError as exc:
-            if kernel != "auto" or not str(exc).startswith("kernel quickscorer"):
+            if kernel != "auto" or not str(exc).startswith(f"kernel {stored}: "):
                 raise
-            # stored by a build whose QuickScorer took more than this one's does: the walks
+            # stored by a build whose QuickScorer took more than this one's does, or an
+            # oblivious kernel named for a model that is not: the walks
             self.forest = _kernels.Forest(*args, "walk")
-            self._kernel_note = f"the stored choice, QuickScorer, is refused: {exc}"
+            self._kernel_note = f"the stored choice, {stored}, is refused: {exc}"
         # what the stopping policies read (model/lazy.py), and the tables they build once
         self.lazy_target = Target(self.forest, self.arrays, self.link, self.task, self.kind,
                                   int(self.n_outputs), len(self.classes), self.n_trees,
@@ -63,9 +64,10 @@ class CompiledModel:
 
     @property
     def kernel(self) -> str:
-        """The full-evaluation kernel scoring this model: "quickscorer" (compact models whose
-        trees have at most 64 leaves, where it measured at least 10% faster on probe rows
-        when loaded) or "walk". Both give the same scores bit for bit."""
+        """The full-evaluation kernel scoring this model: "quickscorer" (models whose trees
+        have at most 64 leaves), "oblivious" (padded models asking one question per level,
+        CatBoost's) or "walk", as measured fastest when compiled. All give the same scores
+        bit for bit."""
         return self.forest.kernel
 
     @property

@@ -1,0 +1,329 @@
+/* Oblivious trees: padded models whose every level asks one question of all its nodes
+   (CatBoost's trees; a tree shallower than the padded depth has pass-through levels, one
+   question too). A row's leaf is then the bits of its D answers, root first, with no walk:
+   level L reads one feature of the doubled order-key row (walk.h sw_split_row: index
+   2f + missing-goes-right, NaN below or above every threshold's key) and compares it with
+   one threshold key, so a block of rows can ask it at once, one SIMD compare per 16 rows.
+
+   A block is SW_OBL_R rows staged column-major (sw_obl_cols: cols[k * SW_OBL_R + r] is the
+   row r's doubled key k). Per tree, the leaf positions p (0 .. 2^D - 1, the padded leaf
+   order) of the block's rows are built level by level, p |= bit where the compare holds,
+   and its leaves are added to each row's accumulator: the trees in order, one add per tree
+   per row, as every other kernel adds them, so the scores are the same bit for bit.
+
+   Variants (sw_obl.simd): AVX-512 F (16 rows a compare, leaves gathered 8 or 16 at a time),
+   AVX2 (8 rows), and portable C (gcc vectorizes the compare loop with the baseline SSE2).
+   x86-64 variants are compiled with target attributes and taken only when the CPU has them
+   (sw_obl_simd_best). Models with more than one value per leaf or several output columns
+   take sw_obl_slots and add their leaves in the caller. */
+#ifndef SW_OBL_H
+#define SW_OBL_H
+#include <stdint.h>
+#include <string.h>
+
+#include "walk.h"
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
+#include <immintrin.h>
+#define SW_OBL_X86 1
+#endif
+
+#define SW_OBL_R 64
+enum { SW_OBL_ROW = 0, SW_OBL_AVX2 = 1, SW_OBL_AVX512 = 2 };
+
+typedef struct {
+    const uint32_t *key;  /* n_trees * depth: level L's index into the doubled row */
+    const uint32_t *thr;  /* n_trees * depth: level L's threshold order key */
+    int64_t n_trees;
+    int32_t depth;        /* the padded depth, 1..20 */
+    int32_t simd;         /* SW_OBL_* in force */
+} sw_obl;
+
+static int sw_obl_simd = -1;
+static inline int sw_obl_simd_best(void) {
+#ifdef SW_OBL_X86
+    if (sw_obl_simd < 0) {
+        __builtin_cpu_init();
+        sw_obl_simd = __builtin_cpu_supports("avx512f") ? SW_OBL_AVX512
+            : __builtin_cpu_supports("avx2") ? SW_OBL_AVX2 : SW_OBL_ROW;
+    }
+    return sw_obl_simd;
+#else
+    return SW_OBL_ROW;
+#endif
+}
+
+/* n <= SW_OBL_R rows (row r at X + r * ldx, nf features) as doubled order-key columns; the
+   columns' rows n .. SW_OBL_R - 1 are zero (they take leaf 0 and are never read back) */
+static inline void sw_obl_cols(const float *X, int64_t ldx, int32_t n, int32_t nf,
+                               uint32_t *cols) {
+    for (int32_t f = 0; f < nf; f++) {
+        uint32_t *lo = cols + (int64_t)2 * f * SW_OBL_R, *hi = lo + SW_OBL_R;
+        int32_t r = 0;
+        for (; r < n; r++) {
+            uint32_t b;
+            memcpy(&b, X + (int64_t)r * ldx + f, sizeof b);
+            const uint32_t m = 0u - (uint32_t)((b & 0x7FFFFFFFu) > 0x7F800000u);
+            const uint32_t k = sw_order_key(b);
+            lo[r] = k & ~m;
+            hi[r] = k | m;
+        }
+        for (; r < SW_OBL_R; r++) lo[r] = hi[r] = 0;
+    }
+}
+
+/* leaf positions of the block's first n rows in trees t0 .. t1 - 1:
+   slot[(t - t0) * SW_OBL_R + r] */
+static inline void sw_obl_slots(const sw_obl *o, const uint32_t *cols, int32_t n, int64_t t0,
+                                int64_t t1, int32_t *slot) {
+    const int32_t D = o->depth;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;
+        int32_t *s = slot + (t - t0) * SW_OBL_R;
+        for (int32_t r = 0; r < n; r++) s[r] = 0;
+        for (int32_t l = 0; l < D; l++) {
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;
+            const uint32_t th = thr[l];
+            for (int32_t r = 0; r < n; r++) s[r] = 2 * s[r] + (int32_t)(c[r] > th);
+        }
+    }
+}
+
+/* acc[r] += the leaf of every tree, in tree order, for the block's first n rows (one value
+   per leaf, one output column). Portable C: the positions of 16 trees at a time, then their
+   leaves row by row (each row's adds stay in tree order). */
+#define SW_OBL_SUM_ROW(T, NAME)                                                             \
+static void NAME(const sw_obl *o, const uint32_t *cols, int32_t n, const T *leaves, T *acc) {\
+    int32_t slot[16 * SW_OBL_R];                                                            \
+    const int64_t nl = (int64_t)1 << o->depth;                                              \
+    for (int64_t t0 = 0; t0 < o->n_trees; t0 += 16) {                                       \
+        const int64_t t1 = t0 + 16 < o->n_trees ? t0 + 16 : o->n_trees;                     \
+        sw_obl_slots(o, cols, n, t0, t1, slot);                                             \
+        for (int32_t r = 0; r < n; r++) {                                                   \
+            T a = acc[r];                                                                   \
+            for (int64_t t = t0; t < t1; t++) a += leaves[t * nl + slot[(t - t0) * SW_OBL_R + r]];\
+            acc[r] = a;                                                                     \
+        }                                                                                   \
+    }                                                                                       \
+}
+SW_OBL_SUM_ROW(double, sw_obl_sum_row_d)
+SW_OBL_SUM_ROW(float, sw_obl_sum_row_f)
+
+#ifdef SW_OBL_X86
+/* AVX-512: V vectors of 16 rows (V = 1 or 4), positions and sums in registers across trees */
+#define SW_OBL_AVX512_D(V, NAME)                                                            \
+__attribute__((target("avx512f")))                                                          \
+static void NAME(const sw_obl *o, const uint32_t *cols, const double *leaves, double *acc) { \
+    const int32_t D = o->depth;                                                             \
+    const int64_t nl = (int64_t)1 << D;                                                     \
+    __m512d a[2 * V];                                                                       \
+    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * V; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);\
+    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;                        \
+        __m512i p[V];                                                                       \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) p[v] = _mm512_setzero_si512();   \
+        for (int32_t l = 0; l < D; l++) {                                                   \
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;                          \
+            const __m512i th = _mm512_set1_epi32((int)thr[l]);                              \
+            const __m512i bit = _mm512_set1_epi32(1 << (D - 1 - l));                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);\
+                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);                            \
+            }                                                                               \
+        }                                                                                   \
+        const double *lv = leaves + t * nl;                                                 \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                               \
+            a[2 * v] = _mm512_add_pd(a[2 * v],                                              \
+                _mm512_i32gather_pd(_mm512_castsi512_si256(p[v]), lv, 8));                  \
+            a[2 * v + 1] = _mm512_add_pd(a[2 * v + 1],                                      \
+                _mm512_i32gather_pd(_mm512_extracti64x4_epi64(p[v], 1), lv, 8));            \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * V; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);\
+}
+SW_OBL_AVX512_D(1, sw_obl_sum512_d1)
+SW_OBL_AVX512_D(4, sw_obl_sum512_d4)
+
+/* AVX-512, depth 6 or less (CatBoost's default depth is 6): a tree's (up to) 64 leaves are
+   8 registers, and each row's leaf is picked from them by permutes and blends (bits 0-3 pick
+   one of 16 values from a pair of registers, bits 4 and 5 one of the four pairs), not
+   gathered: measured 0.44 against 0.60 ns a tree and row (bench/NOTES.md). Registers beyond
+   a shallower tree's leaves are loaded masked (never read past its leaves) and never picked. */
+__attribute__((target("avx512f")))
+static void sw_obl_sum512_p(const sw_obl *o, const uint32_t *cols, const double *leaves,
+                            double *acc) {
+    const int32_t D = o->depth;
+    const int64_t nl = (int64_t)1 << D;
+    __mmask8 lm[8];
+    for (int i = 0; i < 8; i++) {
+        const int64_t have = nl - 8 * i;
+        lm[i] = have >= 8 ? 0xFF : have > 0 ? (__mmask8)((1u << have) - 1) : 0;
+    }
+    const __m512i b4 = _mm512_set1_epi64(16), b5 = _mm512_set1_epi64(32);
+    __m512d a[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);
+    for (int64_t t = 0; t < o->n_trees; t++) {
+        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;
+        __m512i p[4];
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) p[v] = _mm512_setzero_si512();
+        for (int32_t l = 0; l < D; l++) {
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;
+            const __m512i th = _mm512_set1_epi32((int)thr[l]);
+            const __m512i bit = _mm512_set1_epi32(1 << (D - 1 - l));
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);
+                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);
+            }
+        }
+        const double *lv = leaves + t * nl;
+        __m512d L[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+            L[i] = _mm512_maskz_loadu_pd(lm[i], lv + 8 * i);
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+            const __m512i q[2] = {_mm512_cvtepu32_epi64(_mm512_castsi512_si256(p[v])),
+                                  _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(p[v], 1))};
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m512d a0 = _mm512_permutex2var_pd(L[0], q[h], L[1]);
+                const __m512d a1 = _mm512_permutex2var_pd(L[2], q[h], L[3]);
+                const __m512d a2 = _mm512_permutex2var_pd(L[4], q[h], L[5]);
+                const __m512d a3 = _mm512_permutex2var_pd(L[6], q[h], L[7]);
+                const __mmask8 k4 = _mm512_test_epi64_mask(q[h], b4);
+                const __mmask8 k5 = _mm512_test_epi64_mask(q[h], b5);
+                a[2 * v + h] = _mm512_add_pd(a[2 * v + h], _mm512_mask_blend_pd(k5,
+                    _mm512_mask_blend_pd(k4, a0, a1), _mm512_mask_blend_pd(k4, a2, a3)));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
+}
+
+#define SW_OBL_AVX512_F(V, NAME)                                                            \
+__attribute__((target("avx512f")))                                                          \
+static void NAME(const sw_obl *o, const uint32_t *cols, const float *leaves, float *acc) {   \
+    const int32_t D = o->depth;                                                             \
+    const int64_t nl = (int64_t)1 << D;                                                     \
+    __m512 a[V];                                                                            \
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);\
+    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;                        \
+        __m512i p[V];                                                                       \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) p[v] = _mm512_setzero_si512();   \
+        for (int32_t l = 0; l < D; l++) {                                                   \
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;                          \
+            const __m512i th = _mm512_set1_epi32((int)thr[l]);                              \
+            const __m512i bit = _mm512_set1_epi32(1 << (D - 1 - l));                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);\
+                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);                            \
+            }                                                                               \
+        }                                                                                   \
+        const float *lv = leaves + t * nl;                                                  \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++)                                 \
+            a[v] = _mm512_add_ps(a[v], _mm512_i32gather_ps(p[v], lv, 4));                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) _mm512_storeu_ps(acc + 16 * v, a[v]);\
+}
+SW_OBL_AVX512_F(1, sw_obl_sum512_f1)
+SW_OBL_AVX512_F(4, sw_obl_sum512_f4)
+
+/* AVX2: V vectors of 8 rows (V = 1 or 4); unsigned compare as signed after flipping the top
+   bit of both sides */
+#define SW_OBL_AVX2_POS(V)                                                                  \
+        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;                        \
+        __m256i p[V];                                                                       \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) p[v] = _mm256_setzero_si256();   \
+        for (int32_t l = 0; l < D; l++) {                                                   \
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;                          \
+            const __m256i th = _mm256_set1_epi32((int)(thr[l] ^ 0x80000000u));             \
+            const __m256i bit = _mm256_set1_epi32(1 << (D - 1 - l));                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __m256i x = _mm256_xor_si256(                                         \
+                    _mm256_loadu_si256((const __m256i *)(c + 8 * v)), sign);                \
+                p[v] = _mm256_or_si256(p[v], _mm256_and_si256(_mm256_cmpgt_epi32(x, th), bit));\
+            }                                                                               \
+        }
+
+#define SW_OBL_AVX2_D(V, NAME)                                                              \
+__attribute__((target("avx2")))                                                             \
+static void NAME(const sw_obl *o, const uint32_t *cols, const double *leaves, double *acc) { \
+    const int32_t D = o->depth;                                                             \
+    const int64_t nl = (int64_t)1 << D;                                                     \
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);                               \
+    __m256d a[2 * V];                                                                       \
+    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * V; i++) a[i] = _mm256_loadu_pd(acc + 4 * i);\
+    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+        SW_OBL_AVX2_POS(V)                                                                  \
+        const double *lv = leaves + t * nl;                                                 \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                               \
+            a[2 * v] = _mm256_add_pd(a[2 * v],                                              \
+                _mm256_i32gather_pd(lv, _mm256_castsi256_si128(p[v]), 8));                  \
+            a[2 * v + 1] = _mm256_add_pd(a[2 * v + 1],                                      \
+                _mm256_i32gather_pd(lv, _mm256_extracti128_si256(p[v], 1), 8));             \
+        }                                                                                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * V; i++) _mm256_storeu_pd(acc + 4 * i, a[i]);\
+}
+SW_OBL_AVX2_D(1, sw_obl_sum256_d1)
+SW_OBL_AVX2_D(4, sw_obl_sum256_d4)
+
+#define SW_OBL_AVX2_F(V, NAME)                                                              \
+__attribute__((target("avx2")))                                                             \
+static void NAME(const sw_obl *o, const uint32_t *cols, const float *leaves, float *acc) {   \
+    const int32_t D = o->depth;                                                             \
+    const int64_t nl = (int64_t)1 << D;                                                     \
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);                               \
+    __m256 a[V];                                                                            \
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) a[v] = _mm256_loadu_ps(acc + 8 * v); \
+    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+        SW_OBL_AVX2_POS(V)                                                                  \
+        const float *lv = leaves + t * nl;                                                  \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++)                                 \
+            a[v] = _mm256_add_ps(a[v], _mm256_i32gather_ps(lv, p[v], 4));                   \
+    }                                                                                       \
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) _mm256_storeu_ps(acc + 8 * v, a[v]); \
+}
+SW_OBL_AVX2_F(1, sw_obl_sum256_f1)
+SW_OBL_AVX2_F(4, sw_obl_sum256_f4)
+#endif
+
+/* The block's first n rows (cols from sw_obl_cols): acc[r] += every tree's leaf. acc has
+   room for SW_OBL_R values; rows n .. SW_OBL_R - 1 of it are scratch. */
+static inline void sw_obl_sum_d(const sw_obl *o, const uint32_t *cols, int32_t n,
+                                const double *leaves, double *acc) {
+#ifdef SW_OBL_X86
+    if (o->simd == SW_OBL_AVX512) {
+        if (n > 16 && o->depth <= 6) sw_obl_sum512_p(o, cols, leaves, acc);
+        else if (n > 16) sw_obl_sum512_d4(o, cols, leaves, acc);
+        else sw_obl_sum512_d1(o, cols, leaves, acc);
+        return;
+    }
+    if (o->simd == SW_OBL_AVX2) {
+        if (n > 32) { sw_obl_sum256_d4(o, cols, leaves, acc);
+                      sw_obl_sum256_d4(o, cols + 32, leaves, acc + 32); }
+        else if (n > 8) sw_obl_sum256_d4(o, cols, leaves, acc);
+        else sw_obl_sum256_d1(o, cols, leaves, acc);
+        return;
+    }
+#endif
+    sw_obl_sum_row_d(o, cols, n, leaves, acc);
+}
+
+static inline void sw_obl_sum_f(const sw_obl *o, const uint32_t *cols, int32_t n,
+                                const float *leaves, float *acc) {
+#ifdef SW_OBL_X86
+    if (o->simd == SW_OBL_AVX512) {
+        if (n > 16) sw_obl_sum512_f4(o, cols, leaves, acc);
+        else sw_obl_sum512_f1(o, cols, leaves, acc);
+        return;
+    }
+    if (o->simd == SW_OBL_AVX2) {
+        if (n > 32) { sw_obl_sum256_f4(o, cols, leaves, acc);
+                      sw_obl_sum256_f4(o, cols + 32, leaves, acc + 32); }
+        else if (n > 8) sw_obl_sum256_f4(o, cols, leaves, acc);
+        else sw_obl_sum256_f1(o, cols, leaves, acc);
+        return;
+    }
+#endif
+    sw_obl_sum_row_f(o, cols, n, leaves, acc);
+}
+#endif
