@@ -59,7 +59,13 @@ cdef extern from "oblivious.h":
         int64_t n_trees
         int32_t depth
         int32_t simd
-    void sw_obl_cols(const float* X, int64_t ldx, int32_t n, int32_t nf,
+        int32_t n_features
+        int32_t n_derived
+        const uint32_t* d_key
+        const uint32_t* d_off
+        const uint32_t* cats
+        int32_t staged
+    void sw_obl_cols(const sw_obl* o, const float* X, int64_t ldx, int32_t n,
                      uint32_t* cols) noexcept nogil
     void sw_obl_slots(const sw_obl* o, const uint32_t* cols, int32_t n, int64_t t0, int64_t t1,
                       int32_t* slot) noexcept nogil
@@ -486,8 +492,9 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
     cdef acc_t blk[SW_OBL_R]
     cdef int32_t slot[OBL_TREES * SW_OBL_R]
     cdef bint one = G == 1 and m.n_leaf_out == 1
-    if 2 * <int64_t>nf * SW_OBL_R > OBL_STACK_KEYS:
-        cols = <uint32_t*>malloc(2 * <int64_t>nf * SW_OBL_R * sizeof(uint32_t))
+    cdef int64_t n_cols = 2 * <int64_t>nf + o.n_derived
+    if n_cols * SW_OBL_R > OBL_STACK_KEYS:
+        cols = <uint32_t*>malloc(n_cols * SW_OBL_R * sizeof(uint32_t))
         if cols == NULL:  # no memory for the columns: the walks need none
             eval_trees(m, leaves, X, nf, n, 0, m.n_trees, acc)
             return
@@ -496,7 +503,7 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
     r0 = 0
     while r0 < n:
         k = min(<int32_t>SW_OBL_R, n - r0)
-        sw_obl_cols(X + <int64_t>r0 * nf, nf, k, nf, cols)
+        sw_obl_cols(o, X + <int64_t>r0 * nf, nf, k, cols)
         if one:
             for r in range(k):
                 blk[r] = acc[r0 + r]
@@ -826,40 +833,70 @@ cdef class Forest:
             raise MemoryError()
 
     def _oblivious(self):
-        """The oblivious kernel's tables (oblivious.h), for a padded model without special
-        nodes whose every tree asks one question per level (same feature, missing-value side
-        and threshold at every node of the level); otherwise ValueError saying why."""
+        """The oblivious kernel's tables (oblivious.h), for a padded model whose every tree
+        asks one question per level: the same feature, missing-value side and threshold, or
+        the same special split (its entry's words), at every node of the level; otherwise
+        ValueError saying why."""
+        from worker.model.ir import entry_size
+
         cdef sw_obl* o
         cdef const uint32_t[:, ::1] kv
         cdef const uint32_t[:, ::1] tv
+        cdef const uint32_t[::1] dk
+        cdef const uint32_t[::1] do
         cdef int32_t D = self.view.depth
         cdef int64_t T = self.view.n_trees
+        cdef int64_t nf = self.view.n_features
         reason = ""
-        if self.view.qnodes == NULL or D < 1 or self.view.n_features < 1:
-            reason = "not a padded model of depth 1 or more without categorical splits"
-        else:
-            q = np.asarray(self.qnodes).reshape(T, (1 << D) - 1, 2)
-            keys = np.empty((T, D), dtype=np.uint32)
-            thr = np.empty((T, D), dtype=np.uint32)
-            for level in range(D):
-                seg = q[:, (1 << level) - 1:(1 << (level + 1)) - 1, :]
-                differ = np.flatnonzero((seg != seg[:, :1, :]).any(axis=(1, 2)))
-                if differ.size:
-                    reason = (f"tree {int(differ[0])} asks more than one question at level "
-                              f"{level} (not an oblivious tree)")
-                    break
-                keys[:, level] = seg[:, 0, 0]
-                thr[:, level] = seg[:, 0, 1]
-            # every index the kernel reads: a key inside the doubled row, 2^D leaves a tree
-            if not reason and (int(keys.max()) >= 2 * self.view.n_features
-                               or self.arrays["leaves"].shape[0] != T << D):
-                raise ValueError("kernel oblivious: a level reads beyond the doubled row")
+        if self.view.pnodes == NULL or D < 1 or nf < 1:
+            raise ValueError("kernel oblivious: not a padded model of depth 1 or more")
+        q = order_key_nodes(self.arrays["pnodes"]).reshape(T, (1 << D) - 1, 2)
+        d_key, d_off = [], []
+        special = (q[:, :, 0] & 0x40000000) != 0
+        if special.any():
+            # a special node: column 2 nf + d, threshold 0; identical splits share d
+            cats = self.arrays["cats"]
+            raw_off = self.arrays["pnodes"][:, 1].reshape(T, (1 << D) - 1)
+            derived = {}
+            pairs, inverse = np.unique(np.stack([q[:, :, 0][special], raw_off[special]], 1),
+                                       axis=0, return_inverse=True)
+            col = np.empty(len(pairs), dtype=np.uint32)
+            for i, (k, off) in enumerate(pairs):
+                words = cats[int(off):int(off) + entry_size(cats, int(off))].tobytes()
+                d = derived.setdefault((int(k), words), len(derived))
+                if d == len(d_key):
+                    d_key.append(int(k))
+                    d_off.append(int(off))
+                col[i] = 2 * nf + d
+            q[:, :, 0][special] = col[inverse.reshape(-1)]
+            q[:, :, 1][special] = 0
+        keys = np.empty((T, D), dtype=np.uint32)
+        thr = np.empty((T, D), dtype=np.uint32)
+        for level in range(D):
+            seg = q[:, (1 << level) - 1:(1 << (level + 1)) - 1, :]
+            differ = np.flatnonzero((seg != seg[:, :1, :]).any(axis=(1, 2)))
+            if differ.size:
+                reason = (f"tree {int(differ[0])} asks more than one question at level "
+                          f"{level} (not an oblivious tree)")
+                break
+            keys[:, level] = seg[:, 0, 0]
+            thr[:, level] = seg[:, 0, 1]
         if reason:
             self.kernel_reason = reason
             raise ValueError(f"kernel oblivious: {reason}")
-        self.obl_arrays = {"obl_key": keys, "obl_thr": thr}
+        # every index the kernel reads: a column of the block, 2^D leaves a tree; a block's
+        # columns at most 64 MB
+        if int(keys.max()) >= 2 * nf + len(d_key) or len(d_key) > 1 << 16 \
+                or self.arrays["leaves"].shape[0] != T << D:
+            raise ValueError("kernel oblivious: a level reads beyond the block's columns, or "
+                             "more than 65,536 distinct special splits")
+        self.obl_arrays = {"obl_key": keys, "obl_thr": thr,
+                           "obl_dkey": np.asarray(d_key + [0], dtype=np.uint32),
+                           "obl_doff": np.asarray(d_off + [0], dtype=np.uint32)}
         kv = keys
         tv = thr
+        dk = self.obl_arrays["obl_dkey"]
+        do = self.obl_arrays["obl_doff"]
         o = <sw_obl*>malloc(sizeof(sw_obl))
         if o == NULL:
             raise MemoryError()
@@ -869,6 +906,12 @@ cdef class Forest:
         o.n_trees = T
         o.depth = D
         o.simd = sw_obl_simd_best()
+        o.n_features = <int32_t>nf
+        o.n_derived = len(d_key)
+        o.d_key = &dk[0]
+        o.d_off = &do[0]
+        o.cats = self.view.cats
+        o.staged = self.view.cat_staged
         self.view.obl = o
         self.kernel = "oblivious"
 

@@ -15,7 +15,12 @@
    AVX2 (8 rows), and portable C (gcc vectorizes the compare loop with the baseline SSE2).
    x86-64 variants are compiled with target attributes and taken only when the CPU has them
    (sw_obl_simd_best). Models with more than one value per leaf or several output columns
-   take sw_obl_slots and add their leaves in the caller. */
+   take sw_obl_slots and add their leaves in the caller.
+
+   Special nodes (categorical splits, LightGBM's zero band) are oblivious too when every node
+   of a level has the same split: such a split becomes a derived column of the block, its
+   answer (walk.h sw_special_step: 0 or 1, missing values as the node key says) computed once
+   per row, and the level compares it with 0. Identical splits share one column. */
 #ifndef SW_OBL_H
 #define SW_OBL_H
 #include <stdint.h>
@@ -32,11 +37,18 @@
 enum { SW_OBL_ROW = 0, SW_OBL_AVX2 = 1, SW_OBL_AVX512 = 2 };
 
 typedef struct {
-    const uint32_t *key;  /* n_trees * depth: level L's index into the doubled row */
-    const uint32_t *thr;  /* n_trees * depth: level L's threshold order key */
+    const uint32_t *key;  /* n_trees * depth: level L's column (the doubled row's index, or
+                             2 * n_features + d for derived column d) */
+    const uint32_t *thr;  /* n_trees * depth: level L's threshold order key (0: derived) */
     int64_t n_trees;
     int32_t depth;        /* the padded depth, 1..20 */
     int32_t simd;         /* SW_OBL_* in force */
+    int32_t n_features;
+    int32_t n_derived;    /* derived columns: the special splits' answers */
+    const uint32_t *d_key;  /* n_derived: the split's node key (feature, missing side) */
+    const uint32_t *d_off;  /* n_derived: its entry's offset in cats */
+    const uint32_t *cats;   /* the special entries (ModelView.cats) */
+    int32_t staged;         /* rows hold staged categories (ModelView.cat_staged) */
 } sw_obl;
 
 static int sw_obl_simd = -1;
@@ -53,10 +65,12 @@ static inline int sw_obl_simd_best(void) {
 #endif
 }
 
-/* n <= SW_OBL_R rows (row r at X + r * ldx, nf features) as doubled order-key columns; the
-   columns' rows n .. SW_OBL_R - 1 are zero (they take leaf 0 and are never read back) */
-static inline void sw_obl_cols(const float *X, int64_t ldx, int32_t n, int32_t nf,
+/* n <= SW_OBL_R rows (row r at X + r * ldx, nf features) as doubled order-key columns, then
+   the derived columns; the columns' rows n .. SW_OBL_R - 1 are zero (they take leaf 0 and
+   are never read back) */
+static inline void sw_obl_cols(const sw_obl *o, const float *X, int64_t ldx, int32_t n,
                                uint32_t *cols) {
+    const int32_t nf = o->n_features;
     for (int32_t f = 0; f < nf; f++) {
         uint32_t *lo = cols + (int64_t)2 * f * SW_OBL_R, *hi = lo + SW_OBL_R;
         int32_t r = 0;
@@ -69,6 +83,16 @@ static inline void sw_obl_cols(const float *X, int64_t ldx, int32_t n, int32_t n
             hi[r] = k | m;
         }
         for (; r < SW_OBL_R; r++) lo[r] = hi[r] = 0;
+    }
+    for (int32_t d = 0; d < o->n_derived; d++) {
+        uint32_t *c = cols + ((int64_t)2 * nf + d) * SW_OBL_R;
+        const uint32_t key = o->d_key[d], off = o->d_off[d];
+        const uint32_t *e = o->cats + off;
+        const int64_t f = SW_SIDX(key);
+        int32_t r = 0;
+        for (; r < n; r++)
+            c[r] = sw_special_step(X[(int64_t)r * ldx + f], key, e[0], e, o->staged);
+        for (; r < SW_OBL_R; r++) c[r] = 0;
     }
 }
 

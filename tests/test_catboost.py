@@ -94,9 +94,12 @@ def test_what_catboost_models_cannot_be_compiled_is_refused_by_name(tmp_path):
     kw = dict(verbose=0, iterations=5, depth=3, allow_writing_files=False)
     df = pd.DataFrame(X[:, :3], columns=["a", "b", "c"])
     df["merchant"] = np.where(X[:, 3] > 0, "m1", "m2")
-    cat = catboost.CatBoostClassifier(cat_features=["merchant"], **kw).fit(df, y2)
-    with pytest.raises(UnsupportedModelError, match="categorical features are not supported"):
-        worker.compile_model(cat)
+    df["text"] = np.where(X[:, 4] > 0, "fast food", "late night")
+    text = catboost.CatBoostClassifier(text_features=["text"], cat_features=["merchant"],
+                                       **kw).fit(df, y2)
+    with pytest.raises(UnsupportedModelError, match="text and embedding features are not "
+                       "supported.*text features only in cbm"):
+        worker.compile_model(text)
     depthwise = catboost.CatBoostRegressor(grow_policy="Depthwise", **kw).fit(
         X, np.nan_to_num(X[:, 0]))
     with pytest.raises(UnsupportedModelError, match="non-oblivious"):

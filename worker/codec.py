@@ -46,13 +46,18 @@ class Decoder:
 
     def __init__(self, feature_names: list[str], id_column: str | None,
                  max_rows: int | None = None, cache_size: int = 256, native: bool = True,
-                 categories: dict[str, list[str]] | None = None, max_bytes: int | None = None):
+                 categories: dict[str, list[str]] | None = None, max_bytes: int | None = None,
+                 category_hashes: dict[str, list[int]] | None = None):
         self.feature_names, self.id_column, self.max_rows = feature_names, id_column, max_rows
         # what compressed buffers may decompress to (delivery.max_message_bytes)
         self.max_bytes = max_bytes if max_bytes is not None else 1 << 62
         # features whose strings are mapped to codes (the model's categories); a message's
         # dictionary-encoded strings become float32 codes as it is decoded
         self.categories = category_sets(categories or {})  # built once, not per message
+        # features with hashed categories (CatBoost's): strings and numbers are both read
+        # through their hashes, by the model's columns() (model/compiled.py), never here and
+        # never by the C reader, which would stage a number as a category code
+        self.hashed = set(category_hashes or {})
         self._plans: dict[bytes, tuple[pa.Schema, list[int], object]] = {}
         self._cache_size = cache_size
         self.native = native  # False: pyarrow reads every message (tests compare the two)
@@ -138,7 +143,8 @@ class Decoder:
                 if len(self._plans) >= self._cache_size:
                     self._plans.clear()
                 native = _ipc.Plan.build(schema, self.feature_names, self.id_column,
-                                         self.max_rows) if self.native else None
+                                         self.max_rows) if self.native and not self.hashed \
+                    else None
                 # null-type columns: pyarrow's stream reader ignores the null count a
                 # message claims for them, reading batches against the schema does not
                 # (and full validation then refuses a lie): such schemas keep the reader
@@ -235,7 +241,9 @@ class Decoder:
                 raise InvalidMessage("bad_type", f"id column {self.id_column!r} has type {t}: "
                                      "views inside another type are not read")
         for f in self.feature_names:
-            problem = feature_type_problem(f, schema.field(f).type, f in self.categories)
+            problem = feature_type_problem(f, schema.field(f).type,
+                                           f in self.categories or f in self.hashed,
+                                           f in self.hashed)
             if problem:
                 raise InvalidMessage("bad_type", problem)
         keep = set(wanted)

@@ -27,9 +27,11 @@ cdef class Forest:
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
     cdef object sqnodes            # qnodes of a compact model in 8 bytes a node, or None
     cdef void* qs_tables           # qs.h sw_qs over arrays in qs_arrays (malloc'd), or NULL
-    cdef readonly dict qs_arrays   # worker/model/quickscorer.py tables ({} without)
+    cdef dict qs_arrays            # worker/model/quickscorer.py tables ({} without); not
+                                   # visible from Python: qs_tables points into them
     cdef void* obl_tables          # oblivious.h sw_obl over obl_arrays (malloc'd), or NULL
-    cdef readonly dict obl_arrays  # each tree's per-level key and threshold ({} without)
+    cdef dict obl_arrays           # each tree's per-level column and threshold, the derived
+                                   # columns' splits ({} without); not visible from Python
     cdef readonly str kernel       # "walk", "quickscorer" or "oblivious"
     cdef readonly str kernel_reason  # why the other kernel was not taken
     cdef readonly dict kernel_timings  # auto: us per probe row of each candidate

@@ -23,7 +23,8 @@ class ArrowFormat:
 
     def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int):
         self.decoder = codec.Decoder(model.feature_names, id_column, max_rows,
-                                     categories=model.categories, max_bytes=max_bytes)
+                                     categories=model.categories, max_bytes=max_bytes,
+                                     category_hashes=getattr(model, "category_hashes", None))
         self.feature_names = list(model.feature_names)
         self.id_column = id_column
         self._columns = model.columns  # Arrow columns -> the kernels' column descriptors

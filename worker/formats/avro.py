@@ -162,6 +162,11 @@ class AvroFormat:
                  fields: dict[str, str] | None = None, schemas_dir: str | None = None):
         self.feature_names = list(model.feature_names)
         fields = dict(fields or {})
+        hashed = sorted(getattr(model, "category_hashes", None) or {})
+        if hashed:
+            raise ValueError(f"source.format avro: the model's categorical features "
+                             f"({', '.join(hashed[:5])}) are CatBoost's, read through their "
+                             "hashes from Arrow messages (source.format arrow)")
         unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
         if unknown:
             raise ValueError("source.fields names no feature or id column: "

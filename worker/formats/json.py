@@ -39,6 +39,11 @@ class JsonFormat:
         fields = dict(fields or {})
         self.feature_names = list(model.feature_names)
         self.id_column = id_column
+        hashed = sorted(getattr(model, "category_hashes", None) or {})
+        if hashed:
+            raise ValueError(f"source.format json: the model's categorical features "
+                             f"({', '.join(hashed[:5])}) are CatBoost's, read through their "
+                             "hashes from Arrow messages (source.format arrow)")
         unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
         if unknown:
             raise ValueError("source.fields names no feature or id column: "

@@ -13,9 +13,15 @@ CatBoost's ``nan_value_treatment`` says: ``AsFalse`` (nan_mode Min, and Forbidde
 false) goes left, ``AsTrue`` (nan_mode Max) right. Leaf values are doubles, summed in float64
 in tree order, times the model's scale, plus its bias.
 
-Refused by name: categorical features and the CTR tables built from them, text and embedding
-features, non-oblivious (depthwise, lossguide) trees, and objectives other than Logloss,
-CrossEntropy, RMSE and MultiClass.
+One-hot categorical splits (``OneHotFeature``: the value's hash equals the split's) become
+categorical splits over codes: a categorical feature's codes are the hashes its splits name
+(``Ensemble.category_hashes``), and a value (a string, or an integer hashed as its decimal
+string, as CatBoost does) takes the code of its hash (model/cathash.py); a value whose hash no
+split names, or a missing value, goes where CatBoost sends it, the false side (left).
+
+Refused by name: CTR (target statistics) splits and the tables built for them, text and
+embedding features, non-oblivious (depthwise, lossguide) trees, and objectives other than
+Logloss, CrossEntropy, RMSE and MultiClass.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .ir import Ensemble, Tree, UnsupportedModelError
+from .cathash import MAX_HASHES
+from .ir import Ensemble, Tree, UnsupportedModelError, categorical_entry
 
 MAX_DEPTH = 16  # CatBoost's own limit
 MAX_TREES = 1 << 20
@@ -72,7 +79,12 @@ def model_json(source) -> dict:
                                         f"{exc}") from None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "model.json"
-        model.save_model(str(out), format="json")
+        try:
+            model.save_model(str(out), format="json")
+        except Exception as exc:  # noqa: BLE001 (CatBoostError: e.g. text features)
+            raise UnsupportedModelError(f"CatBoost cannot export this model to JSON, the form "
+                                        f"the worker reads (text and embedding features are "
+                                        f"not supported): {exc}") from None
         return json.loads(out.read_text())
 
 
@@ -93,35 +105,59 @@ def to_ir(source) -> Ensemble:
                                     f"{exc}") from None
 
 
+_CTR = ("CatBoost CTR (target statistics) features are not supported: they need the "
+        "model's CTR tables and CatBoost's hashing of feature combinations; train with "
+        "one_hot_max_size above each categorical feature's category count (every split "
+        "one-hot), which is")
+
+
 def _to_ir(d: dict) -> Ensemble:
     info = d.get("features_info", {})
-    for kind in ("categorical_features", "text_features", "embedding_features"):
+    for kind in ("text_features", "embedding_features"):
         if info.get(kind):
-            raise UnsupportedModelError(f"CatBoost {kind.replace('_', ' ')} are not supported "
-                                        "(numeric features are; one-hot and CTR categorical "
-                                        "splits need their hashes and tables)")
+            raise UnsupportedModelError(f"CatBoost {kind.replace('_', ' ')} are not "
+                                        "supported (numeric and one-hot categorical "
+                                        "features are)")
     if d.get("ctr_data"):
-        raise UnsupportedModelError("CatBoost CTR (target statistics) features are not "
-                                    "supported")
+        raise UnsupportedModelError(_CTR + " supported")
     if "trees" in d and "oblivious_trees" not in d:
         raise UnsupportedModelError("non-oblivious CatBoost trees (grow_policy Depthwise or "
                                     "Lossguide) are not supported")
     floats = info.get("float_features", [])
-    n_features = 1 + max((int(f["flat_feature_index"]) for f in floats), default=-1)
-    if n_features < 1 or n_features > 1 << 17:
-        raise UnsupportedModelError(f"{n_features} features")
+    cat_info = info.get("categorical_features", [])
+    flat = [int(f["flat_feature_index"]) for f in floats + cat_info]
+    n_features = 1 + max(flat, default=-1)
+    if n_features < 1 or n_features > 1 << 17 or len(set(flat)) != len(flat) or min(flat) < 0:
+        raise UnsupportedModelError(f"{n_features} features, or a feature index twice")
     nan_right = np.zeros(n_features, dtype=bool)
     names = [f"f{i}" for i in range(n_features)]
+    flat_of: dict[int, int] = {}  # float feature (its index among them) -> flat index
     for f in floats:
         j = int(f["flat_feature_index"])
-        if not 0 <= j < n_features or int(f.get("feature_index", j)) != j:
-            raise UnsupportedModelError(f"feature index {j} out of order")
+        i = int(f.get("feature_index", j))
+        if not 0 <= j < n_features or i in flat_of:
+            raise UnsupportedModelError(f"float feature {i} (feature {j}) out of range or "
+                                        "listed twice")
+        flat_of[i] = j
         treatment = f.get("nan_value_treatment", "AsIs")
         if treatment not in ("AsFalse", "AsTrue", "AsIs"):
             raise UnsupportedModelError(f"nan_value_treatment {treatment!r}")
         nan_right[j] = treatment == "AsTrue"
         if f.get("feature_id"):
             names[j] = str(f["feature_id"])
+    # categorical feature (its index among them) -> flat index, and its codes' hashes
+    cats: dict[int, tuple[int, list[int]]] = {}
+    for c in cat_info:
+        j, i = int(c["flat_feature_index"]), int(c["feature_index"])
+        hashes = [_hash(v, f"categorical feature {j}") for v in c.get("values", [])]
+        if i in cats or len(set(hashes)) != len(hashes):
+            raise UnsupportedModelError(f"categorical feature {j}: its index twice or a "
+                                        "value twice")
+        cats[i] = (j, hashes)
+        if c.get("feature_id"):
+            names[j] = str(c["feature_id"])
+    if len(set(names)) != len(names):
+        raise UnsupportedModelError("a feature name twice")
     params = d.get("model_info", {}).get("params", {})
     loss = (params.get("loss_function", {}) or {}).get("type")
     if loss not in _OBJECTIVES:
@@ -145,7 +181,18 @@ def _to_ir(d: dict) -> Ensemble:
     raw = d.get("oblivious_trees", [])
     if not raw or len(raw) > MAX_TREES:
         raise UnsupportedModelError(f"{len(raw)} trees")
-    trees = [_tree(t, i, n_features, nan_right, G, scale) for i, t in enumerate(raw)]
+    for t in raw:  # a one-hot value the feature's list lacks gets a code of its own
+        for sp in t.get("splits", []):
+            if sp.get("split_type") == "OneHotFeature" and int(sp["cat_feature_index"]) in cats:
+                hashes = cats[int(sp["cat_feature_index"])][1]
+                h = _hash(sp["value"], "a one-hot split")
+                if h not in hashes:
+                    hashes.append(h)
+    trees = [_tree(t, i, flat_of, nan_right, G, scale, cats) for i, t in enumerate(raw)]
+    hashed = {names[j]: hashes for j, hashes in cats.values() if hashes}
+    if any(len(h) > MAX_HASHES for h in hashed.values()):
+        raise UnsupportedModelError(f"a categorical feature with more than {MAX_HASHES} "
+                                    "one-hot values")
     if np.any(bias != 0):
         # CatBoost adds the bias after the trees' sum: a last tree of one leaf adds it there
         trees.append(Tree.constant(bias))
@@ -167,29 +214,52 @@ def _to_ir(d: dict) -> Ensemble:
         objective=loss,
         source="catboost",
         kind="CatBoost oblivious trees",
+        category_hashes=hashed,
     )
 
 
-def _tree(t: dict, i: int, n_features: int, nan_right: np.ndarray, G: int,
-          scale: float) -> Tree:
+def _hash(v, where: str) -> int:
+    """A one-hot value as CatBoost writes it (a signed 32-bit integer) -> its unsigned hash."""
+    if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 31) <= v < 1 << 32:
+        raise UnsupportedModelError(f"{where}: {v!r} is not a 32-bit category hash")
+    return v & 0xFFFFFFFF
+
+
+def _tree(t: dict, i: int, flat_of: dict[int, int], nan_right: np.ndarray, G: int,
+          scale: float, cats: dict[int, tuple[int, list[int]]]) -> Tree:
     where = f"tree {i}"
     splits = t.get("splits", [])
     depth = len(splits)
     if depth > MAX_DEPTH:
         raise UnsupportedModelError(f"{where}: depth {depth} (at most {MAX_DEPTH})")
-    feats, borders = [], []
+    feats, borders, entries = [], [], []
     for s in splits:
-        if s.get("split_type", "FloatFeature") != "FloatFeature":
-            raise UnsupportedModelError(f"{where}: a {s.get('split_type')} split is not "
-                                        "supported")
-        j = int(s["float_feature_index"])
-        if not 0 <= j < n_features:
-            raise UnsupportedModelError(f"{where}: a split on feature {j}")
+        kind = s.get("split_type", "FloatFeature")
+        if kind == "OneHotFeature":
+            c = int(s["cat_feature_index"])
+            if c not in cats:
+                raise UnsupportedModelError(f"{where}: a split on categorical feature {c}, "
+                                            "which the model does not list")
+            j = cats[c][0]
+            h = _hash(s["value"], where)
+            feats.append(j)
+            borders.append(np.float32(0))
+            entries.append((c, h))
+            continue
+        if kind != "FloatFeature":
+            raise UnsupportedModelError(f"{where}: a {kind} split is not supported" + (
+                f" ({_CTR} supported)" if "Ctr" in str(kind) else ""))
+        f = int(s["float_feature_index"])
+        if f not in flat_of:
+            raise UnsupportedModelError(f"{where}: a split on float feature {f}, which the "
+                                        "model does not list")
+        j = flat_of[f]
         b = _float(s["border"], f"{where} border")
         if np.isnan(b):
             raise UnsupportedModelError(f"{where}: a NaN border")
         feats.append(j)
         borders.append(np.float32(b))
+        entries.append(None)
     leaves = np.asarray([_float(v, f"{where} leaf") for v in t.get("leaf_values", [])],
                         dtype=np.float64)
     if leaves.shape[0] != (1 << depth) * G:
@@ -206,12 +276,28 @@ def _tree(t: dict, i: int, n_features: int, nan_right: np.ndarray, G: int,
     right = np.full(m, -1, dtype=np.int32)
     default_left = np.zeros(m, dtype=bool)
     value = np.zeros((m, G), dtype=np.float64)
+    special: dict[int, np.ndarray] = {}
+    level_entry = []
+    for e in entries:  # a one-hot split: its category (the hash's code) goes right
+        if e is None:
+            level_entry.append(None)
+            continue
+        hashes = cats[e[0]][1]
+        right_of = np.zeros(len(hashes), dtype=bool)
+        right_of[hashes.index(e[1])] = True
+        level_entry.append(categorical_entry(right_of, beyond_right=False,
+                                             negative_right=False, truncate=False,
+                                             whole_only=True, missing_right=False))
     for k in range(inner):
         level = (k + 1).bit_length() - 1
         feature[k] = feats[level]
         threshold[k] = borders[level]
         left[k], right[k] = 2 * k + 1, 2 * k + 2
-        default_left[k] = not nan_right[feats[level]]
+        if level_entry[level] is not None:  # unseen and missing values: the false side
+            default_left[k] = True
+            special[k] = level_entry[level]
+        else:
+            default_left[k] = not nan_right[feats[level]]
     for k in range(inner, m):
         # the path from the root: bit L of the position among the leaves is level L's answer
         # read from the top, so the leaf index (bit i = split i) reverses it
@@ -222,7 +308,7 @@ def _tree(t: dict, i: int, n_features: int, nan_right: np.ndarray, G: int,
                 index |= 1 << level
         value[k] = leaves[index]
     return Tree(feature=feature, threshold=threshold, left=left, right=right,
-                default_left=default_left, value=value)
+                default_left=default_left, value=value, special=special)
 
 
 def reference(source, X: np.ndarray) -> np.ndarray:
@@ -234,6 +320,7 @@ def reference(source, X: np.ndarray) -> np.ndarray:
         model = CatBoost()
         model.load_model(str(source), format="json" if str(source).endswith(".json")
                          else "cbm")
-    raw = np.asarray(model.predict(np.asarray(X, dtype=np.float32),
-                                   prediction_type="RawFormulaVal"), dtype=np.float64)
+    if np.asarray(X).dtype != object:  # numeric features only
+        X = np.asarray(X, dtype=np.float32)
+    raw = np.asarray(model.predict(X, prediction_type="RawFormulaVal"), dtype=np.float64)
     return raw.reshape(X.shape[0], -1)

@@ -131,6 +131,7 @@ def meta_of(ens: Ensemble, info: dict) -> dict:
         "divisor": ens.divisor, "objective": ens.objective, "source": ens.source,
         "kind": ens.kind, "notes": ens.notes, "format": artifact.FORMAT_VERSION, **info,
         **({"categories": ens.categories} if ens.categories else {}),
+        **({"category_hashes": ens.category_hashes} if ens.category_hashes else {}),
     }
 
 
@@ -143,6 +144,11 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512) -> flo
         ref = xgboost_loader.reference_margin(source, X)
         ours = model.raw(X, n_threads=1)
     elif model.source.startswith("catboost"):
+        if model.category_hashes:  # categorical values: whole numbers (hashed as strings)
+            X = X.astype(object)
+            for j, name in enumerate(model.feature_names):
+                if name in model.category_hashes:
+                    X[:, j] = [int(v) for v in rng.integers(-5, 100, n)]
         ref = catboost_loader.reference(source, X)
         ours = model.raw(X, n_threads=1)
     elif model.source.startswith("onnx"):

@@ -36,7 +36,10 @@ class CompiledModel:
         self.feature_names = list(self.feature_names)
         # feature name -> categories in code order (string inputs are mapped through it)
         self.categories = dict(self.meta.get("categories") or {})
-        self._category_sets = category_sets(self.categories) if self.categories else {}
+        # feature name -> the hashes of its categories in code order (CatBoost: model/cathash)
+        self.category_hashes = dict(self.meta.get("category_hashes") or {})
+        self._category_sets = category_sets(self.categories, self.category_hashes) \
+            if self.categories or self.category_hashes else {}
         self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
         self.n_trees = int(arrays["tree_group"].shape[0])
         # the kernel measured fastest when the model was compiled (meta.layout_choice, checked
@@ -106,8 +109,40 @@ class CompiledModel:
         return len(self.classes)
 
     # ---- inputs ------------------------------------------------------------------------
+    def hashed_rows(self, X):
+        """Rows of a model with hashed categories (CatBoost's, model/cathash) from numpy (or
+        anything numpy reads: a pandas frame, lists): float32 with each categorical value
+        replaced by its code (strings and whole numbers hashed, as CatBoost does). Anything
+        else, and every other model's input, is returned as it is."""
+        if not self.category_hashes or isinstance(X, _kernels.Columns) or (
+                hasattr(X, "schema") and hasattr(X, "column")):
+            return X
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            return X  # refused, with the shape, where it is read
+        out = np.empty(X.shape, dtype=np.float32)
+        for j, name in enumerate(self.feature_names):
+            col = X[:, j]
+            hashes = self._category_sets.get(name) if name in self.category_hashes else None
+            if hashes is None:
+                out[:, j] = col.astype(np.float32)
+            elif col.dtype == object:
+                out[:, j] = hashes.codes_of_objects(col)
+            elif col.dtype.kind in "iuf":
+                out[:, j] = hashes.codes_of_numbers(col)
+            elif col.dtype.kind in "US":
+                out[:, j] = hashes.codes_of_objects(col.tolist())
+            else:
+                raise TypeError(f"feature {name!r}: {col.dtype} values are not CatBoost "
+                                "categories (strings or whole numbers)")
+        return out
+
     def columns(self, X):
         """Column descriptors for numpy (any dtype/order) or a pyarrow Table/RecordBatch."""
+        return self._columns(self.hashed_rows(X))
+
+    def _columns(self, X):
+        """``columns`` of rows whose categorical values are codes already (``hashed_rows``)."""
         if isinstance(X, _kernels.Columns):
             return X
         if hasattr(X, "schema") and hasattr(X, "column"):
@@ -121,12 +156,15 @@ class CompiledModel:
     # ---- predictions -------------------------------------------------------------------
     def raw(self, X, n_threads: int | None = None) -> np.ndarray:
         """Raw scores (n, n_outputs) float64 (margins; averaged votes for forests)."""
+        return self._raw(self.hashed_rows(X), n_threads)
+
+    def _raw(self, X, n_threads: int | None = None) -> np.ndarray:
+        """``raw`` of rows whose categorical values are codes already (``hashed_rows``)."""
         if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
             out = self.forest.small(X, _LINK_NONE)  # None: not a fast-path layout
             if out is not None:
                 return out
-        cols = self.columns(X)
-        return self.forest.raw(cols, n_threads or default_threads())
+        return self.forest.raw(self._columns(X), n_threads or default_threads())
 
     def predict_margin(self, X, n_threads: int | None = None) -> np.ndarray:
         raw = self.raw(X, n_threads)
@@ -152,12 +190,13 @@ class CompiledModel:
     def predict_proba(self, X, n_threads: int | None = None) -> np.ndarray:
         # a few rows of a numpy array: one call into C, no staging, no per-call allocation
         # beyond the result (measured ~2 us for one row of model A, ~10 us through staging)
+        X = self.hashed_rows(X)
         if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
             out = self.forest.small(X, self._link_code())
             if out is not None:
                 return out
         n_threads = n_threads or default_threads()
-        return self.proba_from_raw(self.raw(X, n_threads), n_threads)
+        return self.proba_from_raw(self._raw(X, n_threads), n_threads)
 
     def predict(self, X, n_threads: int | None = None) -> np.ndarray:
         raw = self.raw(X, n_threads)
@@ -190,8 +229,8 @@ class CompiledModel:
         return proba[np.arange(n), idx], idx.astype(np.int32)
 
     # ---- attributions ------------------------------------------------------------------
-    def contributions(self, X, method: str = "treeshap",
-                      n_threads: int | None = None) -> np.ndarray:
+    def contributions(self, X, method: str = "treeshap", n_threads: int | None = None,
+                      _read: bool = False) -> np.ndarray:
         """Per-feature attributions in the margin space (log-odds for binary XGBoost, the
         averaged vote for forests), the bias last: (n, n_features + 1), or (n, n_outputs,
         n_features + 1) for several outputs. Each row's attributions plus its bias are its
@@ -210,7 +249,9 @@ class CompiledModel:
                                  "trees have a split with zero cover has none)")
             self._explainer = _explain.Explainer(self.arrays, self.n_features, self.n_outputs,
                                                  float(self.divisor))
-        rows = float_rows(X, self.feature_names, self._category_sets)
+        # _read: rows float_rows already made (reasons), whose codes are not hashed again
+        rows = X if _read else float_rows(self.hashed_rows(X), self.feature_names,
+                                          self._category_sets)
         out = self._explainer.contributions(rows, codes[method], n_threads or default_threads())
         return out[:, 0, :] if self.n_outputs == 1 else out
 
@@ -230,9 +271,12 @@ class CompiledModel:
         bias = np.full(n, np.nan, dtype=np.float64)
         rows = np.arange(n) if min_score is None else np.flatnonzero(r.score >= min_score)
         if rows.size:
-            phi = self.contributions(float_rows(X, self.feature_names, self._category_sets)[rows]
-                                     if rows.size < n
-                                     else X, method, n_threads)
+            if rows.size < n:
+                phi = self.contributions(float_rows(self.hashed_rows(X), self.feature_names,
+                                                    self._category_sets)[rows], method,
+                                         n_threads, _read=True)
+            else:
+                phi = self.contributions(X, method, n_threads)
             if phi.ndim == 3:  # several outputs: the one of each row's label
                 phi = phi[np.arange(rows.size), np.maximum(r.label[rows], 0)]
             _explain.top_reasons(phi, rows.astype(np.int64, copy=False), feat, val)
@@ -297,11 +341,16 @@ class CompiledModel:
         )
 
 
-def feature_type_problem(name: str, t, categorical: bool = False) -> str | None:
+def feature_type_problem(name: str, t, categorical: bool = False,
+                         hashed: bool = False) -> str | None:
     """Why an Arrow type cannot be a feature column (None: it can): numeric, boolean or null
-    (all missing) types; for a feature with categories also dictionary-encoded strings."""
+    (all missing) types; for a feature with categories also dictionary-encoded strings; for
+    one with hashed categories (CatBoost) not booleans (CatBoost reads no boolean category)."""
     import pyarrow as pa
 
+    if hashed and pa.types.is_boolean(t):
+        return (f"feature column {name!r} has type {t}, expected integers or "
+                "dictionary-encoded strings (a CatBoost categorical feature)")
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) \
             or pa.types.is_null(t) or categorical and is_category_type(t):
         return None
@@ -318,24 +367,60 @@ def is_category_type(t) -> bool:
         pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
 
 
-def category_sets(categories: dict[str, list[str]]) -> dict:
-    """The model's category lists as Arrow string arrays, built once (at load, or when a
-    decoder starts), for ``category_codes``."""
+def category_sets(categories: dict[str, list[str]], hashes: dict | None = None) -> dict:
+    """The model's category lists as Arrow string arrays, and its hashed categories
+    (CatBoost's, ``cathash.CatBoostHashes``), built once (at load, or when a decoder starts),
+    for ``category_codes``."""
     import pyarrow as pa
 
-    return {name: pa.array(cats, type=pa.string()) for name, cats in categories.items()}
+    from .cathash import CatBoostHashes
+
+    out = {name: pa.array(cats, type=pa.string()) for name, cats in categories.items()}
+    out.update({name: CatBoostHashes(h) for name, h in (hashes or {}).items()})
+    return out
+
+
+def maps_column(t, value_set) -> bool:
+    """Whether a column of Arrow type ``t`` is read through ``value_set`` (``category_sets``):
+    dictionary-encoded strings; for hashed categories numbers too (their codes come from
+    their hashes, never from their values)."""
+    import pyarrow as pa
+
+    from .cathash import CatBoostHashes
+
+    return is_category_type(t) or isinstance(value_set, CatBoostHashes) and (
+        pa.types.is_integer(t) or pa.types.is_floating(t))
 
 
 def category_codes(col, value_set):
     """A dictionary-encoded string column as float32 category codes: each dictionary string's
     position in ``value_set`` (``category_sets``), looked up once per dictionary (not per
     row); missing where the value is, NaN where the string is not a category (the libraries'
-    unseen category)."""
+    unseen category). Hashed categories: each dictionary string's hash, or each number's
+    (``maps_column``), looked up among the model's."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from .cathash import CatBoostHashes
+
     if isinstance(col, pa.ChunkedArray):
-        col = col.unify_dictionaries().combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if not pa.types.is_dictionary(col.type):
+            col = col.combine_chunks()
+        else:
+            col = col.unify_dictionaries().combine_chunks() if col.num_chunks != 1 \
+                else col.chunk(0)
+    if isinstance(value_set, CatBoostHashes):
+        if not pa.types.is_dictionary(col.type):  # numbers
+            if pa.types.is_floating(col.type) and col.type.bit_width == 16:
+                col = col.cast(pa.float32())
+            v = col.fill_null(0).to_numpy(zero_copy_only=False)
+            codes = value_set.codes_of_numbers(v)
+            if col.null_count:
+                codes[np.asarray(col.is_null())] = np.nan
+            return pa.array(codes, type=pa.float32())
+        strings = col.dictionary.cast(pa.string()).to_pylist()
+        return pa.array(value_set.codes_of_strings(strings), type=pa.float32()).take(
+            col.indices).fill_null(float("nan"))
     where = pc.index_in(col.dictionary.cast(pa.string()), value_set=value_set)
     codes = where.cast(pa.float32()).fill_null(float("nan"))
     return codes.take(col.indices)
@@ -352,7 +437,7 @@ def float_rows(X, feature_names: list[str], categories: dict | None = None) -> n
         cols = []
         for name in feature_names:
             col = X.column(name)
-            if name in cats and is_category_type(col.type):
+            if name in cats and maps_column(col.type, cats[name]):
                 col = category_codes(col, cats[name])
             col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
             problem = feature_type_problem(name, col.type)
@@ -393,11 +478,12 @@ def arrow_columns(data, feature_names: list[str], categories: dict | None = None
         # buffer sizes against lengths before pyarrow itself reads them (combine, cast), for
         # tables that did not come through codec.decode (the Python API)
         col.validate()
-        if name in cats and is_category_type(col.type):
+        if name in cats and maps_column(col.type, cats[name]):
             col = category_codes(col, cats[name])
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        problem = feature_type_problem(name, col.type)
+        problem = feature_type_problem(name, col.type, hashed=name in cats and not isinstance(
+            cats[name], pa.Array))
         if problem:
             raise TypeError(problem)
         if pa.types.is_float16(col.type):

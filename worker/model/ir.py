@@ -117,6 +117,9 @@ class Ensemble:
     # feature name -> its categories in code order, for string (dictionary) inputs: a string
     # becomes its position in the list; one not in the list is missing
     categories: dict[str, list[str]] = field(default_factory=dict)
+    # feature name -> the hashes of its categories in code order (CatBoost: a value's code is
+    # its hash's position; model/cathash.py)
+    category_hashes: dict[str, list[int]] = field(default_factory=dict)
     accumulate: str = "float64"  # float32 reproduces XGBoost's own float32 sum
     objective: str = ""
     source: str = ""  # e.g. "xgboost 3.2.0"

@@ -1,0 +1,208 @@
+"""CatBoost models with one-hot categorical features, against CatBoost's own predictions.
+
+Values arrive as strings (numpy/pandas objects, Arrow dictionaries), as integers (CatBoost
+hashes an integer as its decimal string) or as whole floats (a JSON or tensor number); an
+unseen category, an empty string and non-ASCII strings are compared too. The hash itself is
+checked against the one CatBoost writes for every training string (its JSON export with the
+pool), and every kernel that can score the model (the oblivious kernel in each mode, the walks,
+QuickScorer) is compared. CTR splits are refused by name."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+import worker
+from tests import models as M
+from worker import codec
+from worker.model.compile import chosen, to_ir
+from worker.model.ir import UnsupportedModelError
+
+catboost = pytest.importorskip("catboost", reason="pip install catboost (the test extras)")
+pd = pytest.importorskip("pandas")
+pa = pytest.importorskip("pyarrow")
+pytest.importorskip("clickhouse_cityhash", reason="pip install clickhouse-cityhash")
+
+MERCHANTS = ["m-001", "m-002", "grocer", "casino", "", "café", "商店", "m-003"]
+MCC = [5411, 5812, 7995, 4829, 0, -1]
+SIZES = (1, 15, 16, 17, 64, 65, 300)
+
+
+def _frame(n: int, seed: int, unseen: bool = False) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    X = np.asarray(M.training_data(seed=seed, n=n)[0], dtype=np.float32)
+    merchants = MERCHANTS + (["never-seen", "M-001", "m-001 "] if unseen else [])
+    mcc = MCC + ([9999, 5411000] if unseen else [])
+    return pd.DataFrame({"amount": X[:, 0], "merchant": rng.choice(merchants, n),
+                         "hour": X[:, 1], "mcc": rng.choice(mcc, n), "velocity": X[:, 2]})
+
+
+def _label(df: pd.DataFrame, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    risky = df.merchant.isin(["casino", "商店"]) | (df.mcc == 7995)
+    return (risky ^ (np.nan_to_num(df.amount) > 1) ^ (rng.random(len(df)) < 0.1)).astype(int)
+
+
+def _models():
+    df = _frame(3000, seed=0)
+    y = _label(df, 0)
+    y3 = y + (np.nan_to_num(df.velocity) > 0.5)
+    kw = dict(verbose=0, random_seed=0, thread_count=1, allow_writing_files=False,
+              one_hot_max_size=255, cat_features=["merchant", "mcc"])
+    C, R = catboost.CatBoostClassifier, catboost.CatBoostRegressor
+    return df, {
+        "logloss-d6": C(iterations=60, depth=6, **kw).fit(df, y),
+        "multiclass-d4": C(iterations=30, depth=4, loss_function="MultiClass", **kw).fit(df, y3),
+        "rmse-d8-nan-max": R(iterations=30, depth=8, nan_mode="Max", **kw).fit(
+            df, np.nan_to_num(df.amount) + (df.merchant == "casino")),
+    }
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return _models()
+
+
+def test_the_hash_is_catboosts_own_for_every_training_string(trained, tmp_path):
+    """CatBoost writes each training string's hash beside it when it exports a model with its
+    pool: ours (model/cathash.py) must give the same number for each."""
+    from worker.model.cathash import catboost_hash
+
+    df, models = trained
+    path = tmp_path / "m.json"
+    models["logloss-d6"].save_model(str(path), format="json", pool=catboost.Pool(
+        df, _label(df, 0), cat_features=["merchant", "mcc"]))
+    pairs = json.loads(path.read_text())["features_info"]["cat_features_hash"]
+    assert {p["value"] for p in pairs} == {*MERCHANTS, *map(str, MCC)}
+    for p in pairs:
+        assert catboost_hash(p["value"]) == p["hash"], p
+
+
+def _arrow(df: pd.DataFrame, mcc_type=None) -> pa.Table:
+    return pa.table({"amount": pa.array(df.amount, pa.float32()),
+                     "merchant": pa.array(df.merchant.tolist()).dictionary_encode(),
+                     "hour": pa.array(df.hour, pa.float32()),
+                     "mcc": pa.array(df.mcc.tolist(), mcc_type or pa.int64()),
+                     "velocity": pa.array(df.velocity, pa.float32())})
+
+
+@pytest.mark.parametrize("name", ["logloss-d6", "multiclass-d4", "rmse-d8-nan-max"])
+def test_every_input_form_and_kernel_matches_catboost(trained, name, tmp_path):
+    _, models = trained
+    model = models[name]
+    compiled = worker.compile_model(model)
+    path = tmp_path / "m.model"
+    compiled.save(path)
+    loaded = worker.load_model(path)
+    assert loaded.category_hashes == compiled.category_hashes
+    assert set(loaded.category_hashes) == {"merchant", "mcc"}
+    ens = to_ir(model)
+    others = [chosen(ens, lay, k) for lay, k in (("padded", "walk"), ("compact", "walk"),
+                                                   ("padded", "oblivious"))]
+    for seed, n in enumerate(SIZES):
+        df = _frame(n, seed=100 + seed, unseen=True)
+        raw = np.asarray(model.predict(df, prediction_type="RawFormulaVal"),
+                         dtype=np.float64).reshape(n, -1)
+        for m in [loaded, *others]:
+            modes = [None]
+            if m.kernel == "oblivious":
+                best = m.forest.oblivious_simd()
+                modes = ["row", "avx2", "avx512"][:["row", "avx2", "avx512"].index(best) + 1]
+            for mode in modes:
+                if mode:
+                    m.forest.oblivious_simd(mode)
+                where = f"{name}, {m.layout} {m.kernel} {mode or ''}, {n} rows"
+                np.testing.assert_array_equal(m.raw(df.to_numpy(dtype=object), n_threads=2),
+                                              raw, err_msg=f"{where}: numpy objects")
+                np.testing.assert_array_equal(m.raw(_arrow(df)), raw, err_msg=f"{where}: Arrow")
+        # integers as float64 (JSON numbers, tensors) and as Arrow int16 / float64
+        as_float = df.to_numpy(dtype=object)
+        as_float[:, 3] = df.mcc.to_numpy(dtype=np.float64)
+        np.testing.assert_array_equal(loaded.raw(as_float), raw)
+        np.testing.assert_array_equal(loaded.raw(_arrow(df, pa.float64())), raw)
+        if loaded.task != "regression":
+            np.testing.assert_allclose(loaded.predict_proba(df.to_numpy(dtype=object)),
+                                       model.predict_proba(df), rtol=0, atol=1e-15)
+
+
+def test_missing_and_unusable_values_take_the_unseen_side(trained):
+    """CatBoost refuses a missing categorical value; the worker reads one (null, None, NaN,
+    a fraction, a boolean-free type) as a category no split names: the false side of every
+    one-hot split, as an unseen string goes."""
+    _, models = trained
+    compiled = worker.compile_model(models["logloss-d6"])
+    df = _frame(50, seed=7)
+    unseen = df.copy()
+    unseen["merchant"] = "never-seen"
+    unseen["mcc"] = 123456789
+    want = compiled.raw(unseen.to_numpy(dtype=object))
+    np.testing.assert_array_equal(
+        want, np.asarray(models["logloss-d6"].predict(unseen, prediction_type="RawFormulaVal"),
+                         dtype=np.float64).reshape(-1, 1))
+    objs = df.to_numpy(dtype=object)
+    objs[:, 1] = [None, np.nan] * 25
+    objs[:, 3] = [2.5, None] * 25
+    np.testing.assert_array_equal(compiled.raw(objs), want)
+    table = _arrow(df).set_column(1, "merchant", pa.nulls(50, pa.dictionary(pa.int32(),
+                                                                           pa.string())))
+    table = table.set_column(3, "mcc", pa.nulls(50, pa.int64()))
+    np.testing.assert_array_equal(compiled.raw(table), want)
+    with pytest.raises(TypeError, match="CatBoost categorical feature"):
+        compiled.raw(table.set_column(3, "mcc", pa.array([True] * 50)))
+
+
+def test_a_catboost_categorical_model_through_the_worker_decoder(trained):
+    """Arrow messages as the worker reads them (codec.Decoder, ArrowFormat): dictionary
+    strings and integers are hashed, never staged as codes by the C reader."""
+    from worker.formats.arrow import ArrowFormat
+
+    _, models = trained
+    compiled = worker.compile_model(models["logloss-d6"])
+    df = _frame(200, seed=9, unseen=True)
+    table = _arrow(df).append_column("id", pa.array([f"tx-{i}" for i in range(200)]))
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    fmt = ArrowFormat(compiled, "id", None, 1 << 26)
+    raw = np.asarray(models["logloss-d6"].predict(df, prediction_type="RawFormulaVal"),
+                     dtype=np.float64).reshape(-1, 1)
+    for _ in range(2):  # the second message's schema is cached: still not the C reader
+        msg = fmt.decode(sink.getvalue())
+        assert type(msg.data) is not codec.Raw
+        got = compiled.forest.raw(compiled.columns(msg.data), 1)
+        np.testing.assert_array_equal(got, raw)
+
+
+def test_json_and_avro_formats_refuse_hashed_categories_by_name(trained):
+    from worker.formats.json import JsonFormat
+
+    _, models = trained
+    compiled = worker.compile_model(models["logloss-d6"])
+    with pytest.raises(ValueError, match="CatBoost's, read through their hashes from Arrow"):
+        JsonFormat(compiled, None, None, 1 << 20)
+
+
+def test_ctr_splits_are_refused_by_name():
+    df = _frame(1500, seed=3)
+    model = catboost.CatBoostClassifier(iterations=10, depth=3, verbose=0, thread_count=1,
+                                        allow_writing_files=False, one_hot_max_size=2,
+                                        cat_features=["merchant", "mcc"]).fit(df, _label(df, 3))
+    with pytest.raises(UnsupportedModelError, match="CTR .* one_hot_max_size"):
+        worker.compile_model(model)
+
+
+def test_a_hostile_hash_record_is_refused_by_name(trained, tmp_path):
+    from worker.model import artifact
+
+    _, models = trained
+    compiled = worker.compile_model(models["logloss-d6"])
+    for bad in ({"merchant": [1 << 32]}, {"merchant": [-1]}, {"merchant": []},
+                {"merchant": [5, 5]}, {"nope": [1]}, {"merchant": ["a"]}, ["merchant"]):
+        path = tmp_path / "m.model"
+        path.write_bytes(artifact.dumps({**compiled.meta, "category_hashes": bad},
+                                        compiled.arrays))
+        with pytest.raises(worker.ArtifactError, match="meta.category_hashes"):
+            worker.load_model(path)
