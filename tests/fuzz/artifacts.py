@@ -26,7 +26,7 @@ _I32 = [-(2**31), -2, -1, 0, 1, 2, 3, 2**31 - 1]
 _F = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e308, -1e308, 3.4e38]
 _META = ["task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
          "layout", "depth", "max_depth", "accumulate", "objective", "source", "kind", "notes",
-         "layout_choice"]
+         "layout_choice", "category_hashes"]
 _META_VALUES = [None, -1, 0, 1, 2, 3, 20, 21, 31, 32, 63, 64, 2**40, -(2**40), 1.5, float("nan"),
                 "padded", "compact", "softmax", "vote", "sigmoid", "multiclass", "regression",
                 "float32", "float64", "", [], ["a"], {}, True,
@@ -34,7 +34,12 @@ _META_VALUES = [None, -1, 0, 1, 2, 3, 20, 21, 31, 32, 63, 64, 2**40, -(2**40), 1
                 {"layout": "padded", "kernel": "quickscorer"},
                 {"layout": "compact", "kernel": "quickscorer"},
                 {"layout": "compact", "kernel": "walk", "us_per_row": {"x": "fast"}},
-                {"layout": "padded", "kernel": "walk", "not_candidates": [1]}]
+                {"layout": "padded", "kernel": "walk", "not_candidates": [1]},
+                {"layout": "padded", "kernel": "oblivious"},
+                {"layout": "compact", "kernel": "oblivious"},
+                # CatBoost's hashed categories: features, hashes at the edges
+                {"f0": [0]}, {"f1": [0xFFFFFFFF, 1]}, {"c0": [2**32]}, {"c0": [-1]},
+                {"c0": []}, {"c0": [7, 7]}, {"c0": list(range(70000))}, {"x0": [1.5]}]
 
 
 @cache
@@ -43,7 +48,9 @@ def bases() -> dict[str, bytes]:
     forest (compact, vote), a multiclass XGBoost model (softmax, tree groups), a LightGBM
     model with categorical and zero-as-missing splits (special nodes, ``cats``), and two that
     load with QuickScorer tables: a compact LightGBM model with staged categorical splits and
-    a padded XGBoost model with partition splits."""
+    a padded XGBoost model with partition splits; and two that load with the oblivious kernel:
+    a CatBoost model (numeric) and one with one-hot categorical features (special nodes as
+    the kernel's derived columns, hashed categories in the meta)."""
     import lightgbm as lgb
     import xgboost as xgb
     from sklearn.ensemble import RandomForestClassifier
@@ -79,6 +86,10 @@ def bases() -> dict[str, bytes]:
     qs = {"lightgbm-quickscorer": worker.compile_model(lq, layout="compact",
                                                        kernel="quickscorer"),
           "xgb-categorical-quickscorer": worker.compile_model(xq, kernel="quickscorer")}
+    try:
+        qs.update(_catboost_bases(X, y))
+    except ImportError:  # catboost or clickhouse-cityhash not installed: the others
+        pass
     return {
         **{k: m.to_bytes() for k, m in qs.items()},
         "lightgbm-categorical": worker.compile_model(lg).to_bytes(),
@@ -86,6 +97,24 @@ def bases() -> dict[str, bytes]:
         "rf-compact": worker.compile_model(rf, layout="compact").to_bytes(),
         "xgb-multi": worker.compile_model(mc).to_bytes(),
     }
+
+
+def _catboost_bases(X: np.ndarray, y: np.ndarray) -> dict:
+    import catboost
+    import pandas as pd
+
+    import worker
+
+    kw = dict(iterations=8, verbose=0, thread_count=1, allow_writing_files=False,
+              random_seed=0)
+    numeric = catboost.CatBoostClassifier(depth=5, **kw).fit(X, y)
+    df = pd.DataFrame({f"x{j}": X[:, j] for j in range(4)})
+    df["c0"] = np.where(X[:, 4] > 0, "a", np.where(X[:, 4] < -1, "b", "c"))
+    df["c1"] = (np.nan_to_num(X[:, 5]) * 3).astype(int) % 5
+    onehot = catboost.CatBoostClassifier(depth=4, one_hot_max_size=255,
+                                         cat_features=["c0", "c1"], **kw).fit(df, y)
+    return {"catboost-oblivious": worker.compile_model(numeric, kernel="oblivious"),
+            "catboost-onehot-oblivious": worker.compile_model(onehot, kernel="oblivious")}
 
 
 def _split(data: bytes) -> tuple[dict, bytes]:
