@@ -163,7 +163,7 @@ def main() -> int:
         "frame for CatBoost); single row: 1,000 calls from Python (a float32 row; a numpy "
         "object row for the categorical model), 1 thread.",
         "",
-        f"| workload | threads | ours rows/s | ours, walks | CatBoost rows/s | ours / CatBoost |",
+        "| workload | threads | ours rows/s | ours, walks | CatBoost rows/s | ours / CatBoost |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, _, rate, _ in results:
