@@ -136,10 +136,11 @@ def main() -> int:
             engines = {
                 "ours": lambda A, t=threads, m=ours[kind]: m.predict_proba(A, n_threads=t),
                 "walk": lambda A, t=threads, m=walk[kind]: m.predict_proba(A, n_threads=t),
-                "catboost": lambda A, t=threads: cb.predict_proba(A, thread_count=t)}
+                "catboost": lambda A, t=threads, c=cb: c.predict_proba(A, thread_count=t)}
             rate[threads] = _rates(engines, data, rows, args.repeats)
         lat = {"ours": _latency(lambda r, m=ours[kind]: m.predict_proba(r), ours_rows),
-               "catboost": _latency(lambda r: cb.predict_proba(r, thread_count=1), cb_rows)}
+               "catboost": _latency(lambda r, c=cb: c.predict_proba(r, thread_count=1),
+                                    cb_rows)}
         results.append((name, kind, rate, lat))
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))

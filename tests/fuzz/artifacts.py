@@ -7,6 +7,7 @@ Arrow columns, lazy policies) without a crash or a hang.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import struct
@@ -86,10 +87,8 @@ def bases() -> dict[str, bytes]:
     qs = {"lightgbm-quickscorer": worker.compile_model(lq, layout="compact",
                                                        kernel="quickscorer"),
           "xgb-categorical-quickscorer": worker.compile_model(xq, kernel="quickscorer")}
-    try:
+    with contextlib.suppress(ImportError):  # without catboost or clickhouse-cityhash
         qs.update(_catboost_bases(X, y))
-    except ImportError:  # catboost or clickhouse-cityhash not installed: the others
-        pass
     return {
         **{k: m.to_bytes() for k, m in qs.items()},
         "lightgbm-categorical": worker.compile_model(lg).to_bytes(),
