@@ -184,3 +184,23 @@ def test_modes_the_cpu_lacks_are_refused(cb_models):
             compiled.forest.oblivious_simd(mode)
     walk = worker.compile_model(cb_models["d1-rmse"], layout="padded", kernel="walk")
     assert walk.forest.oblivious_simd() is None
+
+
+def test_a_wide_model_takes_the_columns_from_the_heap_and_matches_catboost():
+    """Past 128 features a block's columns (2 per feature, 64 rows) outgrow the kernel's
+    stack buffer and are allocated: the same scores in every mode."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(1500, 150)).astype(np.float32)
+    X[rng.random(X.shape) < 0.05] = np.nan
+    y = (np.nan_to_num(X[:, 140]) + np.nan_to_num(X[:, 3]) > 0).astype(int)
+    model = catboost.CatBoostClassifier(iterations=30, depth=6, verbose=0, random_seed=0,
+                                        thread_count=1, allow_writing_files=False).fit(X, y)
+    compiled = chosen(worker.model.compile.to_ir(model), "padded", "oblivious")
+    T = rng.normal(size=(130, 150)).astype(np.float32)
+    T[rng.random(T.shape) < 0.1] = np.nan
+    want = np.asarray(model.predict(T, prediction_type="RawFormulaVal"), np.float64)
+    for mode in _modes(compiled):
+        compiled.forest.oblivious_simd(mode)
+        for n in (1, 64, 130):
+            np.testing.assert_array_equal(compiled.raw(T[:n], n_threads=2)[:, 0], want[:n],
+                                          err_msg=f"{mode}, {n} rows")
