@@ -150,8 +150,6 @@ def test_missing_and_unusable_values_take_the_unseen_side(trained):
                                                                            pa.string())))
     table = table.set_column(3, "mcc", pa.nulls(50, pa.int64()))
     np.testing.assert_array_equal(compiled.raw(table), want)
-    with pytest.raises(TypeError, match="CatBoost categorical feature"):
-        compiled.raw(table.set_column(3, "mcc", pa.array([True] * 50)))
 
 
 def test_a_catboost_categorical_model_through_the_worker_decoder(trained):
@@ -199,10 +197,91 @@ def test_a_hostile_hash_record_is_refused_by_name(trained, tmp_path):
 
     _, models = trained
     compiled = worker.compile_model(models["logloss-d6"])
-    for bad in ({"merchant": [1 << 32]}, {"merchant": [-1]}, {"merchant": []},
+    for bad in ({"merchant": [1 << 32]}, {"merchant": [-1]}, {"merchant": list(range(1025))},
                 {"merchant": [5, 5]}, {"nope": [1]}, {"merchant": ["a"]}, ["merchant"]):
         path = tmp_path / "m.model"
         path.write_bytes(artifact.dumps({**compiled.meta, "category_hashes": bad},
                                         compiled.arrays))
         with pytest.raises(worker.ArtifactError, match="meta.category_hashes"):
             worker.load_model(path)
+
+
+def test_boolean_categories_are_catboosts_ones_and_zeros(tmp_path):
+    """CatBoost reads a boolean category as the integer 1 or 0: so does the worker, from a
+    pandas bool column, numpy booleans, Python bools and Arrow booleans."""
+    df = _frame(2000, seed=11)
+    df["flag"] = df.velocity > 0.3
+    y = ((df.flag & (np.nan_to_num(df.amount) > 0)) | (df.mcc == 7995)).astype(int)
+    model = catboost.CatBoostClassifier(iterations=20, depth=4, verbose=0, thread_count=1,
+                                        random_seed=0, allow_writing_files=False,
+                                        one_hot_max_size=255,
+                                        cat_features=["merchant", "mcc", "flag"]).fit(df, y)
+    compiled = worker.compile_model(model)
+    assert "flag" in compiled.category_hashes
+    test = _frame(200, seed=12)
+    test["flag"] = test.velocity > 0.3
+    want = np.asarray(model.predict(test, prediction_type="RawFormulaVal"),
+                      dtype=np.float64).reshape(-1, 1)
+    objs = test.to_numpy(dtype=object)
+    np.testing.assert_array_equal(compiled.raw(objs), want)
+    objs[:, 5] = [bool(v) for v in objs[:, 5]]
+    np.testing.assert_array_equal(compiled.raw(objs), want)
+    table = _arrow(test).append_column("flag", pa.array(test.flag.tolist(), pa.bool_()))
+    np.testing.assert_array_equal(compiled.raw(table), want)
+
+
+def test_a_categorical_feature_no_split_reads_compiles_and_is_read_as_categories():
+    """A weak categorical feature may end with no one-hot split (its export lists no values):
+    it stays categorical (strings are accepted, every value unseen)."""
+    df = _frame(1500, seed=13)
+    df["noise"] = np.random.default_rng(13).choice(["p", "q"], len(df))
+    y = (np.nan_to_num(df.amount) > 0).astype(int)
+    model = catboost.CatBoostClassifier(iterations=5, depth=2, verbose=0, thread_count=1,
+                                        random_seed=0, allow_writing_files=False,
+                                        one_hot_max_size=255,
+                                        cat_features=["merchant", "mcc", "noise"]).fit(df, y)
+    compiled = worker.compile_model(model)
+    assert set(compiled.category_hashes) == {"merchant", "mcc", "noise"}
+    test = _frame(100, seed=14)
+    test["noise"] = np.random.default_rng(14).choice(["p", "q", "r"], len(test))
+    want = np.asarray(model.predict(test, prediction_type="RawFormulaVal"),
+                      dtype=np.float64).reshape(-1, 1)
+    np.testing.assert_array_equal(compiled.raw(test.to_numpy(dtype=object)), want)
+    table = _arrow(test).append_column("noise", pa.array(test.noise.tolist()).dictionary_encode())
+    np.testing.assert_array_equal(compiled.raw(table), want)
+
+
+@pytest.mark.parametrize("craft, message", [
+    ("values", "more than 1024 one-hot values"),
+    ("split_values", "more than 1024 one-hot values"),
+    ("deep", "unfold to"),
+])
+def test_a_crafted_json_export_is_refused_before_it_costs_much(trained, craft, message,
+                                                              tmp_path):
+    """A few megabytes of JSON could ask for a million one-hot values, or trees that unfold
+    to billions of nodes: refused before any tree is built."""
+    import resource
+    import time
+
+    _, models = trained
+    path = tmp_path / "m.json"
+    models["logloss-d6"].save_model(str(path), format="json")
+    d = json.loads(path.read_text())
+    cat = d["features_info"]["categorical_features"][0]
+    tree = d["oblivious_trees"][0]
+    if craft == "values":
+        cat["values"] = list(range(-(1 << 31), -(1 << 31) + 1_000_000))
+    elif craft == "split_values":
+        one_hot = {"split_type": "OneHotFeature", "cat_feature_index": cat["feature_index"]}
+        d["oblivious_trees"] = [{"splits": [{**one_hot, "value": k}],
+                                 "leaf_values": [0.0, 1.0]} for k in range(200_000)]
+    else:
+        d["oblivious_trees"] = [{**tree, "splits": tree["splits"] * 3,
+                                 "leaf_values": [0.0]}] * 200  # 200 x 2^19 nodes
+    path.write_text(json.dumps(d))
+    t0 = time.monotonic()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(UnsupportedModelError, match=message):
+        worker.compile_model(path)
+    assert time.monotonic() - t0 < 60
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 1_500_000  # KB

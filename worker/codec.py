@@ -242,8 +242,7 @@ class Decoder:
                                      "views inside another type are not read")
         for f in self.feature_names:
             problem = feature_type_problem(f, schema.field(f).type,
-                                           f in self.categories or f in self.hashed,
-                                           f in self.hashed)
+                                           f in self.categories or f in self.hashed)
             if problem:
                 raise InvalidMessage("bad_type", problem)
         keep = set(wanted)

@@ -36,6 +36,7 @@ from .ir import Ensemble, Tree, UnsupportedModelError, categorical_entry
 
 MAX_DEPTH = 16  # CatBoost's own limit
 MAX_TREES = 1 << 20
+MAX_NODES = 1 << 24  # the trees unfolded to full binary trees (2^(d + 1) - 1 nodes a tree)
 _OBJECTIVES = {"Logloss": ("binary", "sigmoid"), "CrossEntropy": ("binary", "sigmoid"),
                "RMSE": ("regression", "identity"), "MultiClass": ("multiclass", "softmax")}
 
@@ -149,7 +150,11 @@ def _to_ir(d: dict) -> Ensemble:
     cats: dict[int, tuple[int, list[int]]] = {}
     for c in cat_info:
         j, i = int(c["flat_feature_index"]), int(c["feature_index"])
-        hashes = [_hash(v, f"categorical feature {j}") for v in c.get("values", [])]
+        values = c.get("values", [])
+        if not isinstance(values, list) or len(values) > MAX_HASHES:
+            raise UnsupportedModelError(f"categorical feature {j}: more than {MAX_HASHES} "
+                                        "one-hot values")
+        hashes = [_hash(v, f"categorical feature {j}") for v in values]
         if i in cats or len(set(hashes)) != len(hashes):
             raise UnsupportedModelError(f"categorical feature {j}: its index twice or a "
                                         "value twice")
@@ -179,20 +184,29 @@ def _to_ir(d: dict) -> Ensemble:
     if bias.shape != (G,):
         raise UnsupportedModelError(f"{bias.size} biases for {G} outputs")
     raw = d.get("oblivious_trees", [])
-    if not raw or len(raw) > MAX_TREES:
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_TREES:
         raise UnsupportedModelError(f"{len(raw)} trees")
+    nodes = sum((2 << min(len(t.get("splits", [])), MAX_DEPTH + 1)) - 1 for t in raw)
+    if nodes > MAX_NODES:
+        raise UnsupportedModelError(f"the trees unfold to {nodes:,} nodes (at most "
+                                    f"{MAX_NODES:,})")
+    code = {c: {h: k for k, h in enumerate(hashes)} for c, (_, hashes) in cats.items()}
     for t in raw:  # a one-hot value the feature's list lacks gets a code of its own
         for sp in t.get("splits", []):
-            if sp.get("split_type") == "OneHotFeature" and int(sp["cat_feature_index"]) in cats:
-                hashes = cats[int(sp["cat_feature_index"])][1]
+            c = int(sp["cat_feature_index"]) if sp.get("split_type") == "OneHotFeature" else -1
+            if c in cats:
                 h = _hash(sp["value"], "a one-hot split")
-                if h not in hashes:
-                    hashes.append(h)
-    trees = [_tree(t, i, flat_of, nan_right, G, scale, cats) for i, t in enumerate(raw)]
-    hashed = {names[j]: hashes for j, hashes in cats.values() if hashes}
-    if any(len(h) > MAX_HASHES for h in hashed.values()):
-        raise UnsupportedModelError(f"a categorical feature with more than {MAX_HASHES} "
-                                    "one-hot values")
+                if h not in code[c]:
+                    code[c][h] = len(cats[c][1])
+                    cats[c][1].append(h)
+                    if len(cats[c][1]) > MAX_HASHES:
+                        raise UnsupportedModelError(f"categorical feature {cats[c][0]}: more "
+                                                    f"than {MAX_HASHES} one-hot values")
+    entries: dict[tuple[int, int], np.ndarray] = {}  # (feature, hash) -> its split's entry
+    trees = [_tree(t, i, flat_of, nan_right, G, scale, cats, code, entries)
+             for i, t in enumerate(raw)]
+    # every categorical feature, also one no split reads (all its values are unseen)
+    hashed = {names[j]: hashes for j, hashes in cats.values()}
     if np.any(bias != 0):
         # CatBoost adds the bias after the trees' sum: a last tree of one leaf adds it there
         trees.append(Tree.constant(bias))
@@ -226,7 +240,8 @@ def _hash(v, where: str) -> int:
 
 
 def _tree(t: dict, i: int, flat_of: dict[int, int], nan_right: np.ndarray, G: int,
-          scale: float, cats: dict[int, tuple[int, list[int]]]) -> Tree:
+          scale: float, cats: dict[int, tuple[int, list[int]]],
+          code: dict[int, dict[int, int]], built: dict[tuple[int, int], np.ndarray]) -> Tree:
     where = f"tree {i}"
     splits = t.get("splits", [])
     depth = len(splits)
@@ -282,12 +297,12 @@ def _tree(t: dict, i: int, flat_of: dict[int, int], nan_right: np.ndarray, G: in
         if e is None:
             level_entry.append(None)
             continue
-        hashes = cats[e[0]][1]
-        right_of = np.zeros(len(hashes), dtype=bool)
-        right_of[hashes.index(e[1])] = True
-        level_entry.append(categorical_entry(right_of, beyond_right=False,
-                                             negative_right=False, truncate=False,
-                                             whole_only=True, missing_right=False))
+        if e not in built:  # one entry per (feature, value), shared by every node asking
+            right_of = np.zeros(len(cats[e[0]][1]), dtype=bool)
+            right_of[code[e[0]][e[1]]] = True
+            built[e] = categorical_entry(right_of, beyond_right=False, negative_right=False,
+                                         truncate=False, whole_only=True, missing_right=False)
+        level_entry.append(built[e])
     for k in range(inner):
         level = (k + 1).bit_length() - 1
         feature[k] = feats[level]

@@ -6,9 +6,10 @@ an integer value is hashed as its decimal string. A compiled CatBoost model stor
 categorical feature, the hashes its splits name (``meta.category_hashes``), and a value's
 category code is its hash's position in that list: a value whose hash is not there (an unseen
 category, a missing value) has no code and takes the side CatBoost gives it, the false side of
-every one-hot split. The hash is PyPI's ``clickhouse-cityhash`` (ClickHouse's binding of the
-same CityHash release: checked against CatBoost's own hashes in tests/test_catboost_categorical.py);
-Google's later CityHash releases hash differently.
+every one-hot split. A boolean is the integer 1 or 0, as CatBoost reads it. The hash is PyPI's
+``clickhouse-cityhash`` (ClickHouse's binding of the same CityHash release: checked against
+CatBoost's own hashes in tests/test_catboost_categorical.py); Google's later CityHash releases
+hash differently.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextlib
 
 import numpy as np
 
-MAX_HASHES = 1 << 16  # codes a feature may have (CatBoost's one_hot_max_size is at most 255)
+MAX_HASHES = 1024  # codes a feature may have (CatBoost's one_hot_max_size is at most 255)
 
 
 def _cityhash():
@@ -60,6 +61,8 @@ class CatBoostHashes:
         integer categories); NaN, infinities and fractions have no code. Each distinct value
         is hashed once."""
         v = np.asarray(values)
+        if v.dtype.kind == "b":  # CatBoost hashes True and False as 1 and 0
+            v = v.astype(np.int64)
         if v.dtype.kind in "iu":
             uniq, inverse = np.unique(v, return_inverse=True)
             codes = np.asarray([self._of(str(int(u))) for u in uniq], dtype=np.float32)
@@ -82,7 +85,9 @@ class CatBoostHashes:
                 out[i] = self._of(v)
             elif isinstance(v, bytes):
                 out[i] = self._of(v.decode("utf-8", "replace"))
-            elif v is not None and not isinstance(v, bool):
+            elif isinstance(v, (bool, np.bool_)):
+                out[i] = self._of(str(int(v)))
+            elif v is not None:
                 with contextlib.suppress(TypeError, ValueError):
                     out[i] = self.codes_of_numbers(np.asarray([v]))[0]
         return out

@@ -128,7 +128,7 @@ class CompiledModel:
                 out[:, j] = col.astype(np.float32)
             elif col.dtype == object:
                 out[:, j] = hashes.codes_of_objects(col)
-            elif col.dtype.kind in "iuf":
+            elif col.dtype.kind in "iufb":
                 out[:, j] = hashes.codes_of_numbers(col)
             elif col.dtype.kind in "US":
                 out[:, j] = hashes.codes_of_objects(col.tolist())
@@ -341,16 +341,11 @@ class CompiledModel:
         )
 
 
-def feature_type_problem(name: str, t, categorical: bool = False,
-                         hashed: bool = False) -> str | None:
+def feature_type_problem(name: str, t, categorical: bool = False) -> str | None:
     """Why an Arrow type cannot be a feature column (None: it can): numeric, boolean or null
-    (all missing) types; for a feature with categories also dictionary-encoded strings; for
-    one with hashed categories (CatBoost) not booleans (CatBoost reads no boolean category)."""
+    (all missing) types; for a feature with categories also dictionary-encoded strings."""
     import pyarrow as pa
 
-    if hashed and pa.types.is_boolean(t):
-        return (f"feature column {name!r} has type {t}, expected integers or "
-                "dictionary-encoded strings (a CatBoost categorical feature)")
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) \
             or pa.types.is_null(t) or categorical and is_category_type(t):
         return None
@@ -389,7 +384,7 @@ def maps_column(t, value_set) -> bool:
     from .cathash import CatBoostHashes
 
     return is_category_type(t) or isinstance(value_set, CatBoostHashes) and (
-        pa.types.is_integer(t) or pa.types.is_floating(t))
+        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
 def category_codes(col, value_set):
@@ -413,7 +408,8 @@ def category_codes(col, value_set):
         if not pa.types.is_dictionary(col.type):  # numbers
             if pa.types.is_floating(col.type) and col.type.bit_width == 16:
                 col = col.cast(pa.float32())
-            v = col.fill_null(0).to_numpy(zero_copy_only=False)
+            v = col.fill_null(False if pa.types.is_boolean(col.type) else 0).to_numpy(
+                zero_copy_only=False)
             codes = value_set.codes_of_numbers(v)
             if col.null_count:
                 codes[np.asarray(col.is_null())] = np.nan
@@ -482,8 +478,7 @@ def arrow_columns(data, feature_names: list[str], categories: dict | None = None
             col = category_codes(col, cats[name])
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        problem = feature_type_problem(name, col.type, hashed=name in cats and not isinstance(
-            cats[name], pa.Array))
+        problem = feature_type_problem(name, col.type)
         if problem:
             raise TypeError(problem)
         if pa.types.is_float16(col.type):

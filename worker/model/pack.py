@@ -99,6 +99,7 @@ def special_entries(ens: Ensemble) -> tuple[np.ndarray | None, list[dict[int, in
     With staged categories every entry is widened to its feature's widest split."""
     staged = staged_categories(ens) or {}
     cats, n_words, offsets = [np.zeros(2, dtype=np.uint32)], 2, []  # 0: the entry no node uses
+    seen: dict[bytes, int] = {}  # identical entries are stored once (the kernels only read)
     for tree in ens.trees:
         at = {}
         for node, entry in sorted(tree.special.items()):
@@ -106,9 +107,13 @@ def special_entries(ens: Ensemble) -> tuple[np.ndarray | None, list[dict[int, in
             if head is not None and head != int(entry[0]):
                 entry = widen_entry(np.asarray(entry, dtype=np.uint32),
                                     head & ~(SP_INT | SP_TRUNC))
-            at[node] = n_words
-            cats.append(np.asarray(entry, dtype=np.uint32))
-            n_words += len(entry)
+            words = np.asarray(entry, dtype=np.uint32)
+            key = words.tobytes()
+            if key not in seen:
+                seen[key] = n_words
+                cats.append(words)
+                n_words += len(words)
+            at[node] = seen[key]
         offsets.append(at)
     if n_words >= 2**32:
         raise ValueError("too many categorical splits (2^32 words)")

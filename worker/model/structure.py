@@ -107,11 +107,11 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
         _fail("meta.categories", "not a mapping of feature names to lists of strings")
     hashed = meta.get("category_hashes", {})
     if not isinstance(hashed, dict) or not all(
-            k in names and k not in cats and isinstance(v, list) and 0 < len(v) <= MAX_HASHES
+            k in names and k not in cats and isinstance(v, list) and len(v) <= MAX_HASHES
             and all(type(h) is int and 0 <= h < 1 << 32 for h in v) and len(set(v)) == len(v)
             for k, v in hashed.items()):
         _fail("meta.category_hashes", "not a mapping of feature names (without categories) to "
-              f"lists of 1 to {MAX_HASHES} distinct 32-bit hashes")
+              f"lists of at most {MAX_HASHES} distinct 32-bit hashes")
     # the combinations the loaders write (the link code and the output shape follow them)
     task, link, n_classes = meta["task"], meta["link"], len(meta["classes"])
     want = {"binary": (G == 1 and n_classes == 2, {"sigmoid", "sigmoid2", "identity", "vote"}),
