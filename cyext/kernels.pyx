@@ -80,6 +80,9 @@ cdef enum:
     OBL_STACK_KEYS = 16384    # eval_oblivious's stack buffer: a block's columns for up to 128
                               # features (64 KB); wider models allocate theirs
     OBL_TREES = 16            # trees whose positions are taken at once (vector leaves)
+    OBL_MIN_ROWS = 5          # fewer rows walk the trees: 16 lanes for a few rows cost
+                              # more (500 x depth 6, one row: 7.5 us against the walk's 2.9;
+                              # 4 rows 8.2 against 7.6; 8 rows 8.3 against 13.5)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -549,8 +552,8 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         k = SW_QS_R if simd else 1
         mk = <uint64_t*>malloc(k * m.n_trees * sizeof(uint64_t))
         qslot = <int64_t*>malloc(k * m.n_trees * sizeof(int64_t))
-    if m.obl != NULL:  # oblivious trees (oblivious.h): leaves from the bits of each level
-        eval_oblivious(m, leaves, X, n, acc)
+    if m.obl != NULL and n >= OBL_MIN_ROWS:  # oblivious trees (oblivious.h): the leaves
+        eval_oblivious(m, leaves, X, n, acc)       # from the bits of each level
     elif mk != NULL and qslot != NULL:
         if simd:
             r0 = 0

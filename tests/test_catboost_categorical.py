@@ -28,7 +28,7 @@ pytest.importorskip("clickhouse_cityhash", reason="pip install clickhouse-cityha
 
 MERCHANTS = ["m-001", "m-002", "grocer", "casino", "", "café", "商店", "m-003"]
 MCC = [5411, 5812, 7995, 4829, 0, -1]
-SIZES = (1, 15, 16, 17, 64, 65, 300)
+SIZES = (1, 5, 8, 9, 16, 17, 64, 65, 300)
 
 
 def _frame(n: int, seed: int, unseen: bool = False) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from worker.model.ir import UnsupportedModelError  # noqa: F401 (the refusal's t
 
 catboost = pytest.importorskip("catboost", reason="pip install catboost (the test extras)")
 
-SIZES = (1, 2, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 300)
+SIZES = (1, 2, 4, 5, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 300)
 MODES = ("row", "avx2", "avx512")
 
 

@@ -40,6 +40,8 @@ class CompiledModel:
         self.category_hashes = dict(self.meta.get("category_hashes") or {})
         self._category_sets = category_sets(self.categories, self.category_hashes) \
             if self.categories or self.category_hashes else {}
+        self._numeric_columns = np.asarray([j for j, f in enumerate(self.feature_names)
+                                            if f not in self.category_hashes], dtype=np.intp)
         self.work_total = int(arrays["unit_ptr"].shape[0] - 1)
         self.n_trees = int(arrays["tree_group"].shape[0])
         # the kernel measured fastest when the model was compiled (meta.layout_choice, checked
@@ -121,12 +123,14 @@ class CompiledModel:
         if X.ndim != 2 or X.shape[1] != self.n_features:
             return X  # refused, with the shape, where it is read
         out = np.empty(X.shape, dtype=np.float32)
+        numeric = self._numeric_columns
+        out[:, numeric] = X[:, numeric].astype(np.float32)  # one cast for them all
         for j, name in enumerate(self.feature_names):
+            if name not in self.category_hashes:
+                continue
             col = X[:, j]
-            hashes = self._category_sets.get(name) if name in self.category_hashes else None
-            if hashes is None:
-                out[:, j] = col.astype(np.float32)
-            elif col.dtype == object:
+            hashes = self._category_sets[name]
+            if col.dtype == object:
                 out[:, j] = hashes.codes_of_objects(col)
             elif col.dtype.kind in "iufb":
                 out[:, j] = hashes.codes_of_numbers(col)
