@@ -221,6 +221,58 @@ static void sw_obl_sum512_p(const sw_obl *o, const uint32_t *cols, const double 
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
 }
 
+/* AVX-512, depth exactly 6 (CatBoost's default): the same picks, with the index of the
+   permutes (bits 0-3, levels 2-5) built in 64-bit lanes straight from the compares, and the
+   pair of registers (bits 4 and 5) chosen by the first two levels' compare masks: no
+   widening of the index, no tests of its bits (bench/oblivious_micro.py). */
+__attribute__((target("avx512f")))
+static void sw_obl_sum512_p6(const sw_obl *o, const uint32_t *cols, const double *leaves,
+                             double *acc) {
+    __m512d a[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);
+    for (int64_t t = 0; t < o->n_trees; t++) {
+        const uint32_t *key = o->key + t * 6, *thr = o->thr + t * 6;
+        __mmask16 m5[4], m4[4];
+        const uint32_t *c0 = cols + (int64_t)key[0] * SW_OBL_R;
+        const uint32_t *c1 = cols + (int64_t)key[1] * SW_OBL_R;
+        const __m512i t0 = _mm512_set1_epi32((int)thr[0]), t1 = _mm512_set1_epi32((int)thr[1]);
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+            m5[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c0 + 16 * v), t0);
+            m4[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c1 + 16 * v), t1);
+        }
+        __m512i q[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) q[i] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int l = 2; l < 6; l++) {
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;
+            const __m512i th = _mm512_set1_epi32((int)thr[l]);
+            const __m512i bit = _mm512_set1_epi64(1 << (5 - l));
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);
+                q[2 * v] = _mm512_mask_or_epi64(q[2 * v], (__mmask8)m, q[2 * v], bit);
+                q[2 * v + 1] = _mm512_mask_or_epi64(q[2 * v + 1], (__mmask8)(m >> 8),
+                                                    q[2 * v + 1], bit);
+            }
+        }
+        const double *lv = leaves + t * 64;
+        __m512d L[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) L[i] = _mm512_loadu_pd(lv + 8 * i);
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m512i x = q[2 * v + h];
+                const __m512d a0 = _mm512_permutex2var_pd(L[0], x, L[1]);
+                const __m512d a1 = _mm512_permutex2var_pd(L[2], x, L[3]);
+                const __m512d a2 = _mm512_permutex2var_pd(L[4], x, L[5]);
+                const __m512d a3 = _mm512_permutex2var_pd(L[6], x, L[7]);
+                const __mmask8 k4 = (__mmask8)(m4[v] >> (8 * h));
+                const __mmask8 k5 = (__mmask8)(m5[v] >> (8 * h));
+                a[2 * v + h] = _mm512_add_pd(a[2 * v + h], _mm512_mask_blend_pd(k5,
+                    _mm512_mask_blend_pd(k4, a0, a1), _mm512_mask_blend_pd(k4, a2, a3)));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
+}
+
 #define SW_OBL_AVX512_F(V, NAME)                                                            \
 __attribute__((target("avx512f")))                                                          \
 static void NAME(const sw_obl *o, const uint32_t *cols, const float *leaves, float *acc) {   \
@@ -316,7 +368,8 @@ static inline void sw_obl_sum_d(const sw_obl *o, const uint32_t *cols, int32_t n
                                 const double *leaves, double *acc) {
 #ifdef SW_OBL_X86
     if (o->simd == SW_OBL_AVX512) {
-        if (n > 16 && o->depth <= 6) sw_obl_sum512_p(o, cols, leaves, acc);
+        if (n > 16 && o->depth == 6) sw_obl_sum512_p6(o, cols, leaves, acc);
+        else if (n > 16 && o->depth < 6) sw_obl_sum512_p(o, cols, leaves, acc);
         else if (n > 16) sw_obl_sum512_d4(o, cols, leaves, acc);
         else sw_obl_sum512_d1(o, cols, leaves, acc);
         return;
