@@ -75,6 +75,7 @@ bench: build
 bench-runtimes: build
 	$(PY) bench/onnx_speed.py
 	$(PY) bench/catboost_speed.py
+	$(PY) bench/oblivious_micro.py
 
 # models E (LightGBM, categorical features) and F (XGBoost partition splits) against LightGBM,
 # lleaves and XGBoost (bench/CATEGORICAL-RESULTS.md)

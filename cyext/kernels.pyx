@@ -76,6 +76,21 @@ cdef extern from "oblivious.h":
     int sw_obl_simd_best() noexcept nogil
     enum: SW_OBL_R, SW_OBL_ROW, SW_OBL_AVX2, SW_OBL_AVX512
 
+cdef extern from "probit.h":
+    float sw_ort_probit(float val) noexcept nogil
+
+
+def ort_probit(const double[::1] raw):
+    """ONNX Runtime's PROBIT transform of float32 scores (probit.h), as float64."""
+    out = np.empty(raw.shape[0], dtype=np.float64)
+    cdef double[::1] o = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(raw.shape[0]):
+            o[i] = sw_ort_probit(<float>raw[i])
+    return out
+
+
 cdef enum:
     OBL_STACK_KEYS = 16384    # eval_oblivious's stack buffer: a block's columns for up to 128
                               # features (64 KB); wider models allocate theirs

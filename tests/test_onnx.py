@@ -273,7 +273,7 @@ def test_aggregations_transforms_and_base_values_match_onnx_runtime(options):
 @pytest.mark.parametrize("change,message", [
     (("value_eq", float("-inf")), "BRANCH_EQ with threshold -inf"),
     (("aggregate", "MAX"), "aggregate_function MAX is not supported"),
-    (("post", "PROBIT"), "post_transform PROBIT is not supported"),
+    (("post", "SOFTMAX_ZERO"), "post_transform SOFTMAX_ZERO is not supported"),
     (("value", float("nan")), "with threshold nan"),
 ])
 def test_what_cannot_be_reproduced_is_refused_by_name(change, message):
@@ -451,3 +451,52 @@ def test_equality_splits_at_zero_and_infinity_match_onnx_runtime(tracks):
     X = _hostile_2([0.0, np.finfo(np.float32).max, -2.5, 1e-45])
     np.testing.assert_array_equal(compiled.raw(X, n_threads=1).astype(np.float32),
                                   onnx_loader.reference(m, X).astype(np.float32))
+
+
+def _probit_export():
+    """A scikit-learn GradientBoostingRegressor fitted to values in (0, 1), exported, its
+    post_transform set to PROBIT."""
+    from skl2onnx import to_onnx
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    X = _training(seed=3)[0]
+    X = np.nan_to_num(X).astype(np.float32)
+    y = 1 / (1 + np.exp(-(X[:, 0] - X[:, 1])))
+    m = to_onnx(GradientBoostingRegressor(n_estimators=30, max_depth=3, random_state=0)
+                .fit(X, y), X[:1])
+    node = next(n for n in m.graph.node if n.op_type == "TreeEnsembleRegressor")
+    for a in list(node.attribute):
+        if a.name == "post_transform":
+            node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute("post_transform", "PROBIT"))
+    return m
+
+
+def test_probit_on_one_target_is_onnx_runtimes_to_the_bit(tmp_path):
+    """ONNX Runtime's PROBIT (its float32 approximation of the inverse error function, with
+    libm's logf) reproduced to the bit, in opset 3 and rewritten in opset 5, on hostile rows
+    (sums outside [0, 1] give NaN in both); lazy policies refuse it by name."""
+    from tests.test_onnx5 import to_opset5
+    from worker.model import onnx_loader
+
+    m3 = _probit_export()
+    for m in (m3, to_opset5(m3)):
+        path = tmp_path / "m.onnx"
+        path.write_bytes(m.SerializeToString())
+        compiled = worker.compile_model(path)
+        assert compiled.link == "probit"
+        for seed, n in enumerate((1, 7, 64, 65, 3000)):
+            X = M.hostile_rows(n, _thresholds(m3), seed=seed)
+            ours = compiled.predict(X, n_threads=2).astype(np.float32)
+            ref = onnx_loader.reference(m, X).reshape(-1).astype(np.float32)
+            np.testing.assert_array_equal(ours, ref)
+            assert np.isfinite(ref).sum() > n // 2  # mostly inside (0, 1): not all NaN
+        with pytest.raises(ValueError, match="PROBIT"):
+            compiled.score_batch(X, lazy="certified")
+
+
+def test_probit_on_a_classifier_is_refused_by_name():
+    m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3],
+                    post="PROBIT", classifier=True, base=[0.25])
+    with pytest.raises(UnsupportedModelError, match="post_transform PROBIT on a binary"):
+        worker.compile_model(m)

@@ -293,8 +293,9 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
                  sink=settings.sink.type,
                  delivery=settings.delivery.mode, lazy=settings.scoring.lazy.mode)
         if settings.scoring.lazy.mode != "off" and model.kernel != "walk":
-            log.info("the lazy policy walks the trees (QuickScorer, this model's kernel for "
-                     "full evaluation, evaluates every tree at once)",
+            log.info("the lazy policy walks the trees (this model's kernel for full "
+                     "evaluation, QuickScorer or the oblivious kernel, evaluates every tree "
+                     "at once)",
                      kernel=model.kernel, lazy=settings.scoring.lazy.mode)
         _warm_pyarrow()
         t0 = time.perf_counter()

@@ -215,6 +215,8 @@ class CompiledModel:
             return 1.0 / (1.0 + np.exp(-raw[:, 0]))
         if self.link == "exp":  # LightGBM poisson, gamma, tweedie: a log link
             return np.exp(raw[:, 0])
+        if self.link == "probit":  # ONNX Runtime's PROBIT on one target (cyext/probit.h)
+            return _kernels.ort_probit(np.ascontiguousarray(raw[:, 0], dtype=np.float64))
         return raw[:, 0]
 
     def score_from_raw(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

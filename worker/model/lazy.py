@@ -449,6 +449,9 @@ def score_lazy(target: Target, cols, lazy: str, thresholds=(0.5,), n_threads=Non
     """The scores of the gathered rows ``cols`` (``_kernels.Columns``, or a float32 row block)
     under a stopping policy: ``CompiledModel.score_batch`` for every policy but ``off``."""
     thresholds = list(thresholds)
+    if target.link == "probit":  # the bounds argument needs a link proven nondecreasing
+        raise ValueError("lazy policies do not apply to ONNX Runtime's PROBIT transform (an "
+                         "approximation not proven nondecreasing): use lazy off")
     cfg = kernel_config(target, lazy, thresholds, params)
     raw, raw_lo, raw_hi, units, reason = _lazy.lazy_score(
         target.forest, cols, cfg, int(n_threads or default_threads()))

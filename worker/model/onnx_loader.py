@@ -419,12 +419,12 @@ def _from_opset5(node) -> tuple[dict, bool, list | None, dict]:
          "nodes_truenodeids": rows["true"], "nodes_falsenodeids": rows["false"],
          "aggregate_function": agg}
     if n_targets == 1:
-        if post != "NONE":  # ONNX Runtime transforms one target only with PROBIT, where the
-            # specification transforms it with each: which one the user means is not known
+        if post not in ("NONE", "PROBIT"):  # ONNX Runtime transforms one target only with
+            # PROBIT, the specification with each: which one the user means is not known
             raise UnsupportedModelError(f"post_transform {post} on one target is not "
                                         "supported (ONNX Runtime applies only PROBIT to one "
                                         "target, the ONNX specification each transform)")
-        a.update({"post_transform": "NONE", "n_targets": 1, "target_treeids": weights["tree"],
+        a.update({"post_transform": post, "n_targets": 1, "target_treeids": weights["tree"],
                   "target_nodeids": weights["node"], "target_ids": weights["id"],
                   "target_weights": np.asarray(weights["w"], dtype=np.float64)})
         return a, False, None, members
@@ -556,9 +556,9 @@ def _to_ir(model, node) -> Ensemble:
     if agg not in ("SUM", "AVERAGE"):
         raise UnsupportedModelError(f"aggregate_function {agg} is not supported (SUM, AVERAGE)")
     post = str(a.get("post_transform", "NONE"))
-    if post not in ("NONE", "LOGISTIC", "SOFTMAX"):
+    if post not in ("NONE", "LOGISTIC", "SOFTMAX", "PROBIT"):
         raise UnsupportedModelError(f"post_transform {post} is not supported (NONE, LOGISTIC, "
-                                    "SOFTMAX)")
+                                    "SOFTMAX; PROBIT on a regressor)")
     base = np.asarray(a.get("base_values", []), dtype=np.float64).ravel()
 
     # leaf weights: (tree, node) -> [(output, weight)]
@@ -647,8 +647,9 @@ def _to_ir(model, node) -> Ensemble:
                                         f"{'positive' if positive else 'signed'} weights is "
                                         "not supported")
     else:
-        task, link = "regression", "identity"
-        if post != "NONE":  # ONNX Runtime does not apply LOGISTIC to one target
+        # ONNX Runtime applies PROBIT to one target (probit.h) and no other transform
+        task, link = "regression", "probit" if post == "PROBIT" else "identity"
+        if post not in ("NONE", "PROBIT"):
             raise UnsupportedModelError(f"post_transform {post} on a regressor")
     opset = next((o.version for o in model.opset_import if o.domain == ML), 1)
     from onnx import TensorProto
