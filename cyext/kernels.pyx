@@ -106,6 +106,8 @@ cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to 
     LINK_SIGMOID2 = 2     # binary GradientBoosting exponential loss: exp(-2 raw)
     LINK_VOTE1 = 3        # binary forest with one column: p = raw
     LINK_SOFTMAX = 4      # multiclass margins
+    LINK_SOFTMAX_ZERO = 5  # ONNX Runtime's SOFTMAX_ZERO: a margin within 1e-7 of 0 is not
+                           # exponentiated (it stays about 0) nor counted in the sum
 
 _empty = np.empty
 _float64 = np.float64
@@ -1256,7 +1258,7 @@ cdef void apply_link(const double* raw, int64_t n, int32_t G, int link,
     so a row's probability never depends on how many rows came with it."""
     cdef int64_t r
     cdef int32_t g
-    cdef double p, mx, s
+    cdef double p, mx, s, e
     if link == LINK_SIGMOID or link == LINK_SIGMOID2 or link == LINK_VOTE1:
         for r in range(n):
             if link == LINK_SIGMOID:
@@ -1279,9 +1281,31 @@ cdef void apply_link(const double* raw, int64_t n, int32_t G, int link,
                 s += out[r * G + g]
             for g in range(G):
                 out[r * G + g] /= s
+    elif link == LINK_SOFTMAX_ZERO:
+        for r in range(n):
+            mx = raw[r * G]
+            for g in range(1, G):
+                if raw[r * G + g] > mx:
+                    mx = raw[r * G + g]
+            e = exp(-mx)
+            s = 0.0
+            for g in range(G):
+                p = raw[r * G + g]
+                if p > SOFTMAX_ZERO_BAND or p < -SOFTMAX_ZERO_BAND:
+                    out[r * G + g] = exp(p - mx)
+                    s += out[r * G + g]
+                else:
+                    out[r * G + g] = p * e
+            for g in range(G):
+                out[r * G + g] /= s
     else:
         for r in range(n * G):
             out[r] = raw[r]
+
+
+# ONNX Runtime's band around 0 for SOFTMAX_ZERO: the float 1e-7f (raw scores of its models are
+# float32 values, so comparing them in double answers as its float compare does)
+cdef double SOFTMAX_ZERO_BAND = <double><float>1e-7
 
 
 cdef enum:

@@ -273,7 +273,7 @@ def test_aggregations_transforms_and_base_values_match_onnx_runtime(options):
 @pytest.mark.parametrize("change,message", [
     (("value_eq", float("-inf")), "BRANCH_EQ with threshold -inf"),
     (("aggregate", "MAX"), "aggregate_function MAX is not supported"),
-    (("post", "SOFTMAX_ZERO"), "post_transform SOFTMAX_ZERO is not supported"),
+    (("post", "SOFTMAX_ZERO"), "post_transform SOFTMAX_ZERO on a regressor"),
     (("value", float("nan")), "with threshold nan"),
 ])
 def test_what_cannot_be_reproduced_is_refused_by_name(change, message):
@@ -500,3 +500,34 @@ def test_probit_on_a_classifier_is_refused_by_name():
                     post="PROBIT", classifier=True, base=[0.25])
     with pytest.raises(UnsupportedModelError, match="post_transform PROBIT on a binary"):
         worker.compile_model(m)
+
+
+def test_softmax_zero_matches_onnx_runtime(tmp_path):
+    """SOFTMAX_ZERO: a class whose score is 0 (no leaf weight, base 0) is not exponentiated,
+    in opset 3 and 5, on hostile rows; a binary classifier with it and lazy policies refuse
+    it by name."""
+    from tests.test_onnx5 import _member_model, _member_rows
+    from worker.model import onnx_loader
+
+    values = [0.5, -1.25, 1e-3]
+    m3 = _node_model(("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"), (0, 1, 0), values,
+                     post="SOFTMAX_ZERO", classifier=True, n_classes=3,
+                     weights_by_class=[1, 2], base=[0.0, 0.1, -0.2])
+    # opset 5: three targets, target 1 without a leaf weight (ONNX Runtime's number 3)
+    sets = ([1.0, 3.0], [2.0])
+    m5 = _member_model(sets, n_targets=3, post=3)
+    for m, X, zero in ((m3, _hostile_2(values), 0), (m5, _member_rows(sets), 1)):
+        path = tmp_path / "m.onnx"
+        path.write_bytes(m.SerializeToString())
+        compiled = worker.compile_model(path)
+        assert compiled.link == "softmax_zero"
+        ours = compiled.predict_proba(X, n_threads=1)
+        ref = onnx_loader.reference(m, X)
+        assert (ours[:, zero] < 1e-6).all()  # the zero score: about 0, not exp(0 - max)
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=3e-7)
+        with pytest.raises(ValueError, match="SOFTMAX_ZERO"):
+            compiled.score_batch(X, lazy="certified")
+    binary = _node_model(("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"), (0, 1, 0), values,
+                         post="SOFTMAX_ZERO", classifier=True, base=[0.25])
+    with pytest.raises(UnsupportedModelError, match="SOFTMAX_ZERO on a binary"):
+        worker.compile_model(binary)

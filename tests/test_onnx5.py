@@ -2,7 +2,7 @@
 (here, from their opset 1-3 attributes), and hand-built set-membership splits, compiled from
 the file and checked against ONNX Runtime on hostile rows (NaN, +-inf, values on thresholds
 and on set members and their float32 neighbours, kernel block edges); what it cannot
-reproduce (MIN, MAX, SOFTMAX_ZERO, several regression targets) and crafted attributes refused by
+reproduce (MIN, MAX, several regression targets) and crafted attributes refused by
 name."""
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def test_aggregations_and_transforms_match_onnx_runtime(agg, post, n_targets, tm
     ({"post_transform": 3}, "SOFTMAX_ZERO on one target"),
     ({"post_transform": 2}, "LOGISTIC on one target"),
     ({"n_targets": 2, "post_transform": 1}, "the runtimes disagree"),
-    ({"n_targets": 2, "post_transform": 3}, "post_transform SOFTMAX_ZERO"),
+    ({"n_targets": 2, "post_transform": 4}, "post_transform PROBIT"),
     ({"n_targets": 2, "post_transform": 0}, "targets with post_transform NONE"),
     ({"aggregate_function": 9}, "not one ONNX defines"),
     ({"tree_roots": [0, 7]}, "tree_roots points outside"),

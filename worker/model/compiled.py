@@ -16,7 +16,7 @@ _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "class
 
 _L = _kernels.Link
 _LINKS = {"sigmoid": int(_L.LINK_SIGMOID), "sigmoid2": int(_L.LINK_SIGMOID2),
-          "softmax": int(_L.LINK_SOFTMAX)}
+          "softmax": int(_L.LINK_SOFTMAX), "softmax_zero": int(_L.LINK_SOFTMAX_ZERO)}
 _LINK_NONE, _LINK_COPY, _LINK_VOTE1 = int(_L.LINK_NONE), int(_L.LINK_COPY), int(_L.LINK_VOTE1)
 _SMALL = 64  # rows up to one kernel block take Forest.small (GIL held, no threads)
 

@@ -452,6 +452,10 @@ def score_lazy(target: Target, cols, lazy: str, thresholds=(0.5,), n_threads=Non
     if target.link == "probit":  # the bounds argument needs a link proven nondecreasing
         raise ValueError("lazy policies do not apply to ONNX Runtime's PROBIT transform (an "
                          "approximation not proven nondecreasing): use lazy off")
+    if target.link == "softmax_zero":  # the bounds argument is the softmax's
+        raise ValueError("lazy policies do not apply to ONNX Runtime's SOFTMAX_ZERO "
+                         "transform (its probabilities are not the softmax the bounds "
+                         "assume): use lazy off")
     cfg = kernel_config(target, lazy, thresholds, params)
     raw, raw_lo, raw_hi, units, reason = _lazy.lazy_score(
         target.forest, cols, cfg, int(n_threads or default_threads()))

@@ -436,11 +436,13 @@ def _from_opset5(node) -> tuple[dict, bool, list | None, dict]:
         raise UnsupportedModelError(
             f"{n_targets} targets with post_transform 1 (SOFTMAX in the ONNX specification, "
             "LOGISTIC in ONNX Runtime): refused, the runtimes disagree on it")
-    if post_code != POSTS5.index("LOGISTIC"):
+    if post_code not in (POSTS5.index("LOGISTIC"), POSTS5.index("SOFTMAX_ZERO")):
         raise UnsupportedModelError(f"{n_targets} targets with post_transform {post}: several "
                                     "targets are read as a multiclass model's softmax only "
-                                    "(post_transform 2, ONNX Runtime's SOFTMAX)")
-    a.update({"post_transform": "SOFTMAX", "class_treeids": weights["tree"],
+                                    "(post_transform 2, ONNX Runtime's SOFTMAX, or 3, "
+                                    "SOFTMAX_ZERO)")
+    a.update({"post_transform": "SOFTMAX" if post_code == POSTS5.index("LOGISTIC")
+              else "SOFTMAX_ZERO", "class_treeids": weights["tree"],
               "class_nodeids": weights["node"], "class_ids": weights["id"],
               "class_weights": np.asarray(weights["w"], dtype=np.float64)})
     return a, True, list(range(n_targets)), members
@@ -556,9 +558,10 @@ def _to_ir(model, node) -> Ensemble:
     if agg not in ("SUM", "AVERAGE"):
         raise UnsupportedModelError(f"aggregate_function {agg} is not supported (SUM, AVERAGE)")
     post = str(a.get("post_transform", "NONE"))
-    if post not in ("NONE", "LOGISTIC", "SOFTMAX", "PROBIT"):
+    if post not in ("NONE", "LOGISTIC", "SOFTMAX", "PROBIT", "SOFTMAX_ZERO"):
         raise UnsupportedModelError(f"post_transform {post} is not supported (NONE, LOGISTIC, "
-                                    "SOFTMAX; PROBIT on a regressor)")
+                                    "SOFTMAX; PROBIT on a regressor; SOFTMAX_ZERO on a "
+                                    "multiclass classifier)")
     base = np.asarray(a.get("base_values", []), dtype=np.float64).ravel()
 
     # leaf weights: (tree, node) -> [(output, weight)]
@@ -640,6 +643,8 @@ def _to_ir(model, node) -> Ensemble:
             link = "sigmoid"
         elif post == "SOFTMAX" and task == "multiclass":
             link = "softmax"
+        elif post == "SOFTMAX_ZERO" and task == "multiclass":
+            link = "softmax_zero"  # kernels.apply_link, as ONNX Runtime computes it
         elif post == "NONE" and positive:
             link = "vote"  # the scores are probabilities already (forests)
         else:

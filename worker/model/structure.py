@@ -16,7 +16,7 @@ from .cathash import MAX_HASHES
 from .ir import entry_size
 
 TASKS = {"binary", "multiclass", "regression"}
-LINKS = {"identity", "sigmoid", "sigmoid2", "softmax", "vote", "exp", "probit"}
+LINKS = {"identity", "sigmoid", "sigmoid2", "softmax", "vote", "exp", "probit", "softmax_zero"}
 LAYOUTS = {"padded", "compact"}
 MAX_PADDED_DEPTH = 20  # the packer's limit: 2^20 leaves per tree, shifts done in 64 bits
 KEY_LEAF = 0x80000000
@@ -115,7 +115,7 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     # the combinations the loaders write (the link code and the output shape follow them)
     task, link, n_classes = meta["task"], meta["link"], len(meta["classes"])
     want = {"binary": (G == 1 and n_classes == 2, {"sigmoid", "sigmoid2", "identity", "vote"}),
-            "multiclass": (G == n_classes >= 2, {"softmax", "vote"}),
+            "multiclass": (G == n_classes >= 2, {"softmax", "vote", "softmax_zero"}),
             "regression": (G == 1 and n_classes == 0,
                            {"identity", "sigmoid", "exp", "probit"})}[task]
     if not want[0]:
