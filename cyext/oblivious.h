@@ -134,15 +134,8 @@ SW_OBL_SUM_ROW(double, sw_obl_sum_row_d)
 SW_OBL_SUM_ROW(float, sw_obl_sum_row_f)
 
 #ifdef SW_OBL_X86
-/* AVX-512: V vectors of 16 rows (V = 1 or 4), positions and sums in registers across trees */
-#define SW_OBL_AVX512_D(V, NAME)                                                            \
-__attribute__((target("avx512f")))                                                          \
-static void NAME(const sw_obl *o, const uint32_t *cols, const double *leaves, double *acc) { \
-    const int32_t D = o->depth;                                                             \
-    const int64_t nl = (int64_t)1 << D;                                                     \
-    __m512d a[2 * V];                                                                       \
-    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * V; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);\
-    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+/* AVX-512: tree t's leaf positions for V vectors of 16 rows, p[v] (depth D) */
+#define SW_OBL_AVX512_POS(V)                                                                \
         const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;                        \
         __m512i p[V];                                                                       \
         _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) p[v] = _mm512_setzero_si512();   \
@@ -154,7 +147,18 @@ static void NAME(const sw_obl *o, const uint32_t *cols, const double *leaves, do
                 const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);\
                 p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);                            \
             }                                                                               \
-        }                                                                                   \
+        }
+
+/* AVX-512: V vectors of 16 rows (V = 1 or 4), positions and sums in registers across trees */
+#define SW_OBL_AVX512_D(V, NAME)                                                            \
+__attribute__((target("avx512f")))                                                          \
+static void NAME(const sw_obl *o, const uint32_t *cols, const double *leaves, double *acc) { \
+    const int32_t D = o->depth;                                                             \
+    const int64_t nl = (int64_t)1 << D;                                                     \
+    __m512d a[2 * V];                                                                       \
+    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * V; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);\
+    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+        SW_OBL_AVX512_POS(V)                                                                \
         const double *lv = leaves + t * nl;                                                 \
         _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                               \
             a[2 * v] = _mm512_add_pd(a[2 * v],                                              \
@@ -187,18 +191,7 @@ static void sw_obl_sum512_p(const sw_obl *o, const uint32_t *cols, const double 
     __m512d a[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);
     for (int64_t t = 0; t < o->n_trees; t++) {
-        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;
-        __m512i p[4];
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) p[v] = _mm512_setzero_si512();
-        for (int32_t l = 0; l < D; l++) {
-            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;
-            const __m512i th = _mm512_set1_epi32((int)thr[l]);
-            const __m512i bit = _mm512_set1_epi32(1 << (D - 1 - l));
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);
-                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);
-            }
-        }
+        SW_OBL_AVX512_POS(4)
         const double *lv = leaves + t * nl;
         __m512d L[8];
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
@@ -281,18 +274,7 @@ static void NAME(const sw_obl *o, const uint32_t *cols, const float *leaves, flo
     __m512 a[V];                                                                            \
     _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);\
     for (int64_t t = 0; t < o->n_trees; t++) {                                              \
-        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;                        \
-        __m512i p[V];                                                                       \
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) p[v] = _mm512_setzero_si512();   \
-        for (int32_t l = 0; l < D; l++) {                                                   \
-            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;                          \
-            const __m512i th = _mm512_set1_epi32((int)thr[l]);                              \
-            const __m512i bit = _mm512_set1_epi32(1 << (D - 1 - l));                        \
-            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
-                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);\
-                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);                            \
-            }                                                                               \
-        }                                                                                   \
+        SW_OBL_AVX512_POS(V)                                                                \
         const float *lv = leaves + t * nl;                                                  \
         _Pragma("GCC unroll 4") for (int v = 0; v < V; v++)                                 \
             a[v] = _mm512_add_ps(a[v], _mm512_i32gather_ps(p[v], lv, 4));                   \
