@@ -489,6 +489,7 @@ def _unreachable_broker_config(tmp_path, extra: str = ""):
 def test_sigterm_during_start_up_exits_0(tmp_path):
     # before: handlers came after init_transactions (up to 60 s against an absent
     # coordinator), so SIGTERM killed the process (exit -15), silently
+    import os
     import signal
     import subprocess
     import sys
@@ -498,14 +499,21 @@ def test_sigterm_during_start_up_exits_0(tmp_path):
     root = Path(__file__).resolve().parent.parent
     cfg = _unreachable_broker_config(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
-                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(3.0)
-    assert proc.poll() is None  # still waiting for the coordinator
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # the signal goes once the worker says what it waits for (topic limits, coordinator,
+    # access check): about 1.5 s on an idle machine, longer beside the other test processes
+    # (a fixed 3 s sleep once sent it before the message)
+    os.set_blocking(proc.stdout.fileno(), False)
+    seen, t0 = b"", time.monotonic()
+    while b"waiting for the" not in seen and time.monotonic() - t0 < 60:
+        seen += proc.stdout.read() or b""
+        assert proc.poll() is None, seen.decode()  # still waiting, not exited
+        time.sleep(0.05)
+    assert b"waiting for the" in seen, seen.decode()
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=15)
-    text = (out + err).decode()
+    out, _ = proc.communicate(timeout=15)
+    text = (seen + (out or b"")).decode()
     assert proc.returncode == 0, text
-    assert "waiting for the" in text  # says what it waits for (topic limits, coordinator)
     assert "stopped during start-up" in text and "Traceback" not in text
 
 
