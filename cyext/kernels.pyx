@@ -96,8 +96,9 @@ cdef enum:
                               # features (64 KB); wider models allocate theirs
     OBL_TREES = 16            # trees whose positions are taken at once (vector leaves)
     OBL_MIN_ROWS = 5          # fewer rows walk the trees: 16 lanes for a few rows cost
-                              # more (500 x depth 6, one row: 7.5 us against the walk's 2.9;
-                              # 4 rows 8.2 against 7.6; 8 rows 8.3 against 13.5)
+                              # more (500 x depth 6: one row took 7.5 us through the lanes,
+                              # bench/catboost_speed.py before this cut, the walks 2.9; 5 rows
+                              # 7.8 against the walks' 9.2, bench/oblivious_micro.py)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -904,8 +905,8 @@ cdef class Forest:
         if reason:
             self.kernel_reason = reason
             raise ValueError(f"kernel oblivious: {reason}")
-        # every index the kernel reads: a column of the block, 2^D leaves a tree; a block's
-        # columns at most 64 MB
+        # every index the kernel reads: a column of the block (2 a feature, at most 65,536
+        # derived), 2^D leaves a tree
         if int(keys.max()) >= 2 * nf + len(d_key) or len(d_key) > 1 << 16 \
                 or self.arrays["leaves"].shape[0] != T << D:
             raise ValueError("kernel oblivious: a level reads beyond the block's columns, or "

@@ -40,12 +40,8 @@ class CatBoostHashes:
     """One feature's codes: the hashes its splits name, in code order."""
 
     def __init__(self, hashes):
-        self.hashes = [int(h) for h in hashes]
-        self._code = {h: float(i) for i, h in enumerate(self.hashes)}
+        self._code = {int(h): float(i) for i, h in enumerate(hashes)}
         self._hash = _cityhash()
-
-    def __len__(self) -> int:
-        return len(self.hashes)
 
     def _of(self, s: str) -> float:
         h = self._hash(s.encode("utf-8", "surrogatepass")) & 0xFFFFFFFF

@@ -235,13 +235,19 @@ class CompiledModel:
         return proba[np.arange(n), idx], idx.astype(np.int32)
 
     # ---- attributions ------------------------------------------------------------------
-    def contributions(self, X, method: str = "treeshap", n_threads: int | None = None,
-                      _read: bool = False) -> np.ndarray:
+    def contributions(self, X, method: str = "treeshap",
+                      n_threads: int | None = None) -> np.ndarray:
         """Per-feature attributions in the margin space (log-odds for binary XGBoost, the
         averaged vote for forests), the bias last: (n, n_features + 1), or (n, n_outputs,
         n_features + 1) for several outputs. Each row's attributions plus its bias are its
         raw score. ``method``: ``treeshap`` (exact path-dependent TreeSHAP) or ``path``
         (Saabas: XGBoost's ``approx_contribs``)."""
+        return self._contributions(float_rows(self.hashed_rows(X), self.feature_names,
+                                              self._category_sets), method, n_threads)
+
+    def _contributions(self, rows: np.ndarray, method: str,
+                       n_threads: int | None) -> np.ndarray:
+        """``contributions`` of rows ``float_rows`` made (category codes, not hashed again)."""
         from .. import _explain
 
         codes = {"treeshap": int(_explain.Method.METHOD_TREESHAP),
@@ -255,9 +261,6 @@ class CompiledModel:
                                  "trees have a split with zero cover has none)")
             self._explainer = _explain.Explainer(self.arrays, self.n_features, self.n_outputs,
                                                  float(self.divisor))
-        # _read: rows float_rows already made (reasons), whose codes are not hashed again
-        rows = X if _read else float_rows(self.hashed_rows(X), self.feature_names,
-                                          self._category_sets)
         out = self._explainer.contributions(rows, codes[method], n_threads or default_threads())
         return out[:, 0, :] if self.n_outputs == 1 else out
 
@@ -277,12 +280,9 @@ class CompiledModel:
         bias = np.full(n, np.nan, dtype=np.float64)
         rows = np.arange(n) if min_score is None else np.flatnonzero(r.score >= min_score)
         if rows.size:
-            if rows.size < n:
-                phi = self.contributions(float_rows(self.hashed_rows(X), self.feature_names,
-                                                    self._category_sets)[rows], method,
-                                         n_threads, _read=True)
-            else:
-                phi = self.contributions(X, method, n_threads)
+            read = float_rows(self.hashed_rows(X), self.feature_names, self._category_sets)
+            phi = self._contributions(read[rows] if rows.size < n else read, method,
+                                      n_threads)
             if phi.ndim == 3:  # several outputs: the one of each row's label
                 phi = phi[np.arange(rows.size), np.maximum(r.label[rows], 0)]
             _explain.top_reasons(phi, rows.astype(np.int64, copy=False), feat, val)
