@@ -22,11 +22,33 @@ ctypedef fused acc_t:         # accumulator: float32 (XGBoost's own sum) or floa
     double
 
 
+cdef enum:
+    AGG_SUM = 0               # ModelView.agg: the leaves added in tree order (every model but ...
+    AGG_MIN = 1               # ... ONNX regressors with aggregate_function MIN or MAX: acc
+    AGG_MAX = 2               # starts at +inf / -inf, keeps the smallest / largest leaf, and
+                              # gets base after the last tree (kernels.eval_rows)
+
+
+cdef inline acc_t agg_step(int32_t agg, acc_t a, acc_t v) noexcept nogil:
+    # ONNX Runtime's TreeAggregatorMin/Max: the leaf replaces the score when below (above) it
+    if agg == AGG_MIN:
+        return v if v < a else a
+    if agg == AGG_MAX:
+        return v if v > a else a
+    return a + v
+
+
 cdef inline void add_leaf(const ModelView* m, const acc_t* leaves, int64_t t, int64_t slot,
                           acc_t* acc) noexcept nogil:
     cdef int32_t k, g = m.group[t]
     cdef int32_t w = m.n_leaf_out
-    if g >= 0:
+    if m.agg != AGG_SUM:
+        if g >= 0:
+            acc[g] = agg_step(m.agg, acc[g], leaves[slot * w])
+        else:
+            for k in range(w):
+                acc[k] = agg_step(m.agg, acc[k], leaves[slot * w + k])
+    elif g >= 0:
         acc[g] += leaves[slot * w]
     else:
         for k in range(w):
@@ -39,7 +61,7 @@ cdef inline void add_leaves(const ModelView* m, const acc_t* leaves, int64_t t, 
     """Trees t..t+k's leaves (slots relative to lbase) into one row's acc, in tree order."""
     cdef int32_t j
     cdef acc_t a
-    if one:
+    if one and m.agg == AGG_SUM:
         # one register, same order: no store-to-load forwarding on the sum's chain (measured
         # +8% rows/s on model A)
         a = acc[0]

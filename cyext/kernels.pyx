@@ -11,7 +11,7 @@ from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
-from libc.math cimport exp
+from libc.math cimport exp, INFINITY
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ND, PyBUF_FORMAT,
                              PyBUF_STRIDES)
 
@@ -22,7 +22,8 @@ from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, C
                       COL_U64, COL_BITS, COL_ABSENT)
 from stage cimport stage_block
 from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, plan_wide, COMPACT_ROWS,
-                    ROWS_WALK_ROWS, ROWS_WALK_MIN, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS)
+                    ROWS_WALK_ROWS, ROWS_WALK_MIN, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
+                    AGG_SUM, AGG_MIN, AGG_MAX)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
                   sw_cwalk_q_for, sw_scwalk_q_for, WIDE, PLAN_WIDE,
@@ -560,9 +561,10 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
     cdef int64_t t0 = 0
     cdef uint64_t* mk = NULL
     cdef int64_t* qslot = NULL
+    cdef acc_t start = INFINITY if m.agg == AGG_MIN else -INFINITY
     for r in range(n):
         for g in range(G):
-            acc[r * G + g] = base[g]
+            acc[r * G + g] = base[g] if m.agg == AGG_SUM else start
     cdef int32_t r0, k
     cdef bint simd = False
     if m.qs != NULL:  # QuickScorer (qs.h): every tree of a row at once, leaves in tree order
@@ -598,6 +600,10 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
     free(mk)
     free(qslot)
+    if m.agg != AGG_SUM:  # ONNX Runtime: the smallest (largest) leaf, then + base
+        for r in range(n):
+            for g in range(G):
+                acc[r * G + g] = acc[r * G + g] + base[g]
     for r in range(n * G):
         raw[r] = <double>acc[r] / divisor if divisor != 1.0 else <double>acc[r]
 
@@ -732,6 +738,9 @@ cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, d
     return -1 if failed else 0
 
 
+AGGREGATES = {"sum": AGG_SUM, "min": AGG_MIN, "max": AGG_MAX}  # Forest(aggregate=)
+
+
 cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here."""
 
@@ -750,7 +759,7 @@ cdef class Forest:
         free(self.scratch_raw)
 
     def __init__(self, dict arrays, str layout, int depth, int n_features, int n_outputs,
-                 double divisor, str kernel="auto"):
+                 double divisor, str kernel="auto", str aggregate="sum"):
         cdef const uint32_t[:, ::1] nodes
         cdef const int64_t[::1] root
         cdef const int32_t[::1] group
@@ -766,6 +775,10 @@ cdef class Forest:
         self.view.n_cat_feat = 0
         self.view.cat_staged = 0
         self.view.trees_walk = 0
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
+        self.view.agg = AGGREGATES[aggregate]
+        self.aggregate = aggregate
         self.view.n_nodes = 0
         self.view.n_leaves = a["leaves"].shape[0]
         group = a["tree_group"]
@@ -871,6 +884,9 @@ cdef class Forest:
         reason = ""
         if self.view.pnodes == NULL or D < 1 or nf < 1:
             raise ValueError("kernel oblivious: not a padded model of depth 1 or more")
+        if self.view.agg != AGG_SUM:  # its blocks add the leaves (oblivious.h sw_obl_sum)
+            self.kernel_reason = f"aggregate {self.aggregate}: the oblivious kernel sums"
+            raise ValueError(f"kernel oblivious: {self.kernel_reason}")
         q = order_key_nodes(self.arrays["pnodes"]).reshape(T, (1 << D) - 1, 2)
         d_key, d_off = [], []
         special = (q[:, :, 0] & 0x40000000) != 0

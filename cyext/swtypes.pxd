@@ -51,6 +51,8 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const void* obl           # oblivious-tree tables (oblivious.h sw_obl), or NULL
     int32_t trees_walk        # 1: deep-forest tasks walk 16 trees a row, not the rows walk
                               # (kernels.rows_walk; Forest.rows_walk, for tests and A/B runs)
+    int32_t agg               # AGG_SUM, or AGG_MIN / AGG_MAX (ONNX aggregate_function): the
+                              # trees' smallest or largest leaf, then + base (blocks.add_leaf)
 
 ctypedef struct Column:       # one feature column to stage from (numpy or Arrow memory)
     const char* data          # first element (Arrow: buffer start; rows start at `offset`)

@@ -270,9 +270,129 @@ def test_aggregations_transforms_and_base_values_match_onnx_runtime(options):
         np.testing.assert_allclose(ours, ref, rtol=0, atol=tol)
 
 
+def _aggregated(model, agg: str):
+    """``model`` (a one-target TreeEnsembleRegressor) with its aggregate_function set."""
+    m = type(model)()
+    m.CopyFrom(model)
+    node = next(n for n in m.graph.node if n.op_type == "TreeEnsembleRegressor")
+    for a in list(node.attribute):
+        if a.name == "aggregate_function":
+            node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute("aggregate_function", agg))
+    return m
+
+
+def _stumps_regression():
+    import xgboost as xgb
+    from onnxmltools import convert_xgboost
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    X = _training(seed=5)[0]
+    return convert_xgboost(xgb.XGBRegressor(n_estimators=40, max_depth=1).fit(
+        X, np.nan_to_num(X[:, 2])), initial_types=[("input", FloatTensorType([None, F]))])
+
+
+@pytest.mark.parametrize("agg", ["MIN", "MAX"])
+def test_min_and_max_aggregation_match_onnx_runtime_in_every_kernel(exports, agg, tmp_path):
+    """aggregate_function MIN / MAX (no exporter writes them: the exporters' regressors with
+    the attribute changed): the trees' smallest (largest) leaf plus the base, as ONNX Runtime
+    keeps it, bit for bit in every layout and kernel, one row to several threads' tasks, from
+    the file and after a save and load. Lazy policies, attributions and the oblivious kernel
+    refuse it by name."""
+    from worker.model import onnx_loader
+
+    ran = set()
+    for name in ("sklearn-rf-regression", "sklearn-gb-regression", "lightgbm-regression",
+                 "xgboost-regression", "stumps"):
+        model = _aggregated(exports[name] if name != "stumps" else _stumps_regression(), agg)
+        path = tmp_path / f"{name}.onnx"
+        path.write_bytes(model.SerializeToString())
+        thresholds = _thresholds(model)
+        for layout, kernel in (("auto", "auto"), ("padded", "walk"), ("compact", "walk"),
+                               ("padded", "quickscorer"), ("compact", "quickscorer")):
+            try:
+                compiled = worker.compile_model(path, layout=layout, kernel=kernel)
+            except ValueError as exc:  # QuickScorer: at most 64 leaves a tree
+                assert kernel == "quickscorer" and "quickscorer" in str(exc), exc
+                continue
+            assert compiled.aggregate == agg.lower()
+            ran.add((compiled.layout, compiled.kernel))
+            for seed, n in enumerate(SIZES):
+                X = M.hostile_rows(n, thresholds, seed=seed)
+                ref = onnx_loader.reference(model, X).reshape(-1).astype(np.float32)
+                np.testing.assert_array_equal(
+                    compiled.predict(X, n_threads=2).astype(np.float32), ref,
+                    err_msg=f"{name} {agg} {layout} {kernel}, {n} rows")
+        ref_sum = onnx_loader.reference(exports[name] if name != "stumps"
+                                        else _stumps_regression(), X).reshape(-1)
+        assert not np.array_equal(ref_sum.astype(np.float32), ref), \
+            f"{name}: {agg} gives the same scores as the sum (the test would not tell)"
+        compiled.save(tmp_path / "m.model")
+        again = worker.load_model(tmp_path / "m.model")
+        assert again.aggregate == agg.lower()
+        np.testing.assert_array_equal(again.raw(X), compiled.raw(X))
+        with pytest.raises(ValueError, match=f"aggregate {agg.lower()}"):
+            compiled.score_batch(X, lazy="certified")
+        with pytest.raises(ValueError, match=f"aggregate {agg.lower()}"):
+            compiled.contributions(X[:3])
+        if name == "stumps":  # depth 1: otherwise an oblivious model
+            assert compiled.kernel != "oblivious"
+            with pytest.raises(ValueError, match=f"kernel oblivious: aggregate {agg.lower()}"):
+                worker.compile_model(path, layout="padded", kernel="oblivious")
+    # (QuickScorer takes padded models with categorical splits only)
+    assert {("padded", "walk"), ("compact", "walk"), ("compact", "quickscorer")} <= ran
+
+
+@pytest.mark.parametrize("agg", ["MIN", "MAX"])
+@pytest.mark.parametrize("double", [False, True])
+def test_min_and_max_with_base_values_and_double_attributes_match_onnx_runtime(agg, double):
+    """A base value is added after the smallest (largest) leaf, in the sum's precision
+    (float32 for a float input, double for a double one); equality splits unfold subtrees."""
+    from worker.model import onnx_loader
+
+    values = [0.5, -1.25, 1e-3]
+    for base in (None, [0.1]):
+        m = _node_model(("BRANCH_LEQ", "BRANCH_EQ", "BRANCH_GT"), (0, 1, 0), values,
+                        aggregate=agg, base=base, double=double)
+        compiled = worker.compile_model(m)
+        X = _hostile_2(values)
+        ref = onnx_loader.reference(m, X).reshape(-1)
+        np.testing.assert_array_equal(compiled.predict(X, n_threads=1).astype(np.float32),
+                                      ref.astype(np.float32))
+        assert len(np.unique(ref)) >= 3
+
+
+@pytest.mark.parametrize("change,message", [
+    ("none", "leaf 2 has 0 weights"),
+    ("two", "leaf 2 has 2 weights"),
+    ("nan", "leaf 2 has a NaN weight"),
+    ("classifier", "aggregate_function MIN on a classifier"),
+])
+def test_min_and_max_refuse_what_onnx_runtime_reads_by_path(change, message):
+    m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3],
+                    aggregate="MIN")
+    node = m.graph.node[0]
+    a = {x.name: x for x in node.attribute}
+    if change == "none":  # tree 0's leaf 2 loses its weight
+        for key in ("target_treeids", "target_nodeids", "target_ids"):
+            del a[key].ints[0]
+        del a["target_weights"].floats[0]
+    elif change == "two":
+        for key, v in (("target_treeids", 0), ("target_nodeids", 2), ("target_ids", 0)):
+            a[key].ints.append(v)
+        a["target_weights"].floats.append(0.5)
+    elif change == "nan":
+        a["target_weights"].floats[0] = float("nan")
+    else:
+        m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0),
+                        [0.5, -1.25, 1e-3], classifier=True, post="LOGISTIC")
+        m.graph.node[0].attribute.append(helper.make_attribute("aggregate_function", "MIN"))
+    with pytest.raises(UnsupportedModelError, match=message):
+        worker.compile_model(m)
+
+
 @pytest.mark.parametrize("change,message", [
     (("value_eq", float("-inf")), "BRANCH_EQ with threshold -inf"),
-    (("aggregate", "MAX"), "aggregate_function MAX is not supported"),
     (("post", "SOFTMAX_ZERO"), "post_transform SOFTMAX_ZERO on a regressor"),
     (("value", float("nan")), "with threshold nan"),
 ])

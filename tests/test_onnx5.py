@@ -2,8 +2,8 @@
 (here, from their opset 1-3 attributes), and hand-built set-membership splits, compiled from
 the file and checked against ONNX Runtime on hostile rows (NaN, +-inf, values on thresholds
 and on set members and their float32 neighbours, kernel block edges); what it cannot
-reproduce (MIN, MAX, several regression targets) and crafted attributes refused by
-name."""
+reproduce (MIN and MAX on several targets, several regression targets) and crafted
+attributes refused by name."""
 
 from __future__ import annotations
 
@@ -260,11 +260,12 @@ def test_double_thresholds_and_members_on_a_double_input(tmp_path):
     np.testing.assert_array_equal(_ours(compiled, X), _ort(model, X.astype(np.float64)))
 
 
-@pytest.mark.parametrize("agg,post,n_targets", [(0, 0, 1), (1, 0, 1), (1, 2, 3), (0, 2, 3)],
-                         ids=["average", "sum", "softmax-3", "average-softmax-3"])
+@pytest.mark.parametrize("agg,post,n_targets", [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1),
+                                               (1, 2, 3), (0, 2, 3)],
+                         ids=["average", "sum", "min", "max", "softmax-3", "average-softmax-3"])
 def test_aggregations_and_transforms_match_onnx_runtime(agg, post, n_targets, tmp_path):
-    """AVERAGE and SUM; three targets with ONNX Runtime's softmax (post_transform 2) are a
-    multiclass model."""
+    """AVERAGE, SUM, MIN and MAX; three targets with ONNX Runtime's softmax (post_transform 2)
+    are a multiclass model."""
     sets = ([1.0, 3.0], [-2.0, 0.0])
     model = _member_model(sets, (1, 0), agg=agg, n_targets=n_targets, post=post)
     path = tmp_path / "m.onnx"
@@ -280,8 +281,10 @@ def test_aggregations_and_transforms_match_onnx_runtime(agg, post, n_targets, tm
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"aggregate_function": 2}, "aggregate_function MIN"),
-    ({"aggregate_function": 3}, "aggregate_function MAX"),
+    ({"aggregate_function": 2, "n_targets": 3, "post_transform": 2},
+     "aggregate_function MIN on a classifier"),
+    ({"aggregate_function": 3, "n_targets": 3, "post_transform": 2},
+     "aggregate_function MAX on a classifier"),
     ({"post_transform": 3}, "SOFTMAX_ZERO on one target"),
     ({"post_transform": 2}, "LOGISTIC on one target"),
     ({"n_targets": 2, "post_transform": 1}, "the runtimes disagree"),

@@ -37,6 +37,7 @@ cdef class Forest:
     cdef readonly dict kernel_timings  # auto: us per probe row of each candidate
     cdef readonly bint float32_acc  # leaves and base are float32 (XGBoost) or float64
     cdef readonly double divisor
+    cdef readonly str aggregate    # "sum", or "min" / "max" (ModelView.agg)
     cdef const float[:, ::1] leaves32
     cdef const double[:, ::1] leaves64
     cdef const float[::1] base32

@@ -27,10 +27,10 @@ _I32 = [-(2**31), -2, -1, 0, 1, 2, 3, 2**31 - 1]
 _F = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e308, -1e308, 3.4e38]
 _META = ["task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
          "layout", "depth", "max_depth", "accumulate", "objective", "source", "kind", "notes",
-         "layout_choice", "category_hashes"]
+         "layout_choice", "category_hashes", "aggregate"]
 _META_VALUES = [None, -1, 0, 1, 2, 3, 20, 21, 31, 32, 63, 64, 2**40, -(2**40), 1.5, float("nan"),
                 "padded", "compact", "softmax", "vote", "sigmoid", "multiclass", "regression",
-                "float32", "float64", "", [], ["a"], {}, True,
+                "float32", "float64", "", [], ["a"], {}, True, "min", "max", "sum", "median",
                 # the compile's layout choice, naming a kernel the model may not take
                 {"layout": "padded", "kernel": "quickscorer"},
                 {"layout": "compact", "kernel": "quickscorer"},
@@ -51,7 +51,8 @@ def bases() -> dict[str, bytes]:
     load with QuickScorer tables: a compact LightGBM model with staged categorical splits and
     a padded XGBoost model with partition splits; and two that load with the oblivious kernel:
     a CatBoost model (numeric) and one with one-hot categorical features (special nodes as
-    the kernel's derived columns, hashed categories in the meta)."""
+    the kernel's derived columns, hashed categories in the meta); and an ONNX regressor whose
+    trees aggregate by MAX (meta.aggregate)."""
     import lightgbm as lgb
     import xgboost as xgb
     from sklearn.ensemble import RandomForestClassifier
@@ -89,6 +90,8 @@ def bases() -> dict[str, bytes]:
           "xgb-categorical-quickscorer": worker.compile_model(xq, kernel="quickscorer")}
     with contextlib.suppress(ImportError):  # without catboost or clickhouse-cityhash
         qs.update(_catboost_bases(X, y))
+    with contextlib.suppress(ImportError):  # without onnx and onnxmltools
+        qs["onnx-max"] = _onnx_max_base(X)
     return {
         **{k: m.to_bytes() for k, m in qs.items()},
         "lightgbm-categorical": worker.compile_model(lg).to_bytes(),
@@ -114,6 +117,24 @@ def _catboost_bases(X: np.ndarray, y: np.ndarray) -> dict:
                                          cat_features=["c0", "c1"], **kw).fit(df, y)
     return {"catboost-oblivious": worker.compile_model(numeric, kernel="oblivious"),
             "catboost-onehot-oblivious": worker.compile_model(onehot, kernel="oblivious")}
+
+
+def _onnx_max_base(X: np.ndarray):
+    """An XGBoost regressor exported to ONNX with aggregate_function MAX (meta.aggregate)."""
+    import xgboost as xgb
+    from onnx import helper
+    from onnxmltools import convert_xgboost
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    import worker
+
+    m = convert_xgboost(xgb.XGBRegressor(n_estimators=6, max_depth=3).fit(
+        X, np.nan_to_num(X[:, 0])), initial_types=[("input", FloatTensorType([None, 6]))])
+    node = next(n for n in m.graph.node if n.op_type == "TreeEnsembleRegressor")
+    for a in [a for a in node.attribute if a.name == "aggregate_function"]:
+        node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute("aggregate_function", "MAX"))
+    return worker.compile_model(m)
 
 
 def _split(data: bytes) -> tuple[dict, bytes]:
@@ -217,7 +238,7 @@ def check(data: bytes, path) -> str:
     model.raw(X[:1], n_threads=1)
     model.raw(X, n_threads=2)
     model.raw(pa.table({n: X[:, j] for j, n in enumerate(model.feature_names)}), n_threads=1)
-    if "x_tree" in model.arrays:  # the trees the attributions walk (node covers)
+    if "x_tree" in model.arrays and model.aggregate == "sum":  # node covers: attributions
         for method in ("treeshap", "path"):
             model.contributions(X, method, n_threads=2)
     policies = ["certified", "lazyrf" if model.link == "vote" else "lazygbm"]

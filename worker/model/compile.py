@@ -132,6 +132,7 @@ def meta_of(ens: Ensemble, info: dict) -> dict:
         "kind": ens.kind, "notes": ens.notes, "format": artifact.FORMAT_VERSION, **info,
         **({"categories": ens.categories} if ens.categories else {}),
         **({"category_hashes": ens.category_hashes} if ens.category_hashes else {}),
+        **({"aggregate": ens.aggregate} if ens.aggregate != "sum" else {}),
     }
 
 

@@ -51,14 +51,16 @@ class CompiledModel:
         args = (arrays, self.layout, int(self.depth), int(self.n_features),
                 int(self.n_outputs), float(self.divisor))
         self._kernel_note = ""
+        # "sum", or ONNX Runtime's MIN / MAX aggregation (kernels: ModelView.agg)
+        self.aggregate = str(self.meta.get("aggregate", "sum"))
         try:
-            self.forest = _kernels.Forest(*args, stored)
+            self.forest = _kernels.Forest(*args, stored, self.aggregate)
         except ValueError as exc:
             if kernel != "auto" or not str(exc).startswith(f"kernel {stored}: "):
                 raise
             # stored by a build whose QuickScorer took more than this one's does, or an
             # oblivious kernel named for a model that is not: the walks
-            self.forest = _kernels.Forest(*args, "walk")
+            self.forest = _kernels.Forest(*args, "walk", self.aggregate)
             self._kernel_note = f"the stored choice, {stored}, is refused: {exc}"
         # what the stopping policies read (model/lazy.py), and the tables they build once
         self.lazy_target = Target(self.forest, self.arrays, self.link, self.task, self.kind,
@@ -254,6 +256,9 @@ class CompiledModel:
                  "path": int(_explain.Method.METHOD_PATH)}
         if method not in codes:
             raise ValueError(f"unknown attribution method {method!r} (treeshap or path)")
+        if self.aggregate != "sum":  # attributions split a sum of leaves among features
+            raise ValueError(f"attributions are not defined for aggregate {self.aggregate} "
+                             "(the score is one tree's leaf, not a sum of the trees')")
         if self._explainer is None:
             if "x_tree" not in self.arrays:
                 raise ValueError("this artifact has no node covers, which attributions need: "

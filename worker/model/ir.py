@@ -121,6 +121,9 @@ class Ensemble:
     # its hash's position; model/cathash.py)
     category_hashes: dict[str, list[int]] = field(default_factory=dict)
     accumulate: str = "float64"  # float32 reproduces XGBoost's own float32 sum
+    # "sum" (the trees added, as above), or "min" / "max": ONNX Runtime's aggregate_function
+    # MIN / MAX, the raw score is base + the smallest (largest) of the trees' leaves
+    aggregate: str = "sum"
     objective: str = ""
     source: str = ""  # e.g. "xgboost 3.2.0"
     kind: str = ""  # estimator class or booster kind

@@ -452,6 +452,10 @@ def score_lazy(target: Target, cols, lazy: str, thresholds=(0.5,), n_threads=Non
     if target.link == "probit":  # the bounds argument needs a link proven nondecreasing
         raise ValueError("lazy policies do not apply to ONNX Runtime's PROBIT transform (an "
                          "approximation not proven nondecreasing): use lazy off")
+    if target.forest.aggregate != "sum":  # the bounds argument is a sum's
+        raise ValueError(f"lazy policies do not apply to aggregate {target.forest.aggregate} "
+                         "(ONNX MIN / MAX: the bounds assume the trees are added): use lazy "
+                         "off")
     if target.link == "softmax_zero":  # the bounds argument is the softmax's
         raise ValueError("lazy policies do not apply to ONNX Runtime's SOFTMAX_ZERO "
                          "transform (its probabilities are not the softmax the bounds "

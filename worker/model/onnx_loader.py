@@ -19,8 +19,10 @@ then ``x > below(t)``, the unequal side's subtree emitted twice. A NaN threshold
 with LT, GTE, EQ or NEQ, are refused by name.
 
 Scores: SUM adds the leaves' weights (and ``base_values``) in float32 as ONNX Runtime does for
-float thresholds; AVERAGE divides by the number of trees; MIN and MAX are refused. Post
-transforms NONE, LOGISTIC and SOFTMAX; SOFTMAX_ZERO and PROBIT are refused. Two classes with
+float thresholds; AVERAGE divides by the number of trees; MIN and MAX (one regression
+target, each leaf one weight) keep the trees' smallest or largest leaf, then add the base
+(the kernels' ModelView.agg). Post transforms NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO (multiclass)
+and PROBIT (one target). Two classes with
 weights on one class id are ONNX Runtime's binary case: that class's score is the positive
 class's (``[1 - s, s]`` for probabilities, a logistic of the margin otherwise).
 """
@@ -555,8 +557,14 @@ def _to_ir(model, node) -> Ensemble:
     agg = str(a.get("aggregate_function", "SUM"))
     if isinstance(agg, bytes):
         agg = agg.decode()
-    if agg not in ("SUM", "AVERAGE"):
-        raise UnsupportedModelError(f"aggregate_function {agg} is not supported (SUM, AVERAGE)")
+    if agg not in ("SUM", "AVERAGE", "MIN", "MAX"):
+        raise UnsupportedModelError(f"aggregate_function {agg} is not one ONNX defines (SUM, "
+                                    "AVERAGE, MIN, MAX)")
+    if agg in ("MIN", "MAX") and classifier:
+        # ONNX Runtime's classifiers always add (TreeAggregatorClassifier); a TreeEnsemble of
+        # several targets is read here as one
+        raise UnsupportedModelError(f"aggregate_function {agg} on a classifier (or several "
+                                    "targets) is not supported: one regression target is")
     post = str(a.get("post_transform", "NONE"))
     if post not in ("NONE", "LOGISTIC", "SOFTMAX", "PROBIT", "SOFTMAX_ZERO"):
         raise UnsupportedModelError(f"post_transform {post} is not supported (NONE, LOGISTIC, "
@@ -569,6 +577,8 @@ def _to_ir(model, node) -> Ensemble:
     for t, nd, i, v in zip(w_tree.tolist(), w_node.tolist(), w_id.tolist(), w_val.tolist(),
                            strict=True):
         weights.setdefault((t, nd), []).append((i, v))
+    if agg in ("MIN", "MAX"):
+        _check_min_max(agg, modes, tree_ids, node_ids, weights)
 
     # the output columns: a binary classifier with weights on one class is ONNX Runtime's
     # binary case (one score); otherwise one column per class (or the regression target)
@@ -623,7 +633,11 @@ def _to_ir(model, node) -> Ensemble:
             b[:] = base
         else:
             raise UnsupportedModelError(f"{base.size} base_values for {G} outputs")
-    if agg == "SUM" and np.any(b != 0):
+    if agg in ("MIN", "MAX"):
+        # ONNX Runtime: the smallest (largest) leaf of the trees, then + base_values[0];
+        # the kernels start from +inf (-inf) and add the base after the last tree
+        b = b.copy()
+    elif agg == "SUM" and np.any(b != 0):
         # ONNX Runtime adds the base values after the trees' float32 sum: a last tree of one
         # leaf per output adds them in the same place (the ir's base comes first)
         if G > 1 and -1 in groups:  # trees carry every class: so does the base's
@@ -677,11 +691,29 @@ def _to_ir(model, node) -> Ensemble:
         feature_names=[f"f{i}" for i in range(n_features)],
         classes=labels,
         accumulate="float64" if double_input else "float32",
+        aggregate=agg.lower() if agg in ("MIN", "MAX") else "sum",
         objective=f"{agg.lower()}/{post.lower()}",
         source=f"onnx {node.op_type} (ai.onnx.ml opset {opset})",
         kind=node.op_type,
         notes=[f"exported by {model.producer_name} {model.producer_version}".strip()],
     )
+
+
+def _check_min_max(agg: str, modes, tree_ids, node_ids, weights: dict) -> None:
+    """MIN and MAX take each tree's one leaf weight: a leaf with none, or with several (which
+    ONNX Runtime reads differently by path), and a NaN weight (whose place in the order
+    decides ONNX Runtime's result) are refused by name."""
+    for k, mode in enumerate(modes):
+        if mode != "LEAF":
+            continue
+        key = (int(tree_ids[k]), int(node_ids[k]))
+        ws = weights.get(key, [])
+        if len(ws) != 1:
+            raise UnsupportedModelError(f"aggregate_function {agg}: tree {key[0]} leaf "
+                                        f"{key[1]} has {len(ws)} weights (one is supported)")
+        if np.isnan(ws[0][1]):
+            raise UnsupportedModelError(f"aggregate_function {agg}: tree {key[0]} leaf "
+                                        f"{key[1]} has a NaN weight")
 
 
 def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_ids, weights,

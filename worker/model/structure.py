@@ -129,6 +129,12 @@ def check(meta: dict, arrays: dict[str, np.ndarray]) -> None:
     acc = {"float32": np.float32, "float64": np.float64}.get(meta["accumulate"])
     if acc is None:
         _fail("meta.accumulate", f"{meta['accumulate']!r}, expected float32 or float64")
+    aggregate = meta.get("aggregate", "sum")
+    if aggregate not in ("sum", "min", "max"):
+        _fail("meta.aggregate", f"{aggregate!r}, expected sum, min or max")
+    if aggregate != "sum" and (task != "regression" or divisor != 1):
+        _fail("meta.aggregate", f"{aggregate} on a {task} model with divisor {divisor} (the "
+              "ONNX loader writes it for one-target regressors only)")
 
     group = _array(arrays, "tree_group", np.int32, 1)
     n_trees = group.shape[0]
