@@ -9,7 +9,10 @@
    permute         the tree's 64 leaves in 8 registers, 4 two-register permutes and 3 blends
                    for 8 rows, the blend masks from the index bits (the kernel, depth <= 6)
    permute 64      the same with the index built in 64-bit lanes and the blend masks taken
-                   from the first two levels' compares */
+                   from the first two levels' compares
+   permute 32 pext the index in 32-bit lanes (the permutes read even rows from the low half
+                   of each 64-bit lane, odd rows after a 32-bit shift), the blend masks the
+                   compares' even and odd bits (BMI2 pext): the kernel at depth 6 */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,7 +30,7 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-__attribute__((target("avx512f")))
+__attribute__((target("avx512f,bmi2")))
 static void run(int variant, const uint32_t *key, const uint32_t *thr, const uint32_t *cols,
                 const double *leaves, double *acc) {
     __m512d a[8];
@@ -36,6 +39,45 @@ static void run(int variant, const uint32_t *key, const uint32_t *thr, const uin
     for (int t = 0; t < T; t++) {
         const uint32_t *k = key + t * D, *th = thr + t * D;
         const double *lv = leaves + ((long)t << D);
+        if (variant == 5) {
+            /* levels 2-5 in 32-bit lanes: even rows read as the low halves of 64-bit lanes,
+               odd rows after a 32-bit shift; the pair masks the first two levels' compare
+               bits, even and odd taken apart (pext); a[2v] even rows, a[2v+1] odd rows */
+            unsigned m5[4], m4[4];
+            __m512i tv = _mm512_set1_epi32((int)th[0]);
+            for (int v = 0; v < 4; v++)
+                m5[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(cols + k[0] * R + 16 * v), tv);
+            tv = _mm512_set1_epi32((int)th[1]);
+            for (int v = 0; v < 4; v++)
+                m4[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(cols + k[1] * R + 16 * v), tv);
+            __m512i p[4];
+            for (int v = 0; v < 4; v++) p[v] = _mm512_setzero_si512();
+            for (int l = 2; l < 6; l++) {
+                const __m512i tl = _mm512_set1_epi32((int)th[l]);
+                const __m512i bit = _mm512_set1_epi32(1 << (5 - l));
+                for (int v = 0; v < 4; v++) {
+                    const __mmask16 m = _mm512_cmpgt_epu32_mask(
+                        _mm512_loadu_si512(cols + k[l] * R + 16 * v), tl);
+                    p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);
+                }
+            }
+            __m512d L[8];
+            for (int i = 0; i < 8; i++) L[i] = _mm512_loadu_pd(lv + 8 * i);
+            for (int v = 0; v < 4; v++)
+                for (int h = 0; h < 2; h++) {
+                    const __m512i x = h ? _mm512_srli_epi64(p[v], 32) : p[v];
+                    const unsigned sel = h ? 0xAAAAu : 0x5555u;
+                    const __m512d a0 = _mm512_permutex2var_pd(L[0], x, L[1]);
+                    const __m512d a1 = _mm512_permutex2var_pd(L[2], x, L[3]);
+                    const __m512d a2 = _mm512_permutex2var_pd(L[4], x, L[5]);
+                    const __m512d a3 = _mm512_permutex2var_pd(L[6], x, L[7]);
+                    const __mmask8 k4 = (__mmask8)_pext_u32(m4[v], sel);
+                    const __mmask8 k5 = (__mmask8)_pext_u32(m5[v], sel);
+                    a[2 * v + h] = _mm512_add_pd(a[2 * v + h], _mm512_mask_blend_pd(
+                        k5, _mm512_mask_blend_pd(k4, a0, a1), _mm512_mask_blend_pd(k4, a2, a3)));
+                }
+            continue;
+        }
         if (variant == 4) {
             __mmask16 m5[4], m4[4];
             __m512i tv = _mm512_set1_epi32((int)th[0]);
@@ -127,7 +169,7 @@ int main(void) {
         return 0;
     }
     static const char *names[] = {"compares only", "gather zmm", "gather ymm", "permute",
-                                  "permute 64"};
+                                  "permute 64", "permute 32 pext"};
     uint32_t *key = malloc(T * D * 4), *thr = malloc(T * D * 4);
     double *leaves = malloc(sizeof(double) * ((long)T << D));
     uint32_t *cols = malloc(2 * NF * R * 4);
@@ -140,7 +182,7 @@ int main(void) {
     for (int i = 0; i < 2 * NF * R; i++) cols[i] = (uint32_t)rand() * 2u;
     const int reps = 4000;
     for (int round = 0; round < 3; round++)
-        for (int variant = 0; variant < 5; variant++) {
+        for (int variant = 0; variant < 6; variant++) {
             double acc[64] = {0};
             const double t0 = now();
             for (int r = 0; r < reps; r++) run(variant, key, thr, cols, leaves, acc);

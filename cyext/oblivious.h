@@ -65,6 +65,20 @@ static inline int sw_obl_simd_best(void) {
 #endif
 }
 
+/* BMI2 (pext), for sw_obl_sum512_p6; every AVX-512 CPU but the Xeon Phi has it */
+static int sw_obl_has_bmi2 = -1;
+static inline int sw_obl_bmi2(void) {
+#ifdef SW_OBL_X86
+    if (sw_obl_has_bmi2 < 0) {
+        __builtin_cpu_init();
+        sw_obl_has_bmi2 = __builtin_cpu_supports("bmi2") ? 1 : 0;
+    }
+    return sw_obl_has_bmi2;
+#else
+    return 0;
+#endif
+}
+
 /* n <= SW_OBL_R rows (row r at X + r * ldx, nf features) as doubled order-key columns, then
    the derived columns; the columns' rows n .. SW_OBL_R - 1 are zero (they take leaf 0 and
    are never read back) */
@@ -214,18 +228,27 @@ static void sw_obl_sum512_p(const sw_obl *o, const uint32_t *cols, const double 
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
 }
 
-/* AVX-512, depth exactly 6 (CatBoost's default): the same picks, with the index of the
-   permutes (bits 0-3, levels 2-5) built in 64-bit lanes straight from the compares, and the
-   pair of registers (bits 4 and 5) chosen by the first two levels' compare masks: no
-   widening of the index, no tests of its bits (bench/oblivious_micro.py). */
-__attribute__((target("avx512f")))
+/* AVX-512 with BMI2, depth exactly 6 (CatBoost's default): the same picks, with the index of
+   the permutes (bits 0-3, levels 2-5) built in 32-bit lanes, 16 rows a register. A permute
+   reads the low bits of each 64-bit lane: the even rows as they are, the odd rows after a
+   32-bit shift, so a[2v] holds rows 16v, 16v+2, .., 16v+14 and a[2v+1] the odd ones
+   (reordered once on load and store). The pair of registers (bits 4 and 5) is chosen by the
+   first two levels' compare masks, their even and odd bits taken apart (pext, on the scalar
+   ports): half the index work of 64-bit lanes (bench/oblivious_micro.py "permute 32 pext"). */
+__attribute__((target("avx512f,bmi2")))
 static void sw_obl_sum512_p6(const sw_obl *o, const uint32_t *cols, const double *leaves,
                              double *acc) {
+    const __m512i ev = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
     __m512d a[8];
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+        const __m512d lo = _mm512_loadu_pd(acc + 16 * v), hi = _mm512_loadu_pd(acc + 16 * v + 8);
+        a[2 * v] = _mm512_permutex2var_pd(lo, ev, hi);
+        a[2 * v + 1] = _mm512_permutex2var_pd(lo, od, hi);
+    }
     for (int64_t t = 0; t < o->n_trees; t++) {
         const uint32_t *key = o->key + t * 6, *thr = o->thr + t * 6;
-        __mmask16 m5[4], m4[4];
+        uint32_t m5[4], m4[4];
         const uint32_t *c0 = cols + (int64_t)key[0] * SW_OBL_R;
         const uint32_t *c1 = cols + (int64_t)key[1] * SW_OBL_R;
         const __m512i t0 = _mm512_set1_epi32((int)thr[0]), t1 = _mm512_set1_epi32((int)thr[1]);
@@ -233,17 +256,15 @@ static void sw_obl_sum512_p6(const sw_obl *o, const uint32_t *cols, const double
             m5[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c0 + 16 * v), t0);
             m4[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c1 + 16 * v), t1);
         }
-        __m512i q[8];
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) q[i] = _mm512_setzero_si512();
+        __m512i p[4];
+        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) p[v] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int l = 2; l < 6; l++) {
             const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;
             const __m512i th = _mm512_set1_epi32((int)thr[l]);
-            const __m512i bit = _mm512_set1_epi64(1 << (5 - l));
+            const __m512i bit = _mm512_set1_epi32(1 << (5 - l));
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
                 const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);
-                q[2 * v] = _mm512_mask_or_epi64(q[2 * v], (__mmask8)m, q[2 * v], bit);
-                q[2 * v + 1] = _mm512_mask_or_epi64(q[2 * v + 1], (__mmask8)(m >> 8),
-                                                    q[2 * v + 1], bit);
+                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);
             }
         }
         const double *lv = leaves + t * 64;
@@ -251,19 +272,26 @@ static void sw_obl_sum512_p6(const sw_obl *o, const uint32_t *cols, const double
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) L[i] = _mm512_loadu_pd(lv + 8 * i);
         _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m512i x = q[2 * v + h];
+                const __m512i x = h ? _mm512_srli_epi64(p[v], 32) : p[v];
+                const uint32_t rows = h ? 0xAAAAu : 0x5555u;
                 const __m512d a0 = _mm512_permutex2var_pd(L[0], x, L[1]);
                 const __m512d a1 = _mm512_permutex2var_pd(L[2], x, L[3]);
                 const __m512d a2 = _mm512_permutex2var_pd(L[4], x, L[5]);
                 const __m512d a3 = _mm512_permutex2var_pd(L[6], x, L[7]);
-                const __mmask8 k4 = (__mmask8)(m4[v] >> (8 * h));
-                const __mmask8 k5 = (__mmask8)(m5[v] >> (8 * h));
+                const __mmask8 k4 = (__mmask8)_pext_u32(m4[v], rows);
+                const __mmask8 k5 = (__mmask8)_pext_u32(m5[v], rows);
                 a[2 * v + h] = _mm512_add_pd(a[2 * v + h], _mm512_mask_blend_pd(k5,
                     _mm512_mask_blend_pd(k4, a0, a1), _mm512_mask_blend_pd(k4, a2, a3)));
             }
         }
     }
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
+    const __m512i lo_rows = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+    const __m512i hi_rows = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+        _mm512_storeu_pd(acc + 16 * v, _mm512_permutex2var_pd(a[2 * v], lo_rows, a[2 * v + 1]));
+        _mm512_storeu_pd(acc + 16 * v + 8,
+                         _mm512_permutex2var_pd(a[2 * v], hi_rows, a[2 * v + 1]));
+    }
 }
 
 #define SW_OBL_AVX512_F(V, NAME)                                                            \
@@ -350,8 +378,8 @@ static inline void sw_obl_sum_d(const sw_obl *o, const uint32_t *cols, int32_t n
                                 const double *leaves, double *acc) {
 #ifdef SW_OBL_X86
     if (o->simd == SW_OBL_AVX512) {
-        if (n > 16 && o->depth == 6) sw_obl_sum512_p6(o, cols, leaves, acc);
-        else if (n > 16 && o->depth < 6) sw_obl_sum512_p(o, cols, leaves, acc);
+        if (n > 16 && o->depth == 6 && sw_obl_bmi2()) sw_obl_sum512_p6(o, cols, leaves, acc);
+        else if (n > 16 && o->depth <= 6) sw_obl_sum512_p(o, cols, leaves, acc);
         else if (n > 16) sw_obl_sum512_d4(o, cols, leaves, acc);
         else sw_obl_sum512_d1(o, cols, leaves, acc);
         return;
