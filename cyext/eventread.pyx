@@ -73,8 +73,9 @@ cdef _result(Out& out, bint has_id):
 cdef class JsonReader:
     """A reader for one model's features: ``paths`` is each feature's path of keys (a list:
     ``[name]`` unless source.fields says otherwise), ``id_path`` the id's (None: no id),
-    ``categories`` each categorical feature's category strings in code order. One read at a
-    time: the rows and the parser are the reader's (a second thread is refused)."""
+    ``categories`` each categorical feature's category strings in code order; ``hashed`` the
+    features whose strings the caller reads (CatBoost's hashed categories: NaN here). One read
+    at a time: the rows and the parser are the reader's (a second thread is refused)."""
 
     cdef Plan plan
     cdef Reader* reader
@@ -83,7 +84,7 @@ cdef class JsonReader:
     cdef bint busy
 
     def __cinit__(self, list paths, id_path, dict categories, list feature_names,
-                  size_t max_rows, size_t max_bytes, size_t max_depth=64):
+                  size_t max_rows, size_t max_bytes, size_t max_depth=64, hashed=()):
         cdef vector[string] keys
         cdef int j
         self.reader = new Reader(max_depth)
@@ -100,6 +101,10 @@ cdef class JsonReader:
                 self.plan.categorical[j] = 1
                 for code in range(len(cats) - 1, -1, -1):  # the first of equal strings wins
                     self.plan.categories[j][str(cats[code]).encode()] = <float>code
+            elif feature_names[j] in hashed:
+                # CatBoost's hashed categories: a string is read (as missing, NaN: no
+                # category is named) and hashed by the caller (formats/json.py)
+                self.plan.categorical[j] = 1
         if id_path is not None:
             self._add(id_path, -2)
 

@@ -174,13 +174,85 @@ def test_a_catboost_categorical_model_through_the_worker_decoder(trained):
         np.testing.assert_array_equal(got, raw)
 
 
-def test_json_and_avro_formats_refuse_hashed_categories_by_name(trained):
+def _json_events(df: pd.DataFrame, merchant_path=("merchant",)):
+    """``df``'s rows as JSON events, each categorical value in one of the forms a producer
+    writes (a string; an integer, an integer's string, a whole float, a boolean; null, absent,
+    a fraction), and what CatBoost is given for each (the unseen value for the last three)."""
+    events, ref = [], df.copy()
+    for i, row in enumerate(df.itertuples()):
+        e = {"id": f"t{i}", "amount": None if np.isnan(row.amount) else float(row.amount),
+             "hour": None if np.isnan(row.hour) else float(row.hour),
+             "velocity": None if np.isnan(row.velocity) else float(row.velocity)}
+        merchant, mcc = row.merchant, int(row.mcc)
+        form = i % 8
+        if form == 0:
+            e["mcc"] = mcc
+        elif form == 1:
+            e["mcc"] = str(mcc)
+        elif form == 2:
+            e["mcc"] = float(mcc)
+        elif form == 3:
+            e["mcc"] = True
+            ref.loc[ref.index[i], "mcc"] = 1
+        elif form == 4:
+            e["mcc"], merchant = None, None
+        elif form == 5:
+            e["mcc"] = mcc + 0.5
+        elif form == 6:
+            e["mcc"], merchant = mcc, "absent"
+        else:
+            e["mcc"] = mcc
+        if form in (4, 5):
+            ref.loc[ref.index[i], "mcc"] = 123456789  # unseen: the false side
+        if merchant in (None, "absent"):
+            ref.loc[ref.index[i], "merchant"] = "never-seen"
+        if merchant != "absent":
+            where = e
+            for key in merchant_path[:-1]:
+                where = where.setdefault(key, {})
+            where[merchant_path[-1]] = merchant
+        events.append(e)
+    return events, ref
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "source-fields"])
+def test_json_events_score_as_catboost(trained, nested):
+    """JSON events as the worker reads them (JsonFormat, one event a message or an array of
+    them, several messages gathered): every form of a categorical value hashed as CatBoost
+    hashes it, against CatBoost's RawFormulaVal; the rows go to the kernels as an Arrow batch
+    of strings (also what a shadow model reads: rows_by_name)."""
     from worker.formats.json import JsonFormat
+
+    _, models = trained
+    model = models["logloss-d6"]
+    compiled = worker.compile_model(model)
+    df = _frame(240, seed=11, unseen=True)
+    path = ("card", "merchant") if nested else ("merchant",)
+    events, ref = _json_events(df, path)
+    fmt = JsonFormat(compiled, "id", None, 1 << 26,
+                     {"merchant": "card.merchant"} if nested else None)
+    values = [json.dumps(e).encode() for e in events[:40]]
+    values += [json.dumps(events[k:k + 50]).encode() for k in range(40, 240, 50)]
+    msgs = [fmt.decode(v) for v in values]
+    g = fmt.gather(msgs)
+    want = np.asarray(model.predict(ref, prediction_type="RawFormulaVal"),
+                      dtype=np.float64).reshape(-1, 1)
+    np.testing.assert_array_equal(compiled.raw(g.X), want)
+    np.testing.assert_array_equal(compiled.score_batch(g.X).score,
+                                  model.predict_proba(ref)[:, 1])
+    np.testing.assert_array_equal(compiled.raw(fmt.rows_by_name(g, compiled.feature_names)),
+                                  want)
+    assert g.ids.tolist() == [f"t{i}" for i in range(240)] if g.ids is not None else \
+        [v for own in g.own_ids for v in own.to_pylist()] == [f"t{i}" for i in range(240)]
+
+
+def test_avro_format_refuses_hashed_categories_by_name(trained):
+    from worker.formats.avro import AvroFormat
 
     _, models = trained
     compiled = worker.compile_model(models["logloss-d6"])
     with pytest.raises(ValueError, match="CatBoost's, read through their hashes from Arrow"):
-        JsonFormat(compiled, None, None, 1 << 20)
+        AvroFormat(compiled, None, None, 1 << 20)
 
 
 def test_ctr_splits_are_refused_by_name():
@@ -285,3 +357,81 @@ def test_a_crafted_json_export_is_refused_before_it_costs_much(trained, craft, m
         worker.compile_model(path)
     assert time.monotonic() - t0 < 60
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 1_500_000  # KB
+
+
+def test_a_shadow_with_other_categories_reads_its_own_codes(trained):
+    """Live and shadow CatBoost models whose splits name different categories (the shadow
+    trained without some merchants): from JSON events the shadow scores the strings with its
+    own hashes, not the live model's codes. A JSON stream whose rows keep only the live
+    model's codes (string categories of another library) counts the shadow's batch as an
+    error instead of scoring it wrongly."""
+    from worker.config import load_settings
+    from worker.io.records import Record
+    from worker.pipeline import Pipeline
+
+    df, models = trained
+    live_model = models["logloss-d6"]
+    sub = df[~df.merchant.isin(["grocer", "m-002"])]
+    other = catboost.CatBoostClassifier(
+        iterations=40, depth=5, verbose=0, random_seed=1, thread_count=1,
+        allow_writing_files=False, one_hot_max_size=255,
+        cat_features=["merchant", "mcc"]).fit(sub, _label(sub, 0))
+    live, shadow = worker.compile_model(live_model), worker.compile_model(other)
+    assert live.category_hashes["merchant"] != shadow.category_hashes["merchant"]
+    settings = load_settings(
+        None, scoring={"id_column": "id", "threads": 1}, model={"path": "unused"},
+        source={"type": "file", "path": "x.arrows", "format": "json"},
+        sink={"type": "file", "path": "o.arrows", "format": "json"})
+    events, ref = _json_events(_frame(64, seed=13, unseen=True))
+    values = [json.dumps(e).encode() for e in events[:8]] + [json.dumps(events[8:]).encode()]
+    recs = [Record("in", 0, k, None, v, 0, []) for k, v in enumerate(values)]
+    pipe = Pipeline(live, settings, "scores")
+    pipe.set_shadow(shadow, "shadow")
+    outputs, dead, stats = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead and stats.shadow_errors == 0
+
+    def scores(records):
+        rows = []
+        for r in records:
+            doc = json.loads(r.value)
+            rows += [doc] if isinstance(doc, dict) else doc
+        return [row["score"] for row in rows]
+
+    np.testing.assert_allclose(scores(o for o in outputs if o.topic == "scores"),
+                               live_model.predict_proba(ref)[:, 1], rtol=1e-15, atol=0)
+    np.testing.assert_allclose(scores(o for o in outputs if o.topic == "shadow"),
+                               other.predict_proba(ref)[:, 1], rtol=1e-15, atol=0)
+
+
+def test_a_shadow_whose_categories_the_rows_lost_counts_an_error_not_a_wrong_score():
+    import lightgbm as lgb
+
+    from worker.config import load_settings
+    from worker.io.records import Record
+    from worker.pipeline import Pipeline
+
+    rng = np.random.default_rng(0)
+    cats = ["a", "b", "c", "d"]
+
+    def fit(keep):
+        n = 800
+        x = rng.normal(size=n)
+        c = rng.choice(keep, n)
+        y = ((c == keep[0]) ^ (x > 0)).astype(int)
+        frame = pd.DataFrame({"x": x, "c": pd.Categorical(c, categories=keep)})
+        return lgb.LGBMClassifier(n_estimators=5, num_leaves=4, min_child_samples=5,
+                                  verbose=-1).fit(frame, y)
+
+    live, shadow = worker.compile_model(fit(cats)), worker.compile_model(fit(cats[::-1]))
+    assert live.categories["c"] != shadow.categories["c"]
+    settings = load_settings(
+        None, scoring={"id_column": "id", "threads": 1}, model={"path": "unused"},
+        source={"type": "file", "path": "x.arrows", "format": "json"},
+        sink={"type": "file", "path": "o.arrows", "format": "json"})
+    recs = [Record("in", 0, k, None, json.dumps({"id": k, "x": 0.5, "c": "b"}).encode(), 0, [])
+            for k in range(3)]
+    pipe = Pipeline(live, settings, "scores")
+    pipe.set_shadow(shadow, "shadow")
+    outputs, dead, stats = pipe.process([(r, pipe.decode(r)) for r in recs])
+    assert not dead and stats.shadow_errors == 1
+    assert [o.topic for o in outputs] == ["scores"] * 3

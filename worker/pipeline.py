@@ -119,6 +119,9 @@ class Shadow:
     output: OutputFormat
     headers: list
     same_features: bool  # the live model's gathered rows serve it as they are
+    # features whose categories (or CatBoost hashes) differ from the live model's: their
+    # codes in the live rows are not the shadow's, only their strings serve it
+    own_categories: list = field(default_factory=list)
 
 
 @dataclass
@@ -179,10 +182,14 @@ class Pipeline:
             raise ValueError("the shadow model reads features the live model does not: "
                              + ", ".join(missing[:10]))
         output = output_format(self.sink_format, model, self.id_column)
+        own = [f for f in model.feature_names
+               if (model.categories or {}).get(f) != (self.model.categories or {}).get(f)
+               or model.category_hashes.get(f) != self.model.category_hashes.get(f)]
         self.shadow = Shadow(model, topic, output,
                              [("content-type", output.content_type.encode()),
                               ("model_id", model.model_id.encode()), ("role", b"shadow")],
-                             list(model.feature_names) == list(self.model.feature_names))
+                             list(model.feature_names) == list(self.model.feature_names)
+                             and not own, own)
 
     def with_model(self, model: CompiledModel, settings: Settings) -> Pipeline:
         """The same pipeline around another model (a hot swap): what it learned of the
@@ -303,6 +310,11 @@ class Pipeline:
         try:
             t0 = time.perf_counter()
             params = {k: v for k, v in self.lazy_params.items() if k != "audit_fraction"}
+            if sh.own_categories and g.table is None:
+                # rows read as the live model's codes (no strings kept): wrong for the shadow
+                raise ValueError("the shadow model's categories of "
+                                 f"{', '.join(sh.own_categories[:5])} differ from the live "
+                                 "model's, and these rows keep only the live model's codes")
             X = g.X if sh.same_features else \
                 self.format.rows_by_name(g, sh.model.feature_names)
             rs = sh.model.score_batch(X, lazy=self.scoring.lazy.mode,

@@ -2,7 +2,9 @@
 
 In: ``worker._eventread`` (cyext/json_rows.h, simdjson's DOM parser) reads a message straight
 into row-major float32 rows, each feature at its key path (its name, or ``source.fields``),
-and the ids; no Python object is made per field. A group's rows are concatenated once. Ids:
+and the ids; no Python object is made per field (but for CatBoost's hashed categorical
+features, read again from the message by Python's json: ``JsonFormat.hashed``). A group's
+rows are concatenated once. Ids:
 integers (every row's) are one int64 array, the C writer's; strings, or ids missing from some
 rows, are each message's own Arrow array. Out (``JsonOutput``): an object for an object in, an
 array for an array (or for any Arrow message), keyed like the Arrow output's columns.
@@ -23,10 +25,11 @@ _EMPTY_I64 = np.zeros(0, np.int64)
 
 
 class _Event:
-    __slots__ = ("X", "ids", "single")
+    __slots__ = ("X", "ids", "single", "hashed")
 
-    def __init__(self, X: np.ndarray, ids, single: bool):
+    def __init__(self, X: np.ndarray, ids, single: bool, hashed=None):
         self.X, self.ids, self.single = X, ids, single
+        self.hashed = hashed  # each hashed feature's values as CatBoost hashes them, or None
 
 
 class JsonFormat:
@@ -39,11 +42,7 @@ class JsonFormat:
         fields = dict(fields or {})
         self.feature_names = list(model.feature_names)
         self.id_column = id_column
-        hashed = sorted(getattr(model, "category_hashes", None) or {})
-        if hashed:
-            raise ValueError(f"source.format json: the model's categorical features "
-                             f"({', '.join(hashed[:5])}) are CatBoost's, read through their "
-                             "hashes from Arrow messages (source.format arrow)")
+        hashed = set(getattr(model, "category_hashes", None) or {})
         unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
         if unknown:
             raise ValueError("source.fields names no feature or id column: "
@@ -54,7 +53,13 @@ class JsonFormat:
             if id_column else None
         self.reader = _eventread.JsonReader(paths, id_path, dict(model.categories or {}),
                                            self.feature_names, int(max_rows or 0),
-                                           int(max_bytes), MAX_DEPTH)
+                                           int(max_bytes), MAX_DEPTH, hashed)
+        # CatBoost's categorical features (model/cathash.py): the C reader reads their
+        # strings as missing; each message is then read again by Python's json for their
+        # values, and a group's rows go to the kernels as an Arrow batch whose categorical
+        # columns are strings, hashed once a distinct value (CompiledModel.columns)
+        self.hashed = [(j, paths[j]) for j, f in enumerate(self.feature_names) if f in hashed]
+        self._columns = model.columns if self.hashed else None
 
     def decode(self, value: bytes | None) -> Message:
         if value is None:
@@ -64,30 +69,74 @@ class JsonFormat:
             raise InvalidMessage(*got)
         X, kinds, ints, offsets, strings, single = got
         n = len(X)
+        hashed = self._hashed_values(value, single) if self.hashed else None
         if kinds is None:  # no id column: each row's index
-            return Message(n, X.nbytes, ("json", None), _Event(X, None, single))
+            return Message(n, X.nbytes, ("json", None), _Event(X, None, single, hashed))
         if (kinds == 1).all():
-            return Message(n, X.nbytes + ints.nbytes, ("json", "int"), _Event(X, ints, single))
+            return Message(n, X.nbytes + ints.nbytes, ("json", "int"),
+                           _Event(X, ints, single, hashed))
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
-        return Message(n, X.nbytes + ids.nbytes, ("json", "own"), _Event(X, ids, single))
+        return Message(n, X.nbytes + ids.nbytes, ("json", "own"),
+                       _Event(X, ids, single, hashed))
+
+    def _hashed_values(self, value: bytes, single: bool) -> list[list]:
+        """Each hashed feature's value in each event of a message the C reader accepted
+        (valid UTF-8 JSON, at most MAX_DEPTH deep, every feature a number, string, boolean or
+        null, no key it reads given twice): the text CatBoost hashes (``_category_text``)."""
+        doc = json.loads(value)
+        events = [doc] if single else doc
+        out = []
+        for _j, path in self.hashed:
+            col = []
+            for v in events:
+                for key in path:
+                    v = v.get(key) if isinstance(v, dict) else None
+                col.append(_category_text(v))
+            out.append(col)
+        return out
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)
         events = [m.data for m in messages]
         X = events[0].X if len(events) == 1 else np.concatenate([e.X for e in events])
         singles = [e.single for e in events]
+        table = None
+        if self.hashed:  # an Arrow batch: the categorical values as strings
+            cols = [pa.array(X[:, j]) for j in range(X.shape[1])]
+            for k, (j, _path) in enumerate(self.hashed):
+                cols[j] = pa.array([v for e in events for v in e.hashed[k]],
+                                   type=pa.string()).dictionary_encode()
+            table = pa.RecordBatch.from_arrays(cols, names=self.feature_names)
+            X = self._columns(table)
         kind = messages[0].group[1]
         if kind is None:
-            return Gathered(X, offsets, row_index(offsets), None, singles=singles)
+            return Gathered(X, offsets, row_index(offsets), None, table, singles)
         if kind == "int":
             ids = events[0].ids if len(events) == 1 else np.concatenate([e.ids for e in events])
-            return Gathered(X, offsets, ids, None, singles=singles)
-        return Gathered(X, offsets, None, [e.ids for e in events], singles=singles)
+            return Gathered(X, offsets, ids, None, table, singles)
+        return Gathered(X, offsets, None, [e.ids for e in events], table, singles)
 
     def rows_by_name(self, gathered: Gathered, names: list[str]):
+        if gathered.table is not None:
+            return gathered.table
         X = gathered.X
         return pa.RecordBatch.from_arrays([pa.array(X[:, j]) for j in range(X.shape[1])],
                                           names=self.feature_names)
+
+
+def _category_text(v) -> str | None:
+    """A JSON value as CatBoost hashes a categorical value (model/cathash.py): a string as it
+    is, a boolean as 1 or 0, an integer (or a whole float) as its decimal digits; null, an
+    absent field and a fraction have no category (None: missing)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float) and math.isfinite(v) and v == math.floor(v):
+        return str(int(v))
+    return None
 
 
 def _arrow_ids(kinds, ints, offsets, strings, column) -> pa.Array:
