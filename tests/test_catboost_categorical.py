@@ -246,13 +246,75 @@ def test_json_events_score_as_catboost(trained, nested):
         [v for own in g.own_ids for v in own.to_pylist()] == [f"t{i}" for i in range(240)]
 
 
-def test_avro_format_refuses_hashed_categories_by_name(trained):
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "source-fields"])
+def test_avro_records_score_as_catboost(trained, nested, tmp_path):
+    """Avro records as the worker reads them (AvroFormat, Confluent's wire format): a string,
+    an enum symbol, an integer, an integer's string, a whole double, a boolean hashed as
+    CatBoost hashes them; null and a fraction unseen; against CatBoost's RawFormulaVal."""
+    import struct
+
+    fastavro = pytest.importorskip("fastavro")
     from worker.formats.avro import AvroFormat
 
     _, models = trained
-    compiled = worker.compile_model(models["logloss-d6"])
-    with pytest.raises(ValueError, match="CatBoost's, read through their hashes from Arrow"):
-        AvroFormat(compiled, None, None, 1 << 20)
+    model = models["logloss-d6"]
+    compiled = worker.compile_model(model)
+    df = _frame(120, seed=17, unseen=True)
+    path = ("card", "merchant") if nested else ("merchant",)
+    events, ref = _json_events(df, path)
+    num = ["null", "double"]
+    merchant = {"name": "merchant", "type": ["null", "string"]}
+    schema = {"type": "record", "name": "Txn", "fields": [
+        {"name": "id", "type": "string"}, {"name": "amount", "type": num},
+        {"name": "hour", "type": num}, {"name": "velocity", "type": num},
+        {"name": "mcc", "type": ["null", "boolean", "long", "string", "double"]},
+        *([{"name": "card", "type": {"type": "record", "name": "Card",
+                                     "fields": [merchant]}}] if nested else [merchant])]}
+    enum_schema = json.loads(json.dumps(schema))
+    symbols = ["grocer", "casino", "m_001", "m_002"]  # enum symbols are names: seen, unseen
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "1.avsc").write_text(json.dumps(schema))
+    fmt = AvroFormat(compiled, "id", None, 1 << 20,
+                     {"merchant": "card.merchant"} if nested else None,
+                     schemas_dir=str(tmp_path / "schemas"))
+    parsed = fastavro.parse_schema(schema)
+    values = []
+    for e in events:
+        if nested:
+            e.setdefault("card", {}).setdefault("merchant", None)
+        else:
+            e.setdefault("merchant", None)
+        e.setdefault("mcc", None)
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, e)
+        values.append(b"\0" + struct.pack(">I", 1) + buf.getvalue())
+    g = fmt.gather([fmt.decode(v) for v in values])
+    want = np.asarray(model.predict(ref, prediction_type="RawFormulaVal"),
+                      dtype=np.float64).reshape(-1, 1)
+    np.testing.assert_array_equal(compiled.raw(g.X), want)
+    np.testing.assert_array_equal(compiled.raw(fmt.rows_by_name(g, compiled.feature_names)),
+                                  want)
+    # an enum of merchant names: its symbol is the value CatBoost hashes
+    field = enum_schema["fields"][-1]
+    target = field["type"]["fields"][0] if nested else field
+    target["type"] = ["null", {"type": "enum", "name": "Merchant", "symbols": symbols}]
+    (tmp_path / "schemas" / "2.avsc").write_text(json.dumps(enum_schema))
+    parsed2 = fastavro.parse_schema(enum_schema)
+    enum_df = df.copy()
+    enum_df["merchant"] = [symbols[i % len(symbols)] for i in range(len(df))]
+    events2, ref2 = _json_events(enum_df, path)
+    values2 = []
+    for e in events2:
+        holder = e.setdefault("card", {}) if nested else e
+        holder.setdefault("merchant", None)
+        e.setdefault("mcc", None)
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed2, e)
+        values2.append(b"\0" + struct.pack(">I", 2) + buf.getvalue())
+    g2 = fmt.gather([fmt.decode(v) for v in values2])
+    np.testing.assert_array_equal(
+        compiled.raw(g2.X), np.asarray(model.predict(ref2, prediction_type="RawFormulaVal"),
+                                       dtype=np.float64).reshape(-1, 1))
 
 
 def test_ctr_splits_are_refused_by_name():

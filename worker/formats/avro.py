@@ -7,9 +7,10 @@ validation, names and namespaces) and compiled once into a reader plan: the reco
 resolved by name against the model's features (or ``source.fields``' dotted paths through
 nested records), so a producer may add, drop or reorder fields. The plan runs in C++
 (``worker._eventread.AvroReader``, cyext/avro_rows.h): one float32 row a message, no Python
-object per field. A schema that cannot be read (recursive, nested deeper than 32, a feature
-of a type that is not a number) is remembered as the reason each of its messages is
-dead-lettered.
+object per field (but for CatBoost's hashed categorical features, read again from the
+message by fastavro: ``AvroFormat.hashed``). A schema that cannot be read (recursive, nested
+deeper than 32, a feature of a type that is not a number) is remembered as the reason each of
+its messages is dead-lettered.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
-from .json import _arrow_ids
+from .json import _arrow_ids, _category_text, _hashed_batch
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6,
          "string": 7, "fixed": 8, "enum": 9, "array": 10, "map": 11, "union": 12,
@@ -43,8 +44,9 @@ class SchemaError(ValueError):
 class _Plan:
     """A writer schema compiled against the features: the AvroReader's arguments."""
 
-    def __init__(self, schema, paths: dict[tuple, int], categories: dict[int, list]):
-        self.paths, self.categories = paths, categories
+    def __init__(self, schema, paths: dict[tuple, int], categories: dict[int, list],
+                 hashed: frozenset = frozenset()):
+        self.paths, self.categories, self.hashed = paths, categories, hashed
         self.nodes: list[list[int]] = []
         self.children: list[int] = []
         self.enum_codes: list[float] = []
@@ -123,7 +125,7 @@ class _Plan:
             self._check(kind, slot, path)
             self.nodes[i][1] = slot
             if kind in ("string", "bytes") and slot >= 0:
-                cats = self.categories[slot]
+                cats = self.categories.get(slot, [])  # hashed: none (NaN, read in Python)
                 self.nodes[i][3] = len(self.tables)
                 self.tables.append({str(c): float(k) for k, c in
                                     reversed(list(enumerate(cats)))})
@@ -150,7 +152,7 @@ class _Plan:
             return
         if kind in NUMERIC:
             return
-        if kind in ("string", "enum") and self.categories.get(slot):
+        if kind in ("string", "enum") and (self.categories.get(slot) or slot in self.hashed):
             return
         raise SchemaError("bad_type", f"{where} is an Avro {kind}; the feature is a number")
 
@@ -162,11 +164,7 @@ class AvroFormat:
                  fields: dict[str, str] | None = None, schemas_dir: str | None = None):
         self.feature_names = list(model.feature_names)
         fields = dict(fields or {})
-        hashed = sorted(getattr(model, "category_hashes", None) or {})
-        if hashed:
-            raise ValueError(f"source.format avro: the model's categorical features "
-                             f"({', '.join(hashed[:5])}) are CatBoost's, read through their "
-                             "hashes from Arrow messages (source.format arrow)")
+        hashed = set(getattr(model, "category_hashes", None) or {})
         unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
         if unknown:
             raise ValueError("source.fields names no feature or id column: "
@@ -180,9 +178,17 @@ class AvroFormat:
         cats = model.categories or {}
         self.categories = {j: list(cats[f]) for j, f in enumerate(self.feature_names)
                            if cats.get(f)}
+        # CatBoost's categorical features (model/cathash.py): the C reader reads their
+        # strings and enums as missing; fastavro reads each message again for their values,
+        # and a group's rows go to the kernels as an Arrow batch whose categorical columns
+        # are strings, hashed once a distinct value (CompiledModel.columns)
+        self.hashed = [(j, next(p for p, k in self.paths.items() if k == j))
+                       for j, f in enumerate(self.feature_names) if f in hashed]
+        self._columns = model.columns if self.hashed else None
         self.max_bytes = int(max_bytes)
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
         self._readers: dict[int, object] = {}  # id -> AvroReader, or SchemaError
+        self._parsed: dict[int, object] = {}  # id -> fastavro's schema (hashed features)
         self._unknown: dict[int, float] = {}  # id -> when it was last looked for
 
     # ---- schemas ------------------------------------------------------------------------
@@ -205,6 +211,7 @@ class AvroFormat:
         if len(self._readers) + len(self._unknown) >= MAX_IDS:  # ids made up by a producer
             self._readers.clear()
             self._unknown.clear()
+            self._parsed.clear()
         seen = self._unknown.get(schema_id)
         if seen is not None and time.monotonic() - seen < UNKNOWN_RETRY_S:
             raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
@@ -228,9 +235,12 @@ class AvroFormat:
 
         try:
             parsed = fastavro.parse_schema(json.loads(text))
-            plan = _Plan(parsed, self.paths, self.categories)
+            plan = _Plan(parsed, self.paths, self.categories,
+                         frozenset(j for j, _p in self.hashed))
             if plan.nodes[0][0] != KINDS["record"]:
                 raise SchemaError("bad_schema", "the schema is not a record")
+            if self.hashed:
+                self._parsed[schema_id] = parsed
             return _eventread.AvroReader(plan.nodes, plan.children, plan.enum_codes,
                                          plan.tables, len(self.feature_names), self.max_bytes)
         except SchemaError as exc:
@@ -248,40 +258,73 @@ class AvroFormat:
         if len(value) < 5 or value[0] != 0:
             raise InvalidMessage("bad_magic", "not Confluent's wire format (a magic byte 0 "
                                  "and a 4-byte schema id first)")
-        reader = self._reader(int.from_bytes(value[1:5], "big"))
+        schema_id = int.from_bytes(value[1:5], "big")
+        reader = self._reader(schema_id)
         if isinstance(reader, SchemaError):
             raise InvalidMessage(reader.code, str(reader))
         got = reader.read(memoryview(value)[5:])
         if len(got) == 2:
             raise InvalidMessage(*got)
         X, kinds, ints, offsets, strings, _single = got
+        # the row and its id (and its hashed features' values: _hashed_values)
+        more = (self._hashed_values(schema_id, value),) if self.hashed else ()
         if kinds is None:
             if self.id_column:  # this schema has no id field: the id is null
                 import pyarrow as pa
 
-                return Message(1, X.nbytes + 8, ("avro", "own"), (X, pa.nulls(1, pa.int64())))
-            return Message(1, X.nbytes, ("avro", None), (X, None))
+                return Message(1, X.nbytes + 8, ("avro", "own"),
+                               (X, pa.nulls(1, pa.int64()), *more))
+            return Message(1, X.nbytes, ("avro", None), (X, None, *more))
         if kinds[0] == 1:
-            return Message(1, X.nbytes + 8, ("avro", "int"), (X, ints))
+            return Message(1, X.nbytes + 8, ("avro", "int"), (X, ints, *more))
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
-        return Message(1, X.nbytes + ids.nbytes, ("avro", "own"), (X, ids))
+        return Message(1, X.nbytes + ids.nbytes, ("avro", "own"), (X, ids, *more))
+
+    def _hashed_values(self, schema_id: int, value: bytes) -> list:
+        """The hashed features' values of a record the C reader accepted, read again by
+        fastavro, as CatBoost hashes them (formats/json.py ``_category_text``: an enum is its
+        symbol)."""
+        import io
+
+        import fastavro
+
+        try:
+            rec = fastavro.schemaless_reader(io.BytesIO(value[5:]), self._parsed[schema_id],
+                                             None)
+        except Exception as exc:  # noqa: BLE001 (what the C reader let through, refused)
+            raise InvalidMessage("bad_avro", f"{type(exc).__name__}: {str(exc)[:200]}") \
+                from None
+        out = []
+        for _j, path in self.hashed:
+            v = rec
+            for key in path:
+                v = v.get(key) if isinstance(v, dict) else None
+            out.append(_category_text(v))
+        return out
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)
         X = messages[0].data[0] if len(messages) == 1 else \
             np.concatenate([m.data[0] for m in messages])
+        table = None
+        if self.hashed:  # an Arrow batch: the categorical values as strings
+            table = _hashed_batch(X, [[m.data[2]] for m in messages], self.hashed,
+                                  self.feature_names)
+            X = self._columns(table)
         singles = [True] * len(messages)
         kind = messages[0].group[1]
         if kind is None:
-            return Gathered(X, offsets, row_index(offsets), None, singles=singles)
+            return Gathered(X, offsets, row_index(offsets), None, table, singles)
         if kind == "int":
             return Gathered(X, offsets, np.concatenate([m.data[1] for m in messages]), None,
-                            singles=singles)
-        return Gathered(X, offsets, None, [m.data[1] for m in messages], singles=singles)
+                            table, singles)
+        return Gathered(X, offsets, None, [m.data[1] for m in messages], table, singles)
 
     def rows_by_name(self, gathered: Gathered, names: list[str]):
         import pyarrow as pa
 
+        if gathered.table is not None:
+            return gathered.table
         X = gathered.X
         return pa.RecordBatch.from_arrays([pa.array(X[:, j]) for j in range(X.shape[1])],
                                           names=self.feature_names)

@@ -102,11 +102,8 @@ class JsonFormat:
         singles = [e.single for e in events]
         table = None
         if self.hashed:  # an Arrow batch: the categorical values as strings
-            cols = [pa.array(X[:, j]) for j in range(X.shape[1])]
-            for k, (j, _path) in enumerate(self.hashed):
-                cols[j] = pa.array([v for e in events for v in e.hashed[k]],
-                                   type=pa.string()).dictionary_encode()
-            table = pa.RecordBatch.from_arrays(cols, names=self.feature_names)
+            table = _hashed_batch(X, [list(zip(*e.hashed, strict=True)) for e in events],
+                                  self.hashed, self.feature_names)
             X = self._columns(table)
         kind = messages[0].group[1]
         if kind is None:
@@ -122,6 +119,17 @@ class JsonFormat:
         X = gathered.X
         return pa.RecordBatch.from_arrays([pa.array(X[:, j]) for j in range(X.shape[1])],
                                           names=self.feature_names)
+
+
+def _hashed_batch(X: np.ndarray, values: list, hashed: list, names: list[str]):
+    """The rows ``X`` as an Arrow batch whose hashed features (``hashed``: (column, path))
+    are dictionary strings: ``values`` per message, per row, one text (or None) a hashed
+    feature in ``hashed``'s order."""
+    cols = [pa.array(X[:, j]) for j in range(X.shape[1])]
+    for k, (j, _path) in enumerate(hashed):
+        cols[j] = pa.array([row[k] for rows in values for row in rows],
+                           type=pa.string()).dictionary_encode()
+    return pa.RecordBatch.from_arrays(cols, names=names)
 
 
 def _category_text(v) -> str | None:
