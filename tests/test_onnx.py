@@ -362,6 +362,29 @@ def test_min_and_max_with_base_values_and_double_attributes_match_onnx_runtime(a
         assert len(np.unique(ref)) >= 3
 
 
+@pytest.mark.parametrize("agg,weights,base", [
+    ("MIN", (-0.0, 0.0), -0.0), ("MIN", (1.0, -0.0), -0.0), ("MAX", (-0.0, -1.0), -0.0),
+    ("MAX", (np.inf, 1.0), 0.0), ("MIN", (-np.inf, 1.0), 0.5), ("MIN", (1.0, 2.0), np.inf),
+], ids=["min-zeros", "min-neg-zero", "max-neg-zero", "max-inf", "min-minus-inf", "base-inf"])
+def test_min_and_max_keep_a_leafs_sign_and_infinities_as_onnx_runtime(agg, weights, base):
+    """A -0.0 leaf is kept as it is (the smallest of 0.0 and -0.0 is the first met, as ONNX
+    Runtime's one thread keeps it), and infinite scores compile (compile's check reads equal
+    infinities as equal): bit for bit against ONNX Runtime."""
+    from worker.model import onnx_loader
+
+    m = _node_model(("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"), (0, 0, 0), [0.5, -1.25, 1e-3],
+                    aggregate=agg, base=[base])
+    a = {x.name: x for x in m.graph.node[0].attribute}
+    # tree 0's leaves 2, 3, 4 and tree 1's leaves 1, 2: the two values, alternated
+    a["target_weights"].floats[:] = [weights[0], weights[1], weights[0], weights[1],
+                                     weights[0]]
+    compiled = worker.compile_model(m)
+    X = _hostile_2([0.5, -1.25, 1e-3])
+    ours = compiled.predict(X, n_threads=1).astype(np.float32)
+    ref = onnx_loader.reference(m, X).reshape(-1).astype(np.float32)
+    np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
+
+
 @pytest.mark.parametrize("change,message", [
     ("none", "leaf 2 has 0 weights"),
     ("two", "leaf 2 has 2 weights"),

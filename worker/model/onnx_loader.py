@@ -619,7 +619,8 @@ def _to_ir(model, node) -> Ensemble:
               "values": min(MAX_LEAF_VALUES, max(2 * n * G, 1 << 23))}
     for t in order:
         tree, group = _tree(t, by_tree[t], node_ids, modes, features, values, tracks, true_ids,
-                            false_ids, weights, G, col, members, budget)
+                            false_ids, weights, G, col, members, budget,
+                            agg in ("MIN", "MAX"))
         trees.append(tree)
         groups.append(group)
 
@@ -717,8 +718,10 @@ def _check_min_max(agg: str, modes, tree_ids, node_ids, weights: dict) -> None:
 
 
 def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_ids, weights,
-          G: int, col, members: dict, budget: dict):
-    """One ONNX tree (its attribute rows) as an ir.Tree, nodes renumbered from the root."""
+          G: int, col, members: dict, budget: dict, one_weight: bool = False):
+    """One ONNX tree (its attribute rows) as an ir.Tree, nodes renumbered from the root. With
+    ``one_weight`` (MIN, MAX: each leaf one weight, _check_min_max) a leaf is its weight as
+    it is, a -0.0 kept (ONNX Runtime keeps it); otherwise the weights are added from 0.0."""
     where = f"tree {t}"
     pos = {}
     for k in rows:
@@ -784,7 +787,10 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
         mode = modes[k]
         if mode == "LEAF":
             for out, w in weights.get((t, nid), []):
-                value[i][col(out)] += w
+                if one_weight:
+                    value[i][col(out)] = w
+                else:
+                    value[i][col(out)] += w
                 groups.add(out)
             continue
         if mode not in MODES:
