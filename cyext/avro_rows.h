@@ -7,7 +7,8 @@
 // the id reads carries its slot; everything else is skipped. Values: int/long are cast to
 // float32 from their int64, float as is, double as Arrow casts it (a finite double float32
 // cannot hold is bad_number), boolean 1/0, null missing; strings and enum symbols of a
-// feature with categories are the category's position (NaN: unseen). Every length, count
+// feature with categories are the category's position (NaN: unseen); a CatBoost hashed
+// feature's value is kept as the text CatBoost hashes (Out.cat_*). Every length, count
 // and varint is bounded by the bytes left before it is used; a block of items that take no
 // bytes is bounded by a fixed count, so no count in a message makes the reader loop long.
 // The plan holds no field that takes no bytes (they are dropped when it is compiled), so
@@ -46,7 +47,11 @@ struct Plan {
     std::vector<Node> nodes;          // nodes[0]: the record
     std::vector<int32_t> children;
     std::vector<float> enum_codes;    // an enum's symbol -> its category code (or NaN)
+    std::vector<std::string> symbols; // the same symbols' names (hashed features' texts)
     std::vector<std::unordered_map<std::string, float>> tables;  // a string's categories
+    // feature slot -> 1: CatBoost's hashed categories, the value's text goes to Out.cat_*
+    // (swjson::append_cat; the row keeps NaN) and the caller hashes it (formats/avro.py)
+    std::vector<uint8_t> hashed;
     int n_features = 0;
     size_t max_bytes = 0;
 };
@@ -143,8 +148,82 @@ private:
         return 0;
     }
 
+    // a hashed categorical feature's value (Plan.hashed): its text into out, as
+    // swjson::append_cat says (a string, an enum's symbol, an integer's digits, a whole
+    // float's, a boolean's 1 or 0; any other number is missing); read as value() reads it
+    int hashed(const Plan& plan, const Node& n, swjson::Out& out) {
+        char buf[32];
+        const char* s = buf;
+        size_t len = 0;
+        switch (n.kind) {
+        case BOOLEAN: {
+            if (p_ >= end_) return truncated(out);
+            uint8_t b = *p_++;
+            if (b > 1) return fail(out, "bad_avro", "a boolean that is not 0 or 1");
+            buf[0] = b ? '1' : '0';
+            len = 1;
+            break;
+        }
+        case INT:
+        case LONG: {
+            int64_t v;
+            if (!varint(v)) return truncated(out);
+            if (n.kind == INT && (v < INT32_MIN || v > INT32_MAX))
+                return fail(out, "bad_avro", "an int outside 32 bits");
+            len = swjson::int_text(buf, sizeof buf, (long long)v);
+            break;
+        }
+        case FLOAT: {
+            if (end_ - p_ < 4) return truncated(out);
+            float x;
+            std::memcpy(&x, p_, 4);
+            p_ += 4;
+            len = swjson::whole_text(buf, sizeof buf, (double)x);
+            if (len == 0) return 0;
+            break;
+        }
+        case DOUBLE: {
+            if (end_ - p_ < 8) return truncated(out);
+            double d;
+            std::memcpy(&d, p_, 8);
+            p_ += 8;
+            len = swjson::whole_text(buf, sizeof buf, d);
+            if (len == 0) return 0;
+            break;
+        }
+        case STRING: {
+            int64_t l;
+            if (!length(l)) return truncated(out);
+            s = (const char*)p_;
+            p_ += l;
+            if (!simdjson::validate_utf8(s, (size_t)l))
+                return fail(out, "bad_avro", "a string that is not UTF-8");
+            len = (size_t)l;
+            break;
+        }
+        case ENUM: {
+            int64_t k;
+            if (!varint(k)) return truncated(out);
+            if (k < 0 || k >= n.b) return fail(out, "bad_avro", "an enum index out of range");
+            const std::string& sym = plan.symbols[(size_t)(n.a + k)];
+            s = sym.data();
+            len = sym.size();
+            break;
+        }
+        default:  // the plan gives a hashed feature no other kind (formats/avro.py _check)
+            return fail(out, "bad_avro", "a categorical feature of another type");
+        }
+        size_t used = 4 * (size_t)plan.n_features + 8 + out.id_bytes.size();
+        if (!swjson::append_cat(out, n.slot, s, len, used, plan.max_bytes))
+            return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
+                        " bytes decoded (the message byte limit)");
+        return 0;
+    }
+
     int value(const Plan& plan, int32_t i, swjson::Out& out) {
         const Node& n = plan.nodes[i];
+        if (n.slot >= 0 && plan.hashed[(size_t)n.slot] && n.kind != UNION && n.kind != NUL)
+            return hashed(plan, n, out);
         switch (n.kind) {
         case NUL:
             return 0;

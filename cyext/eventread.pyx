@@ -20,6 +20,7 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
         int n_features
         vector[unordered_map[string, float]] categories
         vector[uint8_t] categorical
+        vector[uint8_t] hashed
         size_t max_rows
         size_t max_bytes
         cbool has_id
@@ -31,6 +32,9 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
         vector[int8_t] id_kind
         vector[int32_t] id_offsets
         string id_bytes
+        vector[int64_t] cat_at
+        vector[int32_t] cat_ends
+        string cat_bytes
         size_t n_rows
         cbool single
         const char* code
@@ -44,9 +48,26 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
 ID_NULL, ID_INT, ID_STR = 0, 1, 2
 
 
-cdef _result(Out& out, bint has_id):
+cdef _cats(Out& out):
+    """The hashed categorical values' (where (int64: row * n_features + slot), ends (int32)
+    of their texts, the texts' bytes)."""
+    cdef size_t k = out.cat_at.size()
+    at = np.empty(k, dtype=np.int64)
+    ends = np.empty(k, dtype=np.int32)
+    cdef int64_t[::1] av = at
+    cdef int32_t[::1] ev = ends
+    if k:
+        memcpy(&av[0], out.cat_at.data(), k * sizeof(int64_t))
+        memcpy(&ev[0], out.cat_ends.data(), k * sizeof(int32_t))
+    return at, ends, bytes(out.cat_bytes)
+
+
+cdef _result(Out& out, bint has_id, bint hashed=False):
     """(rows (n, features) float32, id kinds (n,) int8 or None without an id, integer ids
-    (n,) int64, string id offsets (n + 1,) int32, string id bytes, single)."""
+    (n,) int64, string id offsets (n + 1,) int32, string id bytes, single), and with
+    ``hashed`` the hashed categorical values (``_cats``) last."""
+    if hashed:
+        return _result(out, has_id) + (_cats(out),)
     cdef size_t rows = out.n_rows
     cdef size_t nf = out.rows.size() // rows if rows else 0
     X = np.empty((rows, nf), dtype=np.float32)
@@ -82,6 +103,7 @@ cdef class JsonReader:
     cdef Out out
     cdef readonly int n_features
     cdef bint busy
+    cdef bint any_hashed
 
     def __cinit__(self, list paths, id_path, dict categories, list feature_names,
                   size_t max_rows, size_t max_bytes, size_t max_depth=64, hashed=()):
@@ -94,6 +116,7 @@ cdef class JsonReader:
         self.plan.max_bytes = max_bytes
         self.plan.categories.resize(self.n_features)
         self.plan.categorical.assign(self.n_features, 0)
+        self.plan.hashed.assign(self.n_features, 0)
         for j, path in enumerate(paths):
             self._add(path, j)
             cats = categories.get(feature_names[j])
@@ -102,9 +125,10 @@ cdef class JsonReader:
                 for code in range(len(cats) - 1, -1, -1):  # the first of equal strings wins
                     self.plan.categories[j][str(cats[code]).encode()] = <float>code
             elif feature_names[j] in hashed:
-                # CatBoost's hashed categories: a string is read (as missing, NaN: no
-                # category is named) and hashed by the caller (formats/json.py)
-                self.plan.categorical[j] = 1
+                # CatBoost's hashed categories: each value's text for the caller to hash
+                # (formats/json.py), the row's value NaN
+                self.plan.hashed[j] = 1
+                self.any_hashed = True
         if id_path is not None:
             self._add(id_path, -2)
 
@@ -139,7 +163,7 @@ cdef class JsonReader:
             self.busy = False
         if rc:
             return (self.out.code.decode(), self.out.detail.decode("utf-8", "replace"))
-        return _result(self.out, self.plan.has_id)
+        return _result(self.out, self.plan.has_id, self.any_hashed)
 
 
 cdef extern from "avro_rows.h" namespace "swavro" nogil:
@@ -154,7 +178,9 @@ cdef extern from "avro_rows.h" namespace "swavro" nogil:
         vector[ANode] nodes
         vector[int32_t] children
         vector[float] enum_codes
+        vector[string] symbols
         vector[unordered_map[string, float]] tables
+        vector[uint8_t] hashed
         int n_features
         size_t max_bytes
 
@@ -177,15 +203,28 @@ cdef class AvroReader:
     cdef Out out
     cdef bint has_id
     cdef bint busy
+    cdef bint any_hashed
 
     def __cinit__(self, list nodes, list children, list enum_codes, list tables,
-                  int n_features, size_t max_bytes):
+                  int n_features, size_t max_bytes, list symbols=None, hashed=()):
         cdef ANode node
         cdef Py_ssize_t i, n = len(nodes)
         if n == 0 or n_features < 0:
             raise ValueError("an empty plan, or a negative feature count")
         self.plan.n_features = n_features
         self.plan.max_bytes = max_bytes
+        # hashed slots (CatBoost's categories): their values' texts, enums by symbol
+        self.plan.hashed.assign(max(n_features, 0), 0)
+        for j in hashed:
+            if not (0 <= j < n_features):
+                raise ValueError("a hashed feature outside the features")
+            self.plan.hashed[j] = 1
+            self.any_hashed = True
+        symbols = symbols if symbols is not None else [""] * len(enum_codes)
+        if len(symbols) != len(enum_codes):
+            raise ValueError("enum symbols and codes differ in number")
+        for sym in symbols:
+            self.plan.symbols.push_back(str(sym).encode())
         for c in children:
             if not (0 < c < n):
                 raise ValueError("a child outside the plan")
@@ -241,7 +280,7 @@ cdef class AvroReader:
             self.busy = False
         if rc:
             return (self.out.code.decode(), self.out.detail.decode("utf-8", "replace"))
-        return _result(self.out, self.has_id)
+        return _result(self.out, self.has_id, self.any_hashed)
 
 
 # ---- out: the scores of a group's messages as JSON, one value a message ---------------------

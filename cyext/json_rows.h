@@ -10,7 +10,8 @@
 // uint64 value, any other number from its double; one outside float32's range is
 // bad_number), null or an absent field is missing
 // (NaN), true/false are 1/0, strings of a feature with categories are the category's
-// position (NaN: not a category, the libraries' unseen category). Anything else read for a
+// position (NaN: not a category, the libraries' unseen category); a CatBoost hashed feature's
+// value is kept as the text CatBoost hashes (Out.cat_*). Anything else read for a
 // feature is bad_type; keys the plan does not name are skipped by simdjson without being
 // looked at. Every count is bounded before it is used: rows by max_rows and by max_bytes
 // (the decoded size), depth by the parser's max_depth, the document by its length.
@@ -49,6 +50,9 @@ struct Plan {
     // feature slot -> its categories (string -> code); empty: not categorical
     std::vector<std::unordered_map<std::string, float>> categories;
     std::vector<uint8_t> categorical;
+    // feature slot -> 1: CatBoost's hashed categories, the value's text goes to Out.cat_*
+    // (append_cat; the row keeps NaN) and the caller hashes it (formats/json.py)
+    std::vector<uint8_t> hashed;
     size_t max_rows = 0;   // 0: no bound but max_bytes
     size_t max_bytes = 0;  // the decoded size bound: rows * (4 * n_features + 8) + id bytes
     bool has_id = false;
@@ -86,6 +90,11 @@ struct Out {
     std::vector<int8_t> id_kind;   // ID_NULL, ID_INT, ID_STR
     std::vector<int32_t> id_offsets;  // string ids: Arrow offsets (rows + 1)
     std::string id_bytes;          // string ids' bytes
+    // hashed categorical values (Plan.hashed): where each is (row * n_features + slot), the
+    // end of its text in cat_bytes, and the texts
+    std::vector<int64_t> cat_at;
+    std::vector<int32_t> cat_ends;
+    std::string cat_bytes;
     std::vector<uint8_t> seen;     // this row's plan nodes met (duplicate keys)
     size_t n_rows = 0;
     bool single = false;           // the message was one object (not an array)
@@ -95,8 +104,42 @@ struct Out {
     void clear() {
         rows.clear(); id_int.clear(); id_kind.clear(); id_offsets.assign(1, 0);
         id_bytes.clear(); n_rows = 0; single = false; code = ""; detail.clear();
+        cat_at.clear(); cat_ends.clear(); cat_bytes.clear();
     }
+
+    // the decoded size of the hashed values: their texts and 12 bytes a value
+    size_t cat_size() const { return cat_bytes.size() + 12 * cat_at.size(); }
 };
+
+// A hashed categorical value's text at `at` (CatBoost hashes a value's string: a string as it
+// is, an integer's decimal digits, a boolean's 1 or 0), within max_bytes with `used`, the
+// decoded bytes before it (each at most max_bytes: the sum cannot wrap), and 2 GiB of text
+// (int32 ends); false when it does not fit.
+inline bool append_cat(Out& out, int64_t at, const char* s, size_t len, size_t used,
+                       size_t max_bytes) {
+    if (len > max_bytes || used > max_bytes || used + out.cat_size() + len + 12 > max_bytes ||
+        out.cat_bytes.size() + len > (size_t)std::numeric_limits<int32_t>::max())
+        return false;
+    out.cat_bytes.append(s, len);
+    out.cat_at.push_back(at);
+    out.cat_ends.push_back((int32_t)out.cat_bytes.size());
+    return true;
+}
+
+// an integer, or a whole double within int64 (NaN, infinities, fractions and whole doubles
+// beyond int64: no text, the value has no category), as CatBoost's decimal digits; the
+// text's length (0: none)
+inline size_t int_text(char* buf, size_t cap, long long v) {
+    return (size_t)(std::to_chars(buf, buf + cap, v).ptr - buf);
+}
+inline size_t uint_text(char* buf, size_t cap, unsigned long long v) {
+    return (size_t)(std::to_chars(buf, buf + cap, v).ptr - buf);
+}
+inline size_t whole_text(char* buf, size_t cap, double d) {
+    if (!std::isfinite(d) || d != std::floor(d) || !(std::fabs(d) < 9223372036854775808.0))
+        return 0;
+    return int_text(buf, cap, (long long)d);
+}
 
 class Reader {
 public:
@@ -187,7 +230,7 @@ private:
                         " events (delivery.max_message_rows)");
         // the decoded size: n rows of f float32 and an 8-byte id, then the ids' bytes
         if (n > plan.max_bytes / (4 * f + 8) ||
-            n * (4 * f + 8) + out.id_bytes.size() > plan.max_bytes)
+            n * (4 * f + 8) + out.id_bytes.size() + out.cat_size() > plan.max_bytes)
             return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
                         " bytes decoded (the message byte limit)");
         out.rows.resize(n * f, std::numeric_limits<float>::quiet_NaN());
@@ -229,6 +272,7 @@ private:
     int leaf(const Plan& plan, const Node& node, dom::element v, Out& out, float* row) {
         int slot = node.slot;
         if (slot == -2) return id(plan, node, v, out);
+        if (plan.hashed[slot]) return hashed(plan, node, v, out);
         switch (v.type()) {
         case dom::element_type::NULL_VALUE:
             return 0;  // missing: the row is NaN already
@@ -269,6 +313,48 @@ private:
         }
     }
 
+    // a hashed categorical feature's value (Plan.hashed): its text into out (append_cat);
+    // null, and a number with no whole value, are missing
+    int hashed(const Plan& plan, const Node& node, dom::element v, Out& out) {
+        char buf[32];
+        const char* s = buf;
+        size_t len;
+        switch (v.type()) {
+        case dom::element_type::NULL_VALUE:
+            return 0;
+        case dom::element_type::BOOL:
+            buf[0] = bool(v) ? '1' : '0';
+            len = 1;
+            break;
+        case dom::element_type::INT64:
+            len = int_text(buf, sizeof buf, (long long)int64_t(v));
+            break;
+        case dom::element_type::UINT64:
+            len = uint_text(buf, sizeof buf, (unsigned long long)uint64_t(v));
+            break;
+        case dom::element_type::DOUBLE:
+            len = whole_text(buf, sizeof buf, double(v));
+            if (len == 0) return 0;
+            break;
+        case dom::element_type::STRING: {
+            std::string_view sv(v);
+            s = sv.data();
+            len = sv.size();
+            break;
+        }
+        default:
+            return fail(out, "bad_type", node.path + " is an object or an array");
+        }
+        size_t f = (size_t)plan.n_features;
+        // the rows' size was bounded by event(): this product cannot wrap
+        size_t used = out.n_rows * (4 * f + 8) + out.id_bytes.size();
+        if (!append_cat(out, (int64_t)((out.n_rows - 1) * f + (size_t)node.slot), s, len, used,
+                        plan.max_bytes))
+            return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
+                        " bytes decoded (the message byte limit)");
+        return 0;
+    }
+
     int id(const Plan& plan, const Node& node, dom::element v, Out& out) {
         size_t r = out.n_rows - 1;
         switch (v.type()) {
@@ -284,7 +370,7 @@ private:
                 return fail(out, "too_large", node.path + ": ids over 2 GiB");
             // the rows' size was bounded by event(): this sum cannot wrap
             size_t rows_size = out.n_rows * (4 * (size_t)plan.n_features + 8);
-            if (rows_size + out.id_bytes.size() + s.size() > plan.max_bytes)
+            if (rows_size + out.id_bytes.size() + out.cat_size() + s.size() > plan.max_bytes)
                 return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
                             " bytes decoded (the message byte limit)");
             out.id_bytes.append(s.data(), s.size());

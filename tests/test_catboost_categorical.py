@@ -317,6 +317,88 @@ def test_avro_records_score_as_catboost(trained, nested, tmp_path):
                                        dtype=np.float64).reshape(-1, 1))
 
 
+def test_hostile_json_and_avro_cost_a_hashed_model_what_they_cost_others(trained, tmp_path):
+    """The categorical values' texts come from the C readers (json_rows.h, avro_rows.h), not
+    from a second parse: fields nothing reads (2 MB of empty JSON arrays; an Avro array of
+    2^20 items that take no bytes; 1 MB of Avro decimal bytes) make no Python object per
+    value (peak Python memory under 8 MB). An Avro uuid-typed string is hashed as the
+    string; a path through an Avro map is absent, for every feature alike; a whole number
+    beyond int64 has no category from JSON, Avro or numpy."""
+    import struct
+    import tracemalloc
+
+    fastavro = pytest.importorskip("fastavro")
+    from worker.formats.avro import AvroFormat
+    from worker.formats.json import JsonFormat
+
+    _, models = trained
+    model = models["logloss-d6"]
+    compiled = worker.compile_model(model)
+    fmt = JsonFormat(compiled, None, None, 1 << 26)
+    row = {"amount": 0.5, "hour": 1.0, "velocity": 0.0, "merchant": "casino", "mcc": 7995}
+    big = json.dumps({**row, "junk": [[]] * 600_000}).encode()
+    tracemalloc.start()
+    g = fmt.gather([fmt.decode(big)])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    ref = pd.DataFrame([row])[["amount", "merchant", "hour", "mcc", "velocity"]]
+    want = np.asarray(model.predict(ref, prediction_type="RawFormulaVal")).reshape(-1, 1)
+    np.testing.assert_array_equal(compiled.raw(g.X), want)
+
+    schema = {"type": "record", "name": "T", "fields": [
+        {"name": "amount", "type": "double"}, {"name": "hour", "type": "double"},
+        {"name": "velocity", "type": "double"},
+        {"name": "merchant", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "mcc", "type": ["null", "long", "double"]},
+        {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 4,
+                                 "scale": 0}},
+        {"name": "empty", "type": {"type": "array", "items": {"type": "record", "name": "E",
+                                   "fields": [{"name": f"n{k}", "type": "null"}
+                                              for k in range(50)]}}},
+        {"name": "attrs", "type": {"type": "map", "values": "string"}}]}
+    (tmp_path / "1.avsc").write_text(json.dumps(schema))
+    avro = AvroFormat(compiled, None, None, 1 << 26, schemas_dir=str(tmp_path))
+    mapped = AvroFormat(compiled, None, None, 1 << 26, {"amount": "attrs.amount",
+                                                         "merchant": "attrs.merchant"},
+                        schemas_dir=str(tmp_path))
+
+    plain = json.loads(json.dumps(schema))  # the same bytes, written without logical types
+    for f in plain["fields"]:
+        if isinstance(f["type"], dict) and "logicalType" in f["type"]:
+            f["type"] = f["type"]["type"]
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(plain), {
+        **row, "dec": b"\x01" * 1_000_000, "empty": [{}] * 1000,
+        "attrs": {"merchant": "casino", "amount": "0.5"}})
+    value = bytearray(b"\0" + struct.pack(">I", 1) + buf.getvalue())
+    # the array's block count 1000 (varint 0xd0 0x0f) -> 2^20 (0x80 0x80 0x80 0x01): its
+    # items take no bytes, so the count is all there is of them
+    at = value.index(b"\xd0\x0f\x00", 5 + 24 + 7 + 3 + 3 + 1_000_000)
+    value[at:at + 2] = b"\x80\x80\x80\x01"
+    value = bytes(value)
+    tracemalloc.start()
+    g = avro.gather([avro.decode(value)])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    np.testing.assert_array_equal(compiled.raw(g.X), want)
+    # through the map: every feature the path names is absent (C reader and texts alike)
+    g = mapped.gather([mapped.decode(value)])
+    absent = ref.assign(amount=np.nan, merchant="never-seen")
+    np.testing.assert_array_equal(compiled.raw(g.X), np.asarray(
+        model.predict(absent, prediction_type="RawFormulaVal")).reshape(-1, 1))
+    # a whole number beyond int64: no category from any input
+    beyond = ref.assign(mcc=123456789)
+    want_beyond = np.asarray(model.predict(beyond, prediction_type="RawFormulaVal")
+                             ).reshape(-1, 1)
+    g = fmt.gather([fmt.decode(json.dumps({**row, "mcc": 1e39}).encode())])
+    np.testing.assert_array_equal(compiled.raw(g.X), want_beyond)
+    objs = ref.to_numpy(dtype=object)
+    objs[0, 3] = 1e39
+    np.testing.assert_array_equal(compiled.raw(objs), want_beyond)
+
+
 def test_ctr_splits_are_refused_by_name():
     df = _frame(1500, seed=3)
     model = catboost.CatBoostClassifier(iterations=10, depth=3, verbose=0, thread_count=1,

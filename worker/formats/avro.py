@@ -7,10 +7,10 @@ validation, names and namespaces) and compiled once into a reader plan: the reco
 resolved by name against the model's features (or ``source.fields``' dotted paths through
 nested records), so a producer may add, drop or reorder fields. The plan runs in C++
 (``worker._eventread.AvroReader``, cyext/avro_rows.h): one float32 row a message, no Python
-object per field (but for CatBoost's hashed categorical features, read again from the
-message by fastavro: ``AvroFormat.hashed``). A schema that cannot be read (recursive, nested
-deeper than 32, a feature of a type that is not a number) is remembered as the reason each of
-its messages is dead-lettered.
+object per field (but a text for each value of a CatBoost hashed categorical feature:
+``AvroFormat.hashed``). A schema that cannot be read (recursive, nested deeper than 32, a
+feature of a type that is not a number) is remembered as the reason each of its messages is
+dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
-from .json import _arrow_ids, _category_text, _hashed_batch
+from .json import _arrow_ids, _hashed_batch, _texts
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6,
          "string": 7, "fixed": 8, "enum": 9, "array": 10, "map": 11, "union": 12,
@@ -50,6 +50,7 @@ class _Plan:
         self.nodes: list[list[int]] = []
         self.children: list[int] = []
         self.enum_codes: list[float] = []
+        self.symbols: list[str] = []  # the same symbols' names (hashed features)
         self.tables: list[dict] = []
         self.named: dict[str, object] = {}
         self._stack: list[str] = []
@@ -121,6 +122,7 @@ class _Plan:
             self.nodes[i][2:] = [len(self.enum_codes), len(symbols)]
             where = {c: k for k, c in reversed(list(enumerate(cats or [])))}
             self.enum_codes.extend(float(where.get(s, np.nan)) for s in symbols)
+            self.symbols.extend(str(s) for s in symbols)
         if slot != -1 and kind not in ("union", "null"):
             self._check(kind, slot, path)
             self.nodes[i][1] = slot
@@ -178,17 +180,15 @@ class AvroFormat:
         cats = model.categories or {}
         self.categories = {j: list(cats[f]) for j, f in enumerate(self.feature_names)
                            if cats.get(f)}
-        # CatBoost's categorical features (model/cathash.py): the C reader reads their
-        # strings and enums as missing; fastavro reads each message again for their values,
-        # and a group's rows go to the kernels as an Arrow batch whose categorical columns
-        # are strings, hashed once a distinct value (CompiledModel.columns)
-        self.hashed = [(j, next(p for p, k in self.paths.items() if k == j))
-                       for j, f in enumerate(self.feature_names) if f in hashed]
+        # CatBoost's categorical features (model/cathash.py): the C reader keeps each value
+        # as the text CatBoost hashes (an enum's symbol; avro_rows.h hashed), and a group's
+        # rows go to the kernels as an Arrow batch whose categorical columns are those
+        # strings, hashed once a distinct value (CompiledModel.columns)
+        self.hashed = [j for j, f in enumerate(self.feature_names) if f in hashed]
         self._columns = model.columns if self.hashed else None
         self.max_bytes = int(max_bytes)
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
         self._readers: dict[int, object] = {}  # id -> AvroReader, or SchemaError
-        self._parsed: dict[int, object] = {}  # id -> fastavro's schema (hashed features)
         self._unknown: dict[int, float] = {}  # id -> when it was last looked for
 
     # ---- schemas ------------------------------------------------------------------------
@@ -211,7 +211,6 @@ class AvroFormat:
         if len(self._readers) + len(self._unknown) >= MAX_IDS:  # ids made up by a producer
             self._readers.clear()
             self._unknown.clear()
-            self._parsed.clear()
         seen = self._unknown.get(schema_id)
         if seen is not None and time.monotonic() - seen < UNKNOWN_RETRY_S:
             raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
@@ -235,14 +234,12 @@ class AvroFormat:
 
         try:
             parsed = fastavro.parse_schema(json.loads(text))
-            plan = _Plan(parsed, self.paths, self.categories,
-                         frozenset(j for j, _p in self.hashed))
+            plan = _Plan(parsed, self.paths, self.categories, frozenset(self.hashed))
             if plan.nodes[0][0] != KINDS["record"]:
                 raise SchemaError("bad_schema", "the schema is not a record")
-            if self.hashed:
-                self._parsed[schema_id] = parsed
             return _eventread.AvroReader(plan.nodes, plan.children, plan.enum_codes,
-                                         plan.tables, len(self.feature_names), self.max_bytes)
+                                         plan.tables, len(self.feature_names), self.max_bytes,
+                                         plan.symbols, self.hashed)
         except SchemaError as exc:
             return SchemaError(exc.code, f"schema {schema_id}: {exc}")
         except RecursionError:
@@ -258,16 +255,15 @@ class AvroFormat:
         if len(value) < 5 or value[0] != 0:
             raise InvalidMessage("bad_magic", "not Confluent's wire format (a magic byte 0 "
                                  "and a 4-byte schema id first)")
-        schema_id = int.from_bytes(value[1:5], "big")
-        reader = self._reader(schema_id)
+        reader = self._reader(int.from_bytes(value[1:5], "big"))
         if isinstance(reader, SchemaError):
             raise InvalidMessage(reader.code, str(reader))
         got = reader.read(memoryview(value)[5:])
         if len(got) == 2:
             raise InvalidMessage(*got)
-        X, kinds, ints, offsets, strings, _single = got
-        # the row and its id (and its hashed features' values: _hashed_values)
-        more = (self._hashed_values(schema_id, value),) if self.hashed else ()
+        X, kinds, ints, offsets, strings, _single, *cats = got
+        # the row and its id (and its hashed features' texts: _texts)
+        more = (_texts(cats[0], 1, len(self.feature_names), self.hashed),) if cats else ()
         if kinds is None:
             if self.id_column:  # this schema has no id field: the id is null
                 import pyarrow as pa
@@ -280,35 +276,13 @@ class AvroFormat:
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
         return Message(1, X.nbytes + ids.nbytes, ("avro", "own"), (X, ids, *more))
 
-    def _hashed_values(self, schema_id: int, value: bytes) -> list:
-        """The hashed features' values of a record the C reader accepted, read again by
-        fastavro, as CatBoost hashes them (formats/json.py ``_category_text``: an enum is its
-        symbol)."""
-        import io
-
-        import fastavro
-
-        try:
-            rec = fastavro.schemaless_reader(io.BytesIO(value[5:]), self._parsed[schema_id],
-                                             None)
-        except Exception as exc:  # noqa: BLE001 (what the C reader let through, refused)
-            raise InvalidMessage("bad_avro", f"{type(exc).__name__}: {str(exc)[:200]}") \
-                from None
-        out = []
-        for _j, path in self.hashed:
-            v = rec
-            for key in path:
-                v = v.get(key) if isinstance(v, dict) else None
-            out.append(_category_text(v))
-        return out
-
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)
         X = messages[0].data[0] if len(messages) == 1 else \
             np.concatenate([m.data[0] for m in messages])
         table = None
         if self.hashed:  # an Arrow batch: the categorical values as strings
-            table = _hashed_batch(X, [[m.data[2]] for m in messages], self.hashed,
+            table = _hashed_batch(X, [m.data[2] for m in messages], self.hashed,
                                   self.feature_names)
             X = self._columns(table)
         singles = [True] * len(messages)

@@ -2,9 +2,9 @@
 
 In: ``worker._eventread`` (cyext/json_rows.h, simdjson's DOM parser) reads a message straight
 into row-major float32 rows, each feature at its key path (its name, or ``source.fields``),
-and the ids; no Python object is made per field (but for CatBoost's hashed categorical
-features, read again from the message by Python's json: ``JsonFormat.hashed``). A group's
-rows are concatenated once. Ids:
+and the ids; no Python object is made per field (but a text for each value of a CatBoost
+hashed categorical feature: ``JsonFormat.hashed``). A group's rows are concatenated once.
+Ids:
 integers (every row's) are one int64 array, the C writer's; strings, or ids missing from some
 rows, are each message's own Arrow array. Out (``JsonOutput``): an object for an object in, an
 array for an array (or for any Arrow message), keyed like the Arrow output's columns.
@@ -54,11 +54,11 @@ class JsonFormat:
         self.reader = _eventread.JsonReader(paths, id_path, dict(model.categories or {}),
                                            self.feature_names, int(max_rows or 0),
                                            int(max_bytes), MAX_DEPTH, hashed)
-        # CatBoost's categorical features (model/cathash.py): the C reader reads their
-        # strings as missing; each message is then read again by Python's json for their
-        # values, and a group's rows go to the kernels as an Arrow batch whose categorical
-        # columns are strings, hashed once a distinct value (CompiledModel.columns)
-        self.hashed = [(j, paths[j]) for j, f in enumerate(self.feature_names) if f in hashed]
+        # CatBoost's categorical features (model/cathash.py): the C reader keeps each value
+        # as the text CatBoost hashes (json_rows.h append_cat), and a group's rows go to the
+        # kernels as an Arrow batch whose categorical columns are those strings, hashed once
+        # a distinct value (CompiledModel.columns)
+        self.hashed = [j for j, f in enumerate(self.feature_names) if f in hashed]
         self._columns = model.columns if self.hashed else None
 
     def decode(self, value: bytes | None) -> Message:
@@ -67,9 +67,9 @@ class JsonFormat:
         got = self.reader.read(value)
         if len(got) == 2:
             raise InvalidMessage(*got)
-        X, kinds, ints, offsets, strings, single = got
+        X, kinds, ints, offsets, strings, single, *cats = got
         n = len(X)
-        hashed = self._hashed_values(value, single) if self.hashed else None
+        hashed = _texts(cats[0], n, len(self.feature_names), self.hashed) if cats else None
         if kinds is None:  # no id column: each row's index
             return Message(n, X.nbytes, ("json", None), _Event(X, None, single, hashed))
         if (kinds == 1).all():
@@ -79,22 +79,6 @@ class JsonFormat:
         return Message(n, X.nbytes + ids.nbytes, ("json", "own"),
                        _Event(X, ids, single, hashed))
 
-    def _hashed_values(self, value: bytes, single: bool) -> list[list]:
-        """Each hashed feature's value in each event of a message the C reader accepted
-        (valid UTF-8 JSON, at most MAX_DEPTH deep, every feature a number, string, boolean or
-        null, no key it reads given twice): the text CatBoost hashes (``_category_text``)."""
-        doc = json.loads(value)
-        events = [doc] if single else doc
-        out = []
-        for _j, path in self.hashed:
-            col = []
-            for v in events:
-                for key in path:
-                    v = v.get(key) if isinstance(v, dict) else None
-                col.append(_category_text(v))
-            out.append(col)
-        return out
-
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)
         events = [m.data for m in messages]
@@ -102,8 +86,8 @@ class JsonFormat:
         singles = [e.single for e in events]
         table = None
         if self.hashed:  # an Arrow batch: the categorical values as strings
-            table = _hashed_batch(X, [list(zip(*e.hashed, strict=True)) for e in events],
-                                  self.hashed, self.feature_names)
+            table = _hashed_batch(X, [e.hashed for e in events], self.hashed,
+                                  self.feature_names)
             X = self._columns(table)
         kind = messages[0].group[1]
         if kind is None:
@@ -121,30 +105,29 @@ class JsonFormat:
                                           names=self.feature_names)
 
 
-def _hashed_batch(X: np.ndarray, values: list, hashed: list, names: list[str]):
-    """The rows ``X`` as an Arrow batch whose hashed features (``hashed``: (column, path))
-    are dictionary strings: ``values`` per message, per row, one text (or None) a hashed
-    feature in ``hashed``'s order."""
+def _texts(cats, n_rows: int, n_features: int, hashed: list[int]) -> list[list]:
+    """A message's hashed categorical values from the C reader (``_eventread._cats``: where,
+    ends, bytes), as rows of one text (or None: missing) a feature of ``hashed``."""
+    at, ends, data = cats
+    k_of = {j: k for k, j in enumerate(hashed)}
+    rows = [[None] * len(hashed) for _ in range(n_rows)]
+    start = 0
+    for a, e in zip(at.tolist(), ends.tolist(), strict=True):
+        # the C readers' strings are UTF-8 (simdjson and avro_rows.h check it)
+        rows[a // n_features][k_of[a % n_features]] = data[start:e].decode("utf-8", "replace")
+        start = e
+    return rows
+
+
+def _hashed_batch(X: np.ndarray, values: list, hashed: list[int], names: list[str]):
+    """The rows ``X`` as an Arrow batch whose hashed features (columns ``hashed``) are
+    dictionary strings: ``values`` per message, per row, one text (or None) a hashed feature
+    in ``hashed``'s order (``_texts``)."""
     cols = [pa.array(X[:, j]) for j in range(X.shape[1])]
-    for k, (j, _path) in enumerate(hashed):
+    for k, j in enumerate(hashed):
         cols[j] = pa.array([row[k] for rows in values for row in rows],
                            type=pa.string()).dictionary_encode()
     return pa.RecordBatch.from_arrays(cols, names=names)
-
-
-def _category_text(v) -> str | None:
-    """A JSON value as CatBoost hashes a categorical value (model/cathash.py): a string as it
-    is, a boolean as 1 or 0, an integer (or a whole float) as its decimal digits; null, an
-    absent field and a fraction have no category (None: missing)."""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float) and math.isfinite(v) and v == math.floor(v):
-        return str(int(v))
-    return None
 
 
 def _arrow_ids(kinds, ints, offsets, strings, column) -> pa.Array:

@@ -54,8 +54,8 @@ class CatBoostHashes:
 
     def codes_of_numbers(self, values: np.ndarray) -> np.ndarray:
         """float32 codes of numbers: a whole number hashed as its decimal string (CatBoost's
-        integer categories); NaN, infinities and fractions have no code. Each distinct value
-        is hashed once."""
+        integer categories); NaN, infinities, fractions and floats beyond int64 have no code.
+        Each distinct value is hashed once."""
         v = np.asarray(values)
         if v.dtype.kind == "b":  # CatBoost hashes True and False as 1 and 0
             v = v.astype(np.int64)
@@ -65,7 +65,8 @@ class CatBoostHashes:
             return codes[inverse].reshape(v.shape)
         v = v.astype(np.float64)
         out = np.full(v.shape, np.nan, dtype=np.float32)
-        whole = np.isfinite(v) & (np.floor(v) == v)
+        # beyond int64 no category (as the JSON and Avro readers: json_rows.h whole_text)
+        whole = np.isfinite(v) & (np.floor(v) == v) & (np.abs(v) < 2.0**63)
         if whole.any():
             uniq, inverse = np.unique(v[whole], return_inverse=True)
             codes = np.asarray([self._of(str(int(u))) for u in uniq], dtype=np.float32)
