@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import models as M
 from worker.formats import InvalidMessage, input_format, output_format
@@ -382,3 +384,52 @@ def test_shadow_and_hot_swap_read_json_as_the_live_model_does(tmp_path):
     outputs, dead, _ = swapped.process([(r, swapped.decode(r)) for r in recs])
     got = scores([o for o in outputs if o.topic != "shadow"])
     np.testing.assert_allclose([got[i] for i in range(12)], want_other, rtol=2e-6, atol=1e-6)
+
+
+def _hashed_text(v):
+    """What CatBoost hashes for a JSON value (model/cathash.py), written here apart from the
+    reader: a string; a boolean 1 or 0; an integer's digits; a whole float within int64."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    return str(int(v)) if math.isfinite(v) and v == math.floor(v) and abs(v) < 2.0**63 \
+        else None
+
+
+_CAT_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**64), 2**64),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, -0.0, 1.0, 0.5, 1e39, 2.0**63, -(2.0**63), 2.0**63 - 1024,
+                     9007199254740993.0, -1e-300]),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.fixed_dictionaries({"x": st.floats(-1e6, 1e6)},
+                                      optional={"h": _CAT_VALUES, "k": _CAT_VALUES}),
+                min_size=1, max_size=6), st.booleans())
+def test_hashed_categorical_texts_are_what_python_reads(events, single):
+    """A CatBoost hashed feature's value (JsonReader hashed=): the C reader's text for each
+    event equals the text the value has for CatBoost as Python's json reads it; the row
+    keeps NaN there; integers beyond 64 bits are refused (bad_number), nothing else."""
+    from worker import _eventread
+    from worker.formats.json import _texts
+
+    reader = _eventread.JsonReader([["x"], ["h"], ["k"]], None, {}, ["x", "h", "k"], 0,
+                                   1 << 20, 64, {"h", "k"})
+    msg = events[:1] if single else events
+    value = json.dumps(msg[0] if single else msg).encode()
+    got = reader.read(value)
+    big = any(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
+              and not -(2**63) <= e[f] < 2**64 for e in msg for f in ("h", "k"))
+    if len(got) == 2:
+        assert big and got[0] == "bad_number", got
+        return
+    assert not big
+    X, *_, cats = got
+    assert np.isnan(X[:, 1:]).all()
+    assert _texts(cats, len(msg), 3, [1, 2]) == \
+        [[_hashed_text(e.get("h")), _hashed_text(e.get("k"))] for e in msg]
