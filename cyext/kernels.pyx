@@ -21,8 +21,8 @@ from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, C
                       COL_F64, COL_I8, COL_I16, COL_I32, COL_I64, COL_U8, COL_U16, COL_U32,
                       COL_U64, COL_BITS, COL_ABSENT)
 from stage cimport stage_block
-from blocks cimport (acc_t, add_leaf, add_leaves, RowPlan, plannable, plan_wide, COMPACT_ROWS,
-                    ROWS_WALK_ROWS, ROWS_WALK_MIN, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
+from blocks cimport (acc_t, add_leaf, add_leaves, one_sum, RowPlan, plannable, plan_wide,
+                    COMPACT_ROWS, ROWS_WALK_ROWS, ROWS_WALK_MIN, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
                     AGG_SUM, AGG_MIN, AGG_MAX)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
@@ -296,7 +296,7 @@ cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan
     cdef int64_t slot[WIDE]
     cdef int64_t t = t0, lbase, ni = (<int64_t>1 << m.depth) - 1
     cdef int32_t r, G = m.n_outputs
-    cdef bint one = G == 1 and m.n_leaf_out == 1   # every tree adds one value to acc[0]
+    cdef bint one = one_sum(m)   # every tree adds one value to acc[0]
     # 12 trees per row at once: for a row alone its only independent chains are trees
     # (measured: A native p50 0.95 us with 16, 1.28 us with 8); with the four-instruction
     # order-key step 12 chains spill less than 16: +4% rows/s on A, +11% on B, p50 no worse
@@ -394,7 +394,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
     cdef int64_t t = t0, ni
     cdef int32_t r, j, G = m.n_outputs, nf = m.n_features
     cdef bint padded = m.pnodes != NULL
-    cdef bint one = G == 1 and m.n_leaf_out == 1
+    cdef bint one = one_sum(m)
     cdef uint8_t rules[ROWS_WALK_ROWS]
     cdef const float* rx[ROWS_WALK_ROWS]
     cdef int32_t order[ROWS_WALK_ROWS]
@@ -513,7 +513,7 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
     cdef uint32_t* cols = stack_cols
     cdef acc_t blk[SW_OBL_R]
     cdef int32_t slot[OBL_TREES * SW_OBL_R]
-    cdef bint one = G == 1 and m.n_leaf_out == 1
+    cdef bint one = one_sum(m)
     cdef int64_t n_cols = 2 * <int64_t>nf + o.n_derived
     if n_cols * SW_OBL_R > OBL_STACK_KEYS:
         cols = <uint32_t*>malloc(n_cols * SW_OBL_R * sizeof(uint32_t))
@@ -583,13 +583,13 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                             qslot)
                 for r in range(k):
                     add_leaves(m, leaves, 0, <int32_t>m.n_trees, 0, qslot + r * m.n_trees,
-                               acc + (r0 + r) * G, G == 1 and m.n_leaf_out == 1)
+                               acc + (r0 + r) * G, one_sum(m))
                 r0 += k
         else:
             for r in range(n):
                 sw_qs_row(<const sw_qs*>m.qs, X + r * m.n_features, mk, qslot)
                 add_leaves(m, leaves, 0, <int32_t>m.n_trees, 0, qslot, acc + r * G,
-                           G == 1 and m.n_leaf_out == 1)
+                           one_sum(m))
     elif plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
         plan_rows(m, X, m.n_features, n, xx, xx_cap, plan)
         t0 = eval_planned(m, leaves, plan, n, 0, m.n_trees, acc)
