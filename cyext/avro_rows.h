@@ -273,7 +273,9 @@ private:
             if (n.kind == STRING && !simdjson::validate_utf8(s, (size_t)len))
                 return fail(out, "bad_avro", "a string that is not UTF-8");
             if (n.slot == -2) {
+                // with the hashed texts read before it (Out.cat_size: each at most max_bytes)
                 if ((size_t)len > plan.max_bytes ||
+                    (size_t)len + out.cat_size() > plan.max_bytes ||
                     (uint64_t)len > (uint64_t)std::numeric_limits<int32_t>::max())
                     return fail(out, "too_large", "an id over the message byte limit");
                 out.id_bytes.assign(s, (size_t)len);

@@ -220,7 +220,10 @@ cdef class AvroReader:
                 raise ValueError("a hashed feature outside the features")
             self.plan.hashed[j] = 1
             self.any_hashed = True
-        symbols = symbols if symbols is not None else [""] * len(enum_codes)
+        if symbols is None:
+            if self.any_hashed:  # a hashed enum's text is its symbol: never made up
+                raise ValueError("hashed features need the enum symbols")
+            symbols = [""] * len(enum_codes)
         if len(symbols) != len(enum_codes):
             raise ValueError("enum symbols and codes differ in number")
         for sym in symbols:

@@ -579,3 +579,51 @@ def test_a_shadow_whose_categories_the_rows_lost_counts_an_error_not_a_wrong_sco
     outputs, dead, stats = pipe.process([(r, pipe.decode(r)) for r in recs])
     assert not dead and stats.shadow_errors == 1
     assert [o.topic for o in outputs] == ["scores"] * 3
+
+
+def test_what_the_texts_cost_is_bounded_and_counted(tmp_path):
+    """Review findings: the hashed texts count in a message's decoded size (a JSON message
+    of a million empty events and three hashed features is too_large within a 32 MiB limit
+    it fits without them); a hashed Avro enum's symbols are at most MAX_SYMBOL bytes (each
+    message copies one); a record naming a field twice is refused (fastavro takes it); an
+    AvroReader with hashed features needs the enum symbols."""
+    from types import SimpleNamespace
+
+    from worker import _eventread
+    from worker.formats import InvalidMessage
+    from worker.formats.avro import MAX_SYMBOL, AvroFormat
+    from worker.formats.json import JsonFormat
+
+    names = ["x", "a", "b", "c"]
+    stub = SimpleNamespace(feature_names=names, categories={},
+                           category_hashes={"a": [], "b": [], "c": []}, columns=lambda t: t)
+    plain = SimpleNamespace(feature_names=names, categories={}, category_hashes={})
+    value = b"[" + b",".join([b"{}"] * 1_000_000) + b"]"
+    assert JsonFormat(plain, None, None, 32 << 20).decode(value).rows == 1_000_000
+    with pytest.raises(InvalidMessage) as e:
+        JsonFormat(stub, None, None, 32 << 20).decode(value)
+    assert e.value.code == "too_large"
+    msg = JsonFormat(stub, None, None, 1 << 30).decode(b'{"a": "casino"}')
+    assert msg.nbytes >= 16 + len("casino") + 64 + 56 + 24
+
+    def fmt(schema):
+        d = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / "1.avsc").write_text(json.dumps(schema))
+        return AvroFormat(stub, None, None, 1 << 20, schemas_dir=str(d))
+
+    def refused(f, why):
+        with pytest.raises(InvalidMessage) as e:
+            f.decode(b"\0\0\0\0\1" + b"\0")
+        assert e.value.code == "bad_schema" and why in str(e.value), e.value
+
+    long = {"type": "record", "name": "T", "fields": [
+        {"name": "a", "type": {"type": "enum", "name": "E",
+                               "symbols": ["s", "y" * (MAX_SYMBOL + 1)]}}]}
+    refused(fmt(long), f"an enum symbol over {MAX_SYMBOL} bytes")
+    twice = {"type": "record", "name": "T", "fields": [{"name": "a", "type": "string"},
+                                                       {"name": "a", "type": "string"}]}
+    refused(fmt(twice), "names a field twice")
+    with pytest.raises(ValueError, match="enum symbols"):
+        _eventread.AvroReader([[13, -1, 0, 1], [9, 1, 0, 2]], [1], [0.0, 1.0], [], 4,
+                              1 << 20, None, [1])

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
-from .json import _arrow_ids, _hashed_batch, _texts
+from .json import _arrow_ids, _hashed_batch, _texts, texts_size
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6,
          "string": 7, "fixed": 8, "enum": 9, "array": 10, "map": 11, "union": 12,
@@ -33,6 +33,7 @@ MAX_NODES = 1 << 16  # a plan's nodes (a named type is compiled at each use: bou
 MAX_SCHEMA_BYTES = 1 << 20
 UNKNOWN_RETRY_S = 30.0  # an unknown schema id is looked up again after this
 MAX_IDS = 4096  # schema ids remembered (compiled or unknown); past it the memory starts over
+MAX_SYMBOL = 1024  # bytes of an enum symbol a hashed categorical feature reads
 
 
 class SchemaError(ValueError):
@@ -88,6 +89,9 @@ class _Plan:
         if kind == "record":
             self._stack.append(name or "")
             fields = schema["fields"]
+            names = [f["name"] for f in fields]
+            if len(set(names)) != len(names):  # the specification's rule; fastavro's is laxer
+                raise SchemaError("bad_schema", f"record {name or ''} names a field twice")
             kept = []
             for f in fields:
                 child = self.node(f["type"], path + (f["name"],), depth + 1)
@@ -118,6 +122,10 @@ class _Plan:
             self.nodes[i][2] = size
         elif kind == "enum":
             symbols = list(schema["symbols"])
+            if slot in self.hashed and any(len(str(x).encode()) > MAX_SYMBOL for x in symbols):
+                # a hashed enum's symbol is copied into each message's texts: bounded
+                raise SchemaError("bad_schema", f"{'.'.join(path)}: an enum symbol over "
+                                  f"{MAX_SYMBOL} bytes")
             cats = self.categories.get(slot)
             self.nodes[i][2:] = [len(self.enum_codes), len(symbols)]
             where = {c: k for k, c in reversed(list(enumerate(cats or [])))}
@@ -263,18 +271,21 @@ class AvroFormat:
             raise InvalidMessage(*got)
         X, kinds, ints, offsets, strings, _single, *cats = got
         # the row and its id (and its hashed features' texts: _texts)
-        more = (_texts(cats[0], 1, len(self.feature_names), self.hashed),) if cats else ()
+        more, size = (), X.nbytes
+        if cats:
+            more = (_texts(cats[0], 1, len(self.feature_names), self.hashed),)
+            size += texts_size(cats[0], 1, len(self.hashed))
         if kinds is None:
             if self.id_column:  # this schema has no id field: the id is null
                 import pyarrow as pa
 
-                return Message(1, X.nbytes + 8, ("avro", "own"),
+                return Message(1, size + 8, ("avro", "own"),
                                (X, pa.nulls(1, pa.int64()), *more))
-            return Message(1, X.nbytes, ("avro", None), (X, None, *more))
+            return Message(1, size, ("avro", None), (X, None, *more))
         if kinds[0] == 1:
-            return Message(1, X.nbytes + 8, ("avro", "int"), (X, ints, *more))
+            return Message(1, size + 8, ("avro", "int"), (X, ints, *more))
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
-        return Message(1, X.nbytes + ids.nbytes, ("avro", "own"), (X, ids, *more))
+        return Message(1, size + ids.nbytes, ("avro", "own"), (X, ids, *more))
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)

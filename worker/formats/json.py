@@ -60,6 +60,7 @@ class JsonFormat:
         # a distinct value (CompiledModel.columns)
         self.hashed = [j for j, f in enumerate(self.feature_names) if f in hashed]
         self._columns = model.columns if self.hashed else None
+        self.max_bytes = int(max_bytes)
 
     def decode(self, value: bytes | None) -> Message:
         if value is None:
@@ -69,14 +70,20 @@ class JsonFormat:
             raise InvalidMessage(*got)
         X, kinds, ints, offsets, strings, single, *cats = got
         n = len(X)
-        hashed = _texts(cats[0], n, len(self.feature_names), self.hashed) if cats else None
+        hashed, size = None, X.nbytes
+        if cats:  # the texts as Python holds them count against the message byte limit
+            size += texts_size(cats[0], n, len(self.hashed))
+            if size > self.max_bytes:
+                raise InvalidMessage("too_large", f"more than {self.max_bytes} bytes decoded "
+                                     "(the message byte limit; categorical values as text)")
+            hashed = _texts(cats[0], n, len(self.feature_names), self.hashed)
         if kinds is None:  # no id column: each row's index
-            return Message(n, X.nbytes, ("json", None), _Event(X, None, single, hashed))
+            return Message(n, size, ("json", None), _Event(X, None, single, hashed))
         if (kinds == 1).all():
-            return Message(n, X.nbytes + ints.nbytes, ("json", "int"),
+            return Message(n, size + ints.nbytes, ("json", "int"),
                            _Event(X, ints, single, hashed))
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
-        return Message(n, X.nbytes + ids.nbytes, ("json", "own"),
+        return Message(n, size + ids.nbytes, ("json", "own"),
                        _Event(X, ids, single, hashed))
 
     def gather(self, messages: list[Message]) -> Gathered:
@@ -103,6 +110,13 @@ class JsonFormat:
         X = gathered.X
         return pa.RecordBatch.from_arrays([pa.array(X[:, j]) for j in range(X.shape[1])],
                                           names=self.feature_names)
+
+
+def texts_size(cats, n_rows: int, k: int) -> int:
+    """What a message's hashed texts (``_texts``) hold in Python: each text's bytes and its
+    str (about 64 bytes), and a row's list of ``k`` (56 bytes and 8 a slot)."""
+    at, _ends, data = cats
+    return len(data) + 64 * len(at) + (56 + 8 * k) * n_rows
 
 
 def _texts(cats, n_rows: int, n_features: int, hashed: list[int]) -> list[list]:
