@@ -135,7 +135,7 @@ class _Plan:
             self._check(kind, slot, path)
             self.nodes[i][1] = slot
             if kind in ("string", "bytes") and slot >= 0:
-                cats = self.categories.get(slot, [])  # hashed: none (NaN, read in Python)
+                cats = self.categories.get(slot, [])  # hashed: none (the reader keeps texts)
                 self.nodes[i][3] = len(self.tables)
                 self.tables.append({str(c): float(k) for k, c in
                                     reversed(list(enumerate(cats)))})

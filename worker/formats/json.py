@@ -29,7 +29,7 @@ class _Event:
 
     def __init__(self, X: np.ndarray, ids, single: bool, hashed=None):
         self.X, self.ids, self.single = X, ids, single
-        self.hashed = hashed  # each hashed feature's values as CatBoost hashes them, or None
+        self.hashed = hashed  # per row, its hashed features' texts (_texts), or None
 
 
 class JsonFormat:
