@@ -173,20 +173,19 @@ private:
             len = swjson::int_text(buf, sizeof buf, (long long)v);
             break;
         }
-        case FLOAT: {
-            if (end_ - p_ < 4) return truncated(out);
-            float x;
-            std::memcpy(&x, p_, 4);
-            p_ += 4;
-            len = swjson::whole_text(buf, sizeof buf, (double)x);
-            if (len == 0) return 0;
-            break;
-        }
-        case DOUBLE: {
-            if (end_ - p_ < 8) return truncated(out);
+        case FLOAT:
+        case DOUBLE: {  // little-endian, as x86 and ARM are
+            const int64_t w = n.kind == FLOAT ? 4 : 8;
+            if (end_ - p_ < w) return truncated(out);
             double d;
-            std::memcpy(&d, p_, 8);
-            p_ += 8;
+            if (w == 4) {
+                float x;
+                std::memcpy(&x, p_, 4);
+                d = x;
+            } else {
+                std::memcpy(&d, p_, 8);
+            }
+            p_ += w;
             len = swjson::whole_text(buf, sizeof buf, d);
             if (len == 0) return 0;
             break;

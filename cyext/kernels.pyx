@@ -1269,6 +1269,16 @@ cdef class Forest:
         return out
 
 
+cdef inline double row_max(const double* x, int32_t G) noexcept nogil:
+    """The largest of a row's G raw scores (the softmaxes' shift)."""
+    cdef double mx = x[0]
+    cdef int32_t g
+    for g in range(1, G):
+        if x[g] > mx:
+            mx = x[g]
+    return mx
+
+
 cdef void apply_link(const double* raw, int64_t n, int32_t G, int link,
                      double* out) noexcept nogil:
     """Probabilities from raw scores, with libm exp: one implementation for every batch size,
@@ -1288,10 +1298,7 @@ cdef void apply_link(const double* raw, int64_t n, int32_t G, int link,
             out[2 * r + 1] = p
     elif link == LINK_SOFTMAX:
         for r in range(n):
-            mx = raw[r * G]
-            for g in range(1, G):
-                if raw[r * G + g] > mx:
-                    mx = raw[r * G + g]
+            mx = row_max(raw + r * G, G)
             s = 0.0
             for g in range(G):
                 out[r * G + g] = exp(raw[r * G + g] - mx)
@@ -1300,10 +1307,7 @@ cdef void apply_link(const double* raw, int64_t n, int32_t G, int link,
                 out[r * G + g] /= s
     elif link == LINK_SOFTMAX_ZERO:
         for r in range(n):
-            mx = raw[r * G]
-            for g in range(1, G):
-                if raw[r * G + g] > mx:
-                    mx = raw[r * G + g]
+            mx = row_max(raw + r * G, G)
             e = exp(-mx)
             s = 0.0
             for g in range(G):

@@ -193,6 +193,7 @@ class AvroFormat:
         # rows go to the kernels as an Arrow batch whose categorical columns are those
         # strings, hashed once a distinct value (CompiledModel.columns)
         self.hashed = [j for j, f in enumerate(self.feature_names) if f in hashed]
+        self._k_of = {j: k for k, j in enumerate(self.hashed)}  # _texts' row places
         self._columns = model.columns if self.hashed else None
         self.max_bytes = int(max_bytes)
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
@@ -273,7 +274,7 @@ class AvroFormat:
         # the row and its id (and its hashed features' texts: _texts)
         more, size = (), X.nbytes
         if cats:
-            more = (_texts(cats[0], 1, len(self.feature_names), self.hashed),)
+            more = (_texts(cats[0], 1, len(self.feature_names), self._k_of),)
             size += texts_size(cats[0], 1, len(self.hashed))
         if kinds is None:
             if self.id_column:  # this schema has no id field: the id is null

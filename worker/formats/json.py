@@ -59,6 +59,7 @@ class JsonFormat:
         # kernels as an Arrow batch whose categorical columns are those strings, hashed once
         # a distinct value (CompiledModel.columns)
         self.hashed = [j for j, f in enumerate(self.feature_names) if f in hashed]
+        self._k_of = {j: k for k, j in enumerate(self.hashed)}
         self._columns = model.columns if self.hashed else None
         self.max_bytes = int(max_bytes)
 
@@ -76,7 +77,7 @@ class JsonFormat:
             if size > self.max_bytes:
                 raise InvalidMessage("too_large", f"more than {self.max_bytes} bytes decoded "
                                      "(the message byte limit; categorical values as text)")
-            hashed = _texts(cats[0], n, len(self.feature_names), self.hashed)
+            hashed = _texts(cats[0], n, len(self.feature_names), self._k_of)
         if kinds is None:  # no id column: each row's index
             return Message(n, size, ("json", None), _Event(X, None, single, hashed))
         if (kinds == 1).all():
@@ -119,12 +120,12 @@ def texts_size(cats, n_rows: int, k: int) -> int:
     return len(data) + 64 * len(at) + (56 + 8 * k) * n_rows
 
 
-def _texts(cats, n_rows: int, n_features: int, hashed: list[int]) -> list[list]:
+def _texts(cats, n_rows: int, n_features: int, k_of: dict[int, int]) -> list[list]:
     """A message's hashed categorical values from the C reader (``_eventread._cats``: where,
-    ends, bytes), as rows of one text (or None: missing) a feature of ``hashed``."""
+    ends, bytes), as rows of one text (or None: missing) a hashed feature; ``k_of``: a hashed
+    feature's column -> its place in a row (made once, by the format)."""
     at, ends, data = cats
-    k_of = {j: k for k, j in enumerate(hashed)}
-    rows = [[None] * len(hashed) for _ in range(n_rows)]
+    rows = [[None] * len(k_of) for _ in range(n_rows)]
     start = 0
     for a, e in zip(at.tolist(), ends.tolist(), strict=True):
         # the C readers' strings are UTF-8 (simdjson and avro_rows.h check it)
