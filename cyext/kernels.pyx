@@ -29,7 +29,7 @@ from walk cimport (walk1, walk8, sw_prefetch,
                   sw_cwalk_q_for, sw_scwalk_q_for, WIDE, PLAN_WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats, sw_scwalk_rows,
-                  sw_scwalk_rows_f)
+                  sw_scwalk_rows_f, sw_scwalk_fixed, sw_scwalk_fixed_f)
 
 cdef extern from "qs.h":
     ctypedef struct sw_qsnode:
@@ -254,6 +254,46 @@ def small_key_nodes(object qcnodes):
     return out
 
 
+def walk_steps(object sqnodes, object root):
+    """Each tree's expected path length under even routing (every split sends half of what
+    reaches it each way), rounded down: the steps the rows walk without refills takes before
+    it tests for leaves (walk.h sw_scwalk_fixed). A balanced tree's is its depth, so its walk
+    never tests; a lopsided one's is nearer its short paths than its deepest. Read only for
+    speed: any value walks to the same leaves. From 8-byte nodes (small_key_nodes) whose
+    children follow their node within the tree (the structure check)."""
+    cdef const uint32_t[:, ::1] q = np.ascontiguousarray(sqnodes, dtype=np.uint32)
+    cdef const int64_t[::1] r = np.ascontiguousarray(root, dtype=np.int64)
+    cdef int64_t n = q.shape[0], T = r.shape[0], t, i, end, c
+    out = np.zeros(T, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    p_arr = np.zeros(n, dtype=np.float64)
+    d_arr = np.zeros(n, dtype=np.int32)
+    cdef double[::1] p = p_arr
+    cdef int32_t[::1] d = d_arr
+    cdef double e
+    with nogil:
+        for t in range(T):
+            end = r[t + 1] if t + 1 < T else n
+            if r[t] < 0 or r[t] >= end or end > n:
+                continue
+            p[r[t]] = 1.0
+            d[r[t]] = 0
+            e = 0.0
+            for i in range(r[t], end):
+                if q[i, 0] & 0x80000000u:  # a leaf (walk.h SW_KEY_LEAF)
+                    e += p[i] * d[i]
+                    continue
+                c = i + ((q[i, 0] >> 16) & 0x7FFF)
+                if c <= i or c + 1 >= end:
+                    continue
+                p[c] = p[i] / 2
+                p[c + 1] = p[i] / 2
+                d[c] = d[i] + 1
+                d[c + 1] = d[i] + 1
+            o[t] = <int32_t>min(e, 64.0)
+    return out
+
+
 def split_row_keys(const float[::1] x):
     """The doubled row of order keys the SPLIT walks read (walk.h sw_split_row), for tests:
     keys[2f + right] is the key x[f] compares with, NaN staged as 0 (right 0) or 0xFFFFFFFF."""
@@ -349,8 +389,13 @@ cdef inline void rows_tree(const ModelView* m, const void* qc, const acc_t* leav
     cdef int32_t k
     if k1 <= k0:
         return
-    (sw_scwalk_rows if split else sw_scwalk_rows_f)(
-        qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots, pf, pf_end)
+    if m.steps != NULL:
+        (sw_scwalk_fixed if split else sw_scwalk_fixed_f)(
+            qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots, m.steps[t], pf,
+            pf_end)
+    else:
+        (sw_scwalk_rows if split else sw_scwalk_rows_f)(
+            qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots, pf, pf_end)
     for k in range(k0, k1):
         add_leaf(m, leaves, t, slots[k - k0], acc + order[k] * m.n_outputs)
 
@@ -425,7 +470,9 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                 t += WIDE
         elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m):
             # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 8 at a time
-            # (walk.h sw_scwalk_rows, a finished chain taking the next row), so one tree's
+            # (walk.h sw_scwalk_fixed: the tree's expected depth in untested steps, then
+            # steps until all 8 stand on a leaf; or sw_scwalk_rows, a finished chain taking
+            # the next row, with Forest.fixed_walk(False)), so one tree's
             # nodes stay in L1/L2 while the rows pass, where 16 trees of one row spread a walk
             # over 16 trees' nodes (model C, callgrind with a 48 KB L1 and 1 MB L2, per row:
             # L1 misses 1,083 -> 641, L2 misses 118 -> 49; bench/NOTES.md). Rows without NaN
@@ -775,6 +822,8 @@ cdef class Forest:
         self.view.n_cat_feat = 0
         self.view.cat_staged = 0
         self.view.trees_walk = 0
+        self.view.steps = NULL
+        self.steps = None
         if aggregate not in AGGREGATES:
             raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
         self.view.agg = AGGREGATES[aggregate]
@@ -1102,7 +1151,31 @@ cdef class Forest:
         if on and self.sqnodes is not None:
             nodes = self.sqnodes
             self.view.sqcnodes = <const PNode*>&nodes[0, 0]
+            if self.steps is None:
+                self.steps = walk_steps(self.sqnodes, self.arrays["root"])
+            self.fixed_walk(True)
         return 8 if self.view.sqcnodes != NULL else 16
+
+    def fixed_walk(self, object on=None, object steps=None):
+        """Whether the rows walk takes 8 rows through a tree without refills (walk.h
+        sw_scwalk_fixed: the default where the rows walk applies) or refills a chain at each
+        leaf (sw_scwalk_rows; tests score both, ``on`` sets it; ``steps``, 0 to 64, replaces
+        every tree's untested steps, which change the speed only). What is in force; None
+        where the rows walk does not apply."""
+        cdef const int32_t[::1] steps_v
+        if steps is not None and self.steps is not None:
+            if not 0 <= steps <= 64:
+                raise ValueError("steps must be 0 to 64")
+            self.steps = np.full(self.view.n_trees, steps, dtype=np.int32)
+            on = True if on is None else on
+        if on is not None:
+            self.view.steps = NULL
+            if on and self.steps is not None:
+                steps_v = self.steps
+                self.view.steps = &steps_v[0]
+        if not rows_walk(&self.view):
+            return None
+        return self.view.steps != NULL
 
     def rows_walk(self, object on=None):
         """Whether a deep forest's tasks walk each tree with 8 rows at once (the default

@@ -51,6 +51,9 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const void* obl           # oblivious-tree tables (oblivious.h sw_obl), or NULL
     int32_t trees_walk        # 1: deep-forest tasks walk 16 trees a row, not the rows walk
                               # (kernels.rows_walk; Forest.rows_walk, for tests and A/B runs)
+    const int32_t* steps      # per tree: the untested steps of the rows walk without refills
+                              # (walk.h sw_scwalk_fixed; kernels.walk_steps), or NULL: the
+                              # refilling walk (sw_scwalk_rows; Forest.fixed_walk)
     int32_t agg               # AGG_SUM, or AGG_MIN / AGG_MAX (ONNX aggregate_function): the
                               # trees' smallest or largest leaf, then + base (blocks.add_leaf)
 

@@ -259,6 +259,71 @@ static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, in
 }
 SW_DEF_RWALK(SW_SCIDX_Q, sw_scwalk_rows)
 SW_DEF_RWALK(SW_SCIDX_F, sw_scwalk_rows_f)
+/* The rows walk without refills: 8 rows at once through one tree of 8-byte nodes, every
+   chain taking `steps` steps with no test (a leaf stands on itself: delta 0, a threshold at or
+   above any key), then one more step of all 8 until all 8 stand on a leaf (one test of the 8
+   keys a step). No branch a chain and no branch mispredicted at each row's leaf, as the
+   refilling walk above has; a group of 8 costs its deepest path. `steps` is the tree's
+   expected path under even routing (kernels.walk_steps), so trees of even depth take every
+   step untested. The step is six instructions (x86-64: the node's key halves loaded apart,
+   the row's key compared with the threshold as memory operand, an add-with-carry of the
+   child's distance); elsewhere the same rule in C. Fewer than 8 rows, and the last n % 8,
+   walk one after another. Each group of 8 also prefetches up to 8 lines of pf..pf_end (the
+   caller's next tree), as the refilling walk does a line a row. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
+#define SW_FASM(Q, X, SHIFT) {                                                              \
+    uint64_t d_, k_, v_;                                                                    \
+    __asm__("movzwl (%[t],%[q],8), %k[k]\n\t" SHIFT                                         \
+            "movzwl 2(%[t],%[q],8), %k[d]\n\t"                                              \
+            "andl $0x7fff, %k[d]\n\t"                                                       \
+            "movl (%[x],%[k],4), %k[v]\n\t"                                                 \
+            "cmpl %k[v], 4(%[t],%[q],8)\n\t"                                                \
+            "adc %[d], %[q]"                                                                \
+            : [q] "+r"(Q), [k] "=&r"(k_), [d] "=&r"(d_), [v] "=&r"(v_)                      \
+            : [t] "r"(top), [x] "r"(X), "m"(*(const uint32_t(*)[])(X)),                     \
+              "m"(*(const sw_qnode(*)[])(top))                                              \
+            : "cc");                                                                        \
+}
+#define SW_FSTEP_SW_SCIDX_Q(j) SW_FASM(q##j, x##j, "")
+#define SW_FSTEP_SW_SCIDX_F(j) SW_FASM(q##j, x##j, "shrl $1, %k[k]\n\t")
+#else
+#define SW_FSTEP_C(j, IDX) {                                                                \
+    const sw_qnode *nd_ = top + q##j;                                                       \
+    const uint32_t key_ = nd_->key;                                                         \
+    q##j += (uint64_t)SW_SC_DELTA(key_) + (uint64_t)(nd_->thr < x##j[IDX(key_)]);           \
+}
+#define SW_FSTEP_SW_SCIDX_Q(j) SW_FSTEP_C(j, SW_SCIDX_Q)
+#define SW_FSTEP_SW_SCIDX_F(j) SW_FSTEP_C(j, SW_SCIDX_F)
+#endif
+#define SW_FSTEP(j, IDX) SW_FSTEP_##IDX(j)
+#define SW_FSTEP8(IDX) SW_FSTEP(0, IDX) SW_FSTEP(1, IDX) SW_FSTEP(2, IDX) SW_FSTEP(3, IDX)   \
+                       SW_FSTEP(4, IDX) SW_FSTEP(5, IDX) SW_FSTEP(6, IDX) SW_FSTEP(7, IDX)
+#define SW_FINIT(j) uint64_t q##j = 0; const uint32_t *x##j = rx[g + j];
+#define SW_FSLOT(j) slots[g + j] = SW_SC_SLOT(top[q##j].thr);
+#define SW_DEF_FWALK(IDX, NAME)                                                             \
+static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, int32_t n,    \
+                 int64_t *slots, int32_t steps, const char *pf, const char *pf_end) {       \
+    const sw_qnode *top = (const sw_qnode *)vnodes + root;                                  \
+    int32_t g = 0;                                                                          \
+    for (; g + SW_RW <= n; g += SW_RW) {                                                    \
+        for (int32_t i = 0; i < SW_RW && pf < pf_end; i++, pf += 64) sw_prefetch_l2(pf);    \
+        SW_FINIT(0) SW_FINIT(1) SW_FINIT(2) SW_FINIT(3)                                     \
+        SW_FINIT(4) SW_FINIT(5) SW_FINIT(6) SW_FINIT(7)                                     \
+        for (int32_t s = 0; s < steps; s++) { SW_FSTEP8(IDX) }                              \
+        while (!(top[q0].key & top[q1].key & top[q2].key & top[q3].key & top[q4].key &      \
+                 top[q5].key & top[q6].key & top[q7].key & SW_KEY_LEAF)) { SW_FSTEP8(IDX) } \
+        SW_FSLOT(0) SW_FSLOT(1) SW_FSLOT(2) SW_FSLOT(3)                                     \
+        SW_FSLOT(4) SW_FSLOT(5) SW_FSLOT(6) SW_FSLOT(7)                                     \
+    }                                                                                       \
+    for (; g < n; g++) {                                                                    \
+        const sw_qnode *nd = top;                                                           \
+        uint32_t key;                                                                       \
+        while (!((key = nd->key) & SW_KEY_LEAF)) nd = SW_SCCHILD(nd, rx[g], key, IDX);      \
+        slots[g] = SW_SCSLOT(nd);                                                           \
+    }                                                                                       \
+}
+SW_DEF_FWALK(SW_SCIDX_Q, sw_scwalk_fixed)
+SW_DEF_FWALK(SW_SCIDX_F, sw_scwalk_fixed_f)
 static const sw_cwalk_fn sw_cwalk_tab[2] = {sw_cwalk_n, sw_cwalk_f};
 static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
 

@@ -25,6 +25,14 @@ cdef extern from "walk.h":
                         int64_t* slots, const char* pf, const char* pf_end) noexcept nogil
     void sw_scwalk_rows_f(const void* nodes, int64_t root, const uint32_t* const* rx, int32_t n,
                           int64_t* slots, const char* pf, const char* pf_end) noexcept nogil
+    # the same without refills: 8 rows at once, `steps` steps untested, then steps until all
+    # 8 stand on a leaf
+    void sw_scwalk_fixed(const void* nodes, int64_t root, const uint32_t* const* rx, int32_t n,
+                         int64_t* slots, int32_t steps, const char* pf,
+                         const char* pf_end) noexcept nogil
+    void sw_scwalk_fixed_f(const void* nodes, int64_t root, const uint32_t* const* rx,
+                           int32_t n, int64_t* slots, int32_t steps, const char* pf,
+                           const char* pf_end) noexcept nogil
     # models with special (categorical, zero-as-missing) nodes: W chains, chain j the tree at
     # root[j * dt] on the row x + j * dx
     void sw_swalk1(const void* nodes, const int64_t* root, int64_t dt, const float* x,

@@ -129,9 +129,13 @@ QS_MODES = {"quickscorer": True, "quickscorer1": False, "quickscorer2": "avx2"}
 
 
 def _compile(source, kernel: str, layout: str = "auto"):
-    """kernel "auto" or "walk", or QuickScorer forced: "quickscorer" 8 rows at once with the
-    CPU's best (AVX-512 here), "quickscorer2" 8 rows with AVX2, "quickscorer1" a row at a
-    time."""
+    """kernel "auto" or "walk" ("walk-refill": the rows walk refilling its chains where it
+    applies), or QuickScorer forced: "quickscorer" 8 rows at once with the CPU's best
+    (AVX-512 here), "quickscorer2" 8 rows with AVX2, "quickscorer1" a row at a time."""
+    if kernel == "walk-refill":  # the rows walk refilling its chains at each leaf
+        model = compile_model(source, layout=layout, kernel="walk")
+        assert model.forest.fixed_walk(False) in (False, None)  # None: categorical splits
+        return model
     if kernel not in QS_MODES:
         return compile_model(source, layout=layout, kernel=kernel)
     model = compile_model(source, layout=layout, kernel="quickscorer")
@@ -168,7 +172,7 @@ def test_lightgbm_raw_is_bit_identical(params, missing):
 @pytest.mark.parametrize("params", LGB_OBJECTIVES,
                          ids=lambda p: "-".join(str(v) for v in p.values()))
 @pytest.mark.parametrize("missing", ["nan", "none"])
-@pytest.mark.parametrize("kernel", ["walk", *QS_MODES])
+@pytest.mark.parametrize("kernel", ["walk", "walk-refill", *QS_MODES])
 def test_lightgbm_compact_kernels_are_bit_identical(params, missing, kernel):
     # leaf-wise trees of up to 48 leaves, deeper than the padded layout takes: both compact
     # kernels, QuickScorer (worker/model/quickscorer.py) and the walk, against LightGBM

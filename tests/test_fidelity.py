@@ -30,8 +30,15 @@ def compiled(source, layout: str):
     """A layout scored by the walks, or the compact layout scored by QuickScorer (forced):
     "compact-qs" 8 rows at once with the CPU's best (AVX-512 here), "compact-qs2" 8 rows with
     AVX2, "compact-qs1" one row at a time. "compact" walks 8-byte nodes where they fit (every
-    model here), a large task's rows each tree together; "compact-trees" 16 trees a row over
-    the same nodes; "compact16" the 16-byte ones."""
+    model here), a large task's rows each tree together, 8 rows at once without refills;
+    "compact-refill" the same rows walk refilling a chain at each leaf; "compact-trees" 16
+    trees a row over the same nodes; "compact16" the 16-byte ones."""
+    if layout == "compact-refill":  # the rows walk refilling its chains, not 8 rows at once
+        model = worker.compile_model(source, layout="compact", kernel="walk")
+        assert model.forest.fixed_walk() in (True, None)  # None: special nodes, wide rows
+        model.forest.fixed_walk(False)
+        assert model.forest.fixed_walk() in (False, None)
+        return model
     if layout == "compact-trees":  # large tasks walk 16 trees a row, not 8 rows a tree
         model = worker.compile_model(source, layout="compact", kernel="walk")
         assert model.forest.rows_walk() in (True, None)  # None: special nodes
@@ -53,6 +60,7 @@ def compiled(source, layout: str):
     if layout == "compact" and model.forest.compact_node_bytes == 8:
         # large tasks take the rows walk where 2,048 doubled rows fit a task's buffer
         assert model.forest.rows_walk() is (True if model.n_features <= 64 else None)
+        assert model.forest.fixed_walk() is (True if model.n_features <= 64 else None)
     return model
 
 
@@ -63,8 +71,8 @@ QS_SKL = ["gb-binary", "gb-multi", "gb-exponential", "gb-reg", "hgb-binary", "hg
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in XGB
-                                        for lay in ("padded", "compact", "compact-trees",
-                                                    "compact16")]
+                                        for lay in ("padded", "compact", "compact-refill",
+                                                    "compact-trees", "compact16")]
                 + [(n, q) for n in QS_XGB for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def xgb_case(request):
@@ -134,8 +142,8 @@ def test_xgboost_outputs(xgb_case, n_rows):
 
 
 @pytest.fixture(scope="module", params=[(n, lay) for n in SKL
-                                        for lay in ("auto", "compact", "compact-trees",
-                                                    "compact16")]
+                                        for lay in ("auto", "compact", "compact-refill",
+                                                    "compact-trees", "compact16")]
                 + [(n, q) for n in QS_SKL for q in QS_MODES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def skl_case(request):
@@ -177,6 +185,36 @@ def test_sklearn_runs_shorter_than_the_walk(skl_case, few):
     else:
         np.testing.assert_allclose(model.predict(X, n_threads=2), est.predict(Xl), atol=1e-5,
                                    rtol=1e-7)
+
+
+def test_walk_steps_is_each_trees_expected_path_under_even_routing():
+    """kernels.walk_steps on hand-built 8-byte nodes (key = delta << 16 | 2f + right, a
+    leaf's key the leaf bit): a balanced tree of depth 2 gives 2; a lopsided one (a leaf at
+    depth 1, two at depth 2: 0.5 + 2 x 0.25 x 2 = 1.5) gives 1; a lone leaf 0."""
+    from worker import _kernels
+
+    leaf = [0x80000000, 0xFF800000]
+    balanced = [[1 << 16 | 2, 5], [2 << 16 | 4, 7], [3 << 16 | 6, 9]] + [leaf] * 4
+    lopsided = [[1 << 16, 3], leaf, [1 << 16 | 2, 4], leaf, leaf]
+    nodes = np.array(balanced + lopsided + [leaf], dtype=np.uint32)
+    steps = _kernels.walk_steps(nodes, np.array([0, 7, 12], dtype=np.int64))
+    assert steps.tolist() == [2, 1, 0]
+
+
+@pytest.mark.parametrize("name", ["rf-binary", "et-multi", "hgb-binary"])
+@pytest.mark.parametrize("steps", [0, 1, 64])
+def test_the_walks_untested_steps_change_no_answer(name, steps):
+    """The rows walk without refills takes each tree's untested steps, then tests for leaves:
+    no untested step (every step tested), one, and more than any tree is deep (a leaf stands
+    on itself) score as the library does, rows with and without NaN in one task."""
+    est = M.sklearn_models()[name]
+    model = worker.compile_model(est, layout="compact", kernel="walk")
+    assert model.forest.fixed_walk(True, steps=steps) is True
+    X = M.hostile_rows(2500, M.sklearn_thresholds(est), seed=steps)
+    np.testing.assert_allclose(model.predict_proba(X, n_threads=1),
+                               est.predict_proba(M.finite_for_library(X)), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="steps"):
+        model.forest.fixed_walk(True, steps=65)
 
 
 @pytest.mark.parametrize("name", ["rf-binary", "hgb-binary", "gb-multi"])
