@@ -396,6 +396,10 @@ cdef inline void rows_tree(const ModelView* m, const void* qc, const acc_t* leav
     else:
         (sw_scwalk_rows if split else sw_scwalk_rows_f)(
             qc, m.root[t], <const uint32_t* const*>(rx + k0), k1 - k0, slots, pf, pf_end)
+    if one_sum(m):  # one column, one value a leaf, summed: a leaf is one add
+        for k in range(k0, k1):
+            acc[order[k]] += leaves[slots[k - k0]]
+        return
     for k in range(k0, k1):
         add_leaf(m, leaves, t, slots[k - k0], acc + order[k] * m.n_outputs)
 
