@@ -10,6 +10,9 @@ cimport cython
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t
 from libc.stdlib cimport malloc, free
+
+cdef extern from "<stdlib.h>" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)
 from libc.string cimport memcpy
 from libc.math cimport exp, INFINITY
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ND, PyBUF_FORMAT,
@@ -261,7 +264,10 @@ def walk_steps(object sqnodes, object root):
     never tests; a lopsided one's is nearer its short paths than its deepest. Read only for
     speed: any value walks to the same leaves. From 8-byte nodes (small_key_nodes) whose
     children follow their node within the tree (the structure check)."""
-    cdef const uint32_t[:, ::1] q = np.ascontiguousarray(sqnodes, dtype=np.uint32)
+    q_arr = np.ascontiguousarray(sqnodes, dtype=np.uint32)
+    if q_arr.ndim != 2 or q_arr.shape[1] != 2:
+        raise ValueError("walk_steps: nodes must be n x 2 (key, threshold)")
+    cdef const uint32_t[:, ::1] q = q_arr
     cdef const int64_t[::1] r = np.ascontiguousarray(root, dtype=np.int64)
     cdef int64_t n = q.shape[0], T = r.shape[0], t, i, end, c
     out = np.zeros(T, dtype=np.int32)
@@ -621,7 +627,9 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
     if m.qs != NULL:  # QuickScorer (qs.h): every tree of a row at once, leaves in tree order
         simd = n > 1 and (<const sw_qs*>m.qs).simd
         k = SW_QS_R if simd else 1
-        mk = <uint64_t*>malloc(k * m.n_trees * sizeof(uint64_t))
+        # each tree's 8 masks one 64-byte line (qs.h): on a line of its own, not split
+        # across two, whatever malloc's 16-byte alignment gave (bench/qs_heap.py)
+        mk = <uint64_t*>aligned_alloc(64, (k * m.n_trees * sizeof(uint64_t) + 63) // 64 * 64)
         qslot = <int64_t*>malloc(k * m.n_trees * sizeof(int64_t))
     if m.obl != NULL and n >= OBL_MIN_ROWS:  # oblivious trees (oblivious.h): the leaves
         eval_oblivious(m, leaves, X, n, acc)       # from the bits of each level

@@ -262,14 +262,15 @@ SW_DEF_RWALK(SW_SCIDX_F, sw_scwalk_rows_f)
 /* The rows walk without refills: 8 rows at once through one tree of 8-byte nodes, every
    chain taking `steps` steps with no test (a leaf stands on itself: delta 0, a threshold at or
    above any key), then one more step of all 8 until all 8 stand on a leaf (one test of the 8
-   keys a step). No branch a chain and no branch mispredicted at each row's leaf, as the
-   refilling walk above has; a group of 8 costs its deepest path. `steps` is the tree's
-   expected path under even routing (kernels.walk_steps), so trees of even depth take every
-   step untested. The step is six instructions (x86-64: the node's key halves loaded apart,
-   the row's key compared with the threshold as memory operand, an add-with-carry of the
-   child's distance); elsewhere the same rule in C. Fewer than 8 rows, and the last n % 8,
-   walk one after another. Each group of 8 also prefetches up to 8 lines of pf..pf_end (the
-   caller's next tree), as the refilling walk does a line a row. */
+   keys a step; after SW_FCAP of those, the chains left are set aside, below). No branch a
+   chain and none mispredicted at each row's leaf, as the refilling walk above has; a group of
+   8 costs its deepest path. `steps` is the tree's expected path under even routing
+   (kernels.walk_steps), so trees of even depth take every step untested. The step is six
+   instructions (x86-64: the node's key halves loaded apart, the row's key compared with the
+   threshold as memory operand, an add-with-carry of the child's distance); elsewhere the same
+   rule in C. The last n % 8 rows join the set-aside chains. Each group of 8 also prefetches up
+   to 8 lines of pf..pf_end (the caller's next tree), as the refilling walk does a line a
+   row. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(SW_NO_ASM)
 #define SW_FASM(Q, X, SHIFT) {                                                              \
     uint64_t d_, k_, v_;                                                                    \
@@ -299,31 +300,82 @@ SW_DEF_RWALK(SW_SCIDX_F, sw_scwalk_rows_f)
 #define SW_FSTEP8(IDX) SW_FSTEP(0, IDX) SW_FSTEP(1, IDX) SW_FSTEP(2, IDX) SW_FSTEP(3, IDX)   \
                        SW_FSTEP(4, IDX) SW_FSTEP(5, IDX) SW_FSTEP(6, IDX) SW_FSTEP(7, IDX)
 #define SW_FINIT(j) uint64_t q##j = 0; const uint32_t *x##j = rx[g + j];
-#define SW_FSLOT(j) slots[g + j] = SW_SC_SLOT(top[q##j].thr);
-#define SW_DEF_FWALK(IDX, NAME)                                                             \
+/* A chain still walking after SW_FCAP tested steps is set aside (its row and node) and the
+   set-aside chains finish together, 8 at a time, each that reaches a leaf taking the next (as
+   the refilling walk does): a group costs at most 8 x (steps + SW_FCAP) steps beyond its rows'
+   own paths, and the long paths are walked side by side, not alone. Without it, rows ordered
+   so that one of each 8 takes a long path made every group walk it 8 times (an attacker
+   review: a 2,000-deep tree, 5x the refilling walk). */
+#define SW_FCAP 16
+#define SW_FREST 256
+#define SW_FSET(j) {                                                                        \
+    if (top[q##j].key & SW_KEY_LEAF) {                                                      \
+        slots[g + j] = SW_SC_SLOT(top[q##j].thr);                                           \
+    } else {                                                                                \
+        rest_row[n_rest] = g + j;                                                           \
+        rest_node[n_rest++] = q##j;                                                         \
+    }                                                                                       \
+}
+#define SW_DEF_FREST(IDX, NAME)                                                             \
+static void NAME(const sw_qnode *top, const uint32_t *const *rx, const int32_t *row,       \
+                 const uint64_t *node, int32_t n, int64_t *slots) {                         \
+    uint64_t q[SW_RW];                                                                      \
+    const uint32_t *x[SW_RW];                                                               \
+    int32_t who[SW_RW], next = 0, live = 0;                                                 \
+    for (int32_t j = 0; j < SW_RW; j++) {                                                   \
+        who[j] = -1;                                                                        \
+        if (next < n) { q[j] = node[next]; who[j] = row[next]; x[j] = rx[row[next++]]; live++; } \
+    }                                                                                       \
+    while (live > 0) {                                                                      \
+        for (int32_t j = 0; j < SW_RW; j++) {                                               \
+            if (who[j] < 0) continue;                                                       \
+            const sw_qnode *nd = top + q[j];                                                \
+            const uint32_t key = nd->key;                                                   \
+            if (key & SW_KEY_LEAF) {                                                        \
+                slots[who[j]] = SW_SC_SLOT(nd->thr);                                        \
+                if (next < n) { q[j] = node[next]; who[j] = row[next]; x[j] = rx[row[next++]]; } \
+                else { who[j] = -1; live--; }                                               \
+            } else {                                                                        \
+                q[j] += (uint64_t)SW_SC_DELTA(key) + (uint64_t)(nd->thr < x[j][IDX(key)]);  \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+}
+SW_DEF_FREST(SW_SCIDX_Q, sw_scwalk_rest)
+SW_DEF_FREST(SW_SCIDX_F, sw_scwalk_rest_f)
+#define SW_DEF_FWALK(IDX, REST, NAME)                                                       \
 static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, int32_t n,    \
                  int64_t *slots, int32_t steps, const char *pf, const char *pf_end) {       \
     const sw_qnode *top = (const sw_qnode *)vnodes + root;                                  \
-    int32_t g = 0;                                                                          \
+    int32_t rest_row[SW_FREST], n_rest = 0, g = 0;                                          \
+    uint64_t rest_node[SW_FREST];                                                           \
     for (; g + SW_RW <= n; g += SW_RW) {                                                    \
         for (int32_t i = 0; i < SW_RW && pf < pf_end; i++, pf += 64) sw_prefetch_l2(pf);    \
         SW_FINIT(0) SW_FINIT(1) SW_FINIT(2) SW_FINIT(3)                                     \
         SW_FINIT(4) SW_FINIT(5) SW_FINIT(6) SW_FINIT(7)                                     \
         for (int32_t s = 0; s < steps; s++) { SW_FSTEP8(IDX) }                              \
-        while (!(top[q0].key & top[q1].key & top[q2].key & top[q3].key & top[q4].key &      \
-                 top[q5].key & top[q6].key & top[q7].key & SW_KEY_LEAF)) { SW_FSTEP8(IDX) } \
-        SW_FSLOT(0) SW_FSLOT(1) SW_FSLOT(2) SW_FSLOT(3)                                     \
-        SW_FSLOT(4) SW_FSLOT(5) SW_FSLOT(6) SW_FSLOT(7)                                     \
+        for (int32_t s = 0; s < SW_FCAP && !(top[q0].key & top[q1].key & top[q2].key &      \
+                 top[q3].key & top[q4].key & top[q5].key & top[q6].key & top[q7].key &       \
+                 SW_KEY_LEAF); s++) { SW_FSTEP8(IDX) }                                      \
+        if (n_rest > SW_FREST - SW_RW) {                                                    \
+            REST(top, rx, rest_row, rest_node, n_rest, slots);                              \
+            n_rest = 0;                                                                     \
+        }                                                                                   \
+        SW_FSET(0) SW_FSET(1) SW_FSET(2) SW_FSET(3)                                         \
+        SW_FSET(4) SW_FSET(5) SW_FSET(6) SW_FSET(7)                                         \
     }                                                                                       \
     for (; g < n; g++) {                                                                    \
-        const sw_qnode *nd = top;                                                           \
-        uint32_t key;                                                                       \
-        while (!((key = nd->key) & SW_KEY_LEAF)) nd = SW_SCCHILD(nd, rx[g], key, IDX);      \
-        slots[g] = SW_SCSLOT(nd);                                                           \
+        rest_row[n_rest] = g;                                                               \
+        rest_node[n_rest++] = 0;                                                            \
+        if (n_rest == SW_FREST) {                                                           \
+            REST(top, rx, rest_row, rest_node, n_rest, slots);                              \
+            n_rest = 0;                                                                     \
+        }                                                                                   \
     }                                                                                       \
+    REST(top, rx, rest_row, rest_node, n_rest, slots);                                      \
 }
-SW_DEF_FWALK(SW_SCIDX_Q, sw_scwalk_fixed)
-SW_DEF_FWALK(SW_SCIDX_F, sw_scwalk_fixed_f)
+SW_DEF_FWALK(SW_SCIDX_Q, sw_scwalk_rest, sw_scwalk_fixed)
+SW_DEF_FWALK(SW_SCIDX_F, sw_scwalk_rest_f, sw_scwalk_fixed_f)
 static const sw_cwalk_fn sw_cwalk_tab[2] = {sw_cwalk_n, sw_cwalk_f};
 static inline sw_cwalk_fn sw_cwalk_fn_for(int rule) { return sw_cwalk_tab[rule]; }
 

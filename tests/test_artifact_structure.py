@@ -86,6 +86,30 @@ def test_padded_nan_threshold(tmp_path):
     _refused(tmp_path, _edit(GOLDEN.read_bytes(), lie), r"arrays\.pnodes: a NaN threshold")
 
 
+@pytest.mark.parametrize("bits", [0xFFC00000, 0x7FC00000, 0x7F800001])
+def test_compact_nan_threshold(tmp_path, compact_bytes, bits):
+    # as in the padded layout: found by an attacker review, a negative NaN threshold sent
+    # every row right in batches of 256 rows or more (the order-key walks) and left in
+    # smaller ones (the float walks)
+    def lie(m, a):
+        inner = np.flatnonzero((a["cnodes"][:, 0] & 0x80000000) == 0)[0]
+        a["cnodes"][inner, 1] = np.uint32(bits)
+
+    _refused(tmp_path, _edit(compact_bytes, lie), r"arrays\.cnodes: a NaN threshold")
+
+
+def test_loaded_arrays_sit_on_64_byte_boundaries(tmp_path, compact_bytes):
+    """The arrays' offsets are 64-aligned within the file; loaded, each array is too (a view
+    of the file's bytes object sat wherever its data began: UBSan reported the kernels'
+    misaligned loads), and read-only, as the views were."""
+    for extra in range(3):  # headers of other lengths: the section starts elsewhere
+        data = _edit(compact_bytes, lambda m, a, k=extra: m.update(note="x" * k))
+        meta, arrays, _ = artifact.loads(data)
+        for name, arr in arrays.items():
+            assert arr.ctypes.data % 64 == 0, name
+            assert not arr.flags.writeable, name
+
+
 def test_child_pointing_backwards(tmp_path, compact_bytes):
     def lie(m, a):
         inner = np.flatnonzero((a["cnodes"][:, 0] & 0x80000000) == 0)[1]

@@ -199,6 +199,8 @@ def test_walk_steps_is_each_trees_expected_path_under_even_routing():
     nodes = np.array(balanced + lopsided + [leaf], dtype=np.uint32)
     steps = _kernels.walk_steps(nodes, np.array([0, 7, 12], dtype=np.int64))
     assert steps.tolist() == [2, 1, 0]
+    with pytest.raises(ValueError, match="n x 2"):  # an attacker review: read out of bounds
+        _kernels.walk_steps(np.zeros((5, 0), np.uint32), np.array([0, 2], dtype=np.int64))
 
 
 @pytest.mark.parametrize("name", ["rf-binary", "et-multi", "hgb-binary"])

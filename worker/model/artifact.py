@@ -108,8 +108,9 @@ def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray]
             or not isinstance(header.get("arrays"), list):
         raise ArtifactError(f"{what}: header lacks its 'meta' mapping or 'arrays' list")
     arrays, base = {}, start + hlen
+    section = _aligned(memoryview(body)[base:])
     for spec in header["arrays"]:
-        name, arr = _array(spec, body, base, what)
+        name, arr = _array(spec, section, 0, what)
         if name in arrays:
             raise ArtifactError(f"{what}: array {name!r} stored twice")
         arrays[name] = arr
@@ -120,7 +121,20 @@ def loads(data: bytes, what: str = "model") -> tuple[dict, dict[str, np.ndarray]
     return header["meta"], arrays, model_id
 
 
-def _array(spec, body: bytes, base: int, what: str) -> tuple[str, np.ndarray]:
+def _aligned(section: memoryview) -> np.ndarray:
+    """The arrays' section copied once to a 64-byte boundary, read-only: their offsets are
+    64-aligned from its start, but a bytes object's data starts wherever Python put it, so
+    views of it gave arrays off their own element size (undefined behaviour for the kernels'
+    loads, UBSan: misaligned)."""
+    buf = np.empty(len(section) + 64, dtype=np.uint8)
+    lo = (-buf.ctypes.data) % 64
+    out = buf[lo:lo + len(section)]
+    out[:] = np.frombuffer(section, dtype=np.uint8)
+    out.flags.writeable = False
+    return out
+
+
+def _array(spec, body, base: int, what: str) -> tuple[str, np.ndarray]:
     """One array spec of the header, checked against the body before numpy sees it."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ArtifactError(f"{what}: an array spec without a name")

@@ -310,6 +310,10 @@ def _check_compact(arrays, n_trees: int, nf: int, n_leaves: int) -> None:
     if np.any((key[inner] & ~KEY_SPECIAL) >= 2 * nf):
         _fail("arrays.cnodes", f"a node key reads a feature beyond n_features ({nf})")
     special = inner & ((key & KEY_SPECIAL) != 0)
+    # a NaN threshold, as in the padded layout: the float walks (small batches) send every
+    # row left of it, the order-key walks (large batches) right of a negative NaN
+    if np.any((thr[inner & ~special] & 0x7FFFFFFF) > INF_BITS):
+        _fail("arrays.cnodes", "a NaN threshold")
     _check_entries(arrays, thr[special], "arrays.cnodes")
     if special.any() and np.any(arrays["cats"][thr[special]] != slot[special]):
         _fail("arrays.cnodes", "a special node's header differs from its entry's")
