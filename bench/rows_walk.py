@@ -2,7 +2,8 @@
 8 rows through a tree without refills (walk.h sw_scwalk_fixed, the default) against the walk
 that refills a chain at each leaf (sw_scwalk_rows, Forest.fixed_walk(False)), on the ONNX
 exports of bench/onnx_speed.py's random forest and LightGBM model and on bench/models.py's
-model C; predict_proba rows/s at one thread on 50,000 rows, median of the repeats. Also each
+model C, and on an attacker's model and rows (crafted); predict_proba rows/s at one thread on
+50,000 rows (raw scores for the crafted model), median of the repeats. Also each
 model's mean path a row takes through a tree on these rows, the mean of the deepest path of
 each group of 8 rows (what a group without refills walks), and kernels.walk_steps' mean (the
 untested steps).
@@ -53,6 +54,48 @@ def paths(model, X: np.ndarray) -> tuple[float, float]:
     return float(np.mean(mean)), float(np.mean(deepest))
 
 
+def score(model, X):
+    return model.raw(X, n_threads=1) if model.task == "regression" else \
+        model.predict_proba(X, n_threads=1)
+
+
+def crafted(path: Path):
+    """An attacker's model and rows (the attacker review of the walk without refills): 50
+    trees, each a chain 2,000 splits deep (x0 > 0 goes one level deeper), and rows of which
+    one in each 8 goes to the bottom, so every group of 8 rows holds one long path."""
+    import worker
+    from worker.model import artifact
+
+    base = worker.compile_model(_tiny_forest(), layout="compact", kernel="walk")
+    meta = {k: v for k, v in base.meta.items() if k != "layout_choice"}
+    meta.update(divisor=1.0, accumulate="float64")
+    nodes, leaves = [], []
+    zero = int(np.float32(0).view(np.uint32))
+    for _ in range(2000):
+        i = len(nodes)
+        nodes += [[0, zero, i + 1, 0], [0x80000000, 0x7F800000, i + 1, len(leaves)]]
+        leaves.append(1.0)
+    nodes.append([0x80000000, 0x7F800000, len(nodes), len(leaves)])
+    leaves.append(2.0)
+    T = 50
+    artifact.save(path, meta, {
+        "cnodes": np.asarray(nodes, np.uint32), "root": np.zeros(T, np.int64),
+        "leaves": np.asarray(leaves, np.float64).reshape(-1, 1),
+        "tree_group": np.zeros(T, np.int32), "tree_depth": np.ones(T, np.int32),
+        "unit_ptr": np.array([0, T], np.int64), "base": np.zeros(1, np.float64),
+        "leaf_min": np.full((T, 1), -1e300), "leaf_max": np.full((T, 1), 1e300)})
+    X = np.full((50_000, 2), -1.0, np.float32)
+    X[::8, 0] = 1.0
+    return worker.load_model(path, kernel="walk"), X
+
+
+def _tiny_forest():
+    from sklearn.ensemble import RandomForestRegressor
+
+    X = np.random.default_rng(5).normal(size=(200, 2)).astype(np.float32)
+    return RandomForestRegressor(2, max_depth=2, random_state=0).fit(X, X[:, 0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
@@ -71,6 +114,10 @@ def main() -> int:
             cases.append((f"ONNX {name}", model, [
                 ("dense", onnx_speed.data(50000, 7)),
                 ("10% missing", onnx_speed.data(50000, 7, 0.1))]))
+    adversary = tempfile.TemporaryDirectory()
+    bad, Xbad = crafted(Path(adversary.name) / "crafted.model")
+    cases.append(("crafted: 50 trees 2,000 deep, one row in 8 to the bottom", bad,
+                  [("dense", Xbad)]))
     c = worker.compile_model(M.load("C").source, layout="compact", kernel="walk")
     Xc = M.data(50_000, seed=7)[0].astype(np.float32)
     cases.append(("model C: RandomForest 100 deep trees", c,
@@ -85,19 +132,20 @@ def main() -> int:
         mean, deepest = paths(model, sets[0][1][:4096])
         for label, X in sets:
             f.fixed_walk(False)
-            ref = model.predict_proba(X, n_threads=1)
+            ref = score(model, X)
             times = {False: [], True: []}
             for _ in range(args.repeats):
                 for on in times:  # alternated
                     f.fixed_walk(on)
                     t0 = time.perf_counter()
-                    p = model.predict_proba(X, n_threads=1)
+                    p = score(model, X)
                     times[on].append(time.perf_counter() - t0)
                     assert np.array_equal(p, ref), "the two walks differ"
             r = {on: len(X) / float(np.median(v)) for on, v in times.items()}
             print(f"| {name} | {label} | {r[False]:,.0f} | {r[True]:,.0f} | "
                   f"{r[True] / r[False]:.2f}x | {mean:.1f} | {deepest:.1f} | "
                   f"{steps.mean():.1f} |", flush=True)
+    adversary.cleanup()
     return 0
 
 
