@@ -364,13 +364,13 @@ static void NAME(const void *vnodes, int64_t root, const uint32_t *const *rx, in
         SW_FSET(0) SW_FSET(1) SW_FSET(2) SW_FSET(3)                                         \
         SW_FSET(4) SW_FSET(5) SW_FSET(6) SW_FSET(7)                                         \
     }                                                                                       \
-    for (; g < n; g++) {                                                                    \
-        rest_row[n_rest] = g;                                                               \
-        rest_node[n_rest++] = 0;                                                            \
+    for (; g < n; g++) {  /* flushed before each append: the loop above may leave it full */\
         if (n_rest == SW_FREST) {                                                           \
             REST(top, rx, rest_row, rest_node, n_rest, slots);                              \
             n_rest = 0;                                                                     \
         }                                                                                   \
+        rest_row[n_rest] = g;                                                               \
+        rest_node[n_rest++] = 0;                                                            \
     }                                                                                       \
     REST(top, rx, rest_row, rest_node, n_rest, slots);                                      \
 }

@@ -108,6 +108,8 @@ def test_loaded_arrays_sit_on_64_byte_boundaries(tmp_path, compact_bytes):
         for name, arr in arrays.items():
             assert arr.ctypes.data % 64 == 0, name
             assert not arr.flags.writeable, name
+            with pytest.raises(ValueError):  # and cannot be made writeable again
+                arr.flags.writeable = True
 
 
 def test_child_pointing_backwards(tmp_path, compact_bytes):

@@ -219,6 +219,28 @@ def test_the_walks_untested_steps_change_no_answer(name, steps):
         model.forest.fixed_walk(True, steps=65)
 
 
+@pytest.mark.parametrize("n_rows", [256, 257, 263, 519, 1799, 2048])
+def test_deep_rows_set_aside_by_the_walk_fill_its_list(n_rows):
+    """Every row of a batch down a 45-deep path: every chain of every group of 8 is set aside
+    after its tested steps, the walk's list of them (256 places) fills, and the last n % 8 rows
+    join it. An attacker review: with the list full, the last rows were written past its end
+    (wrong scores at 257 rows, a crash at 263)."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    rng = np.random.default_rng(0)
+    X = np.sort(np.abs(rng.normal(size=(4000, 1))) ** 6, axis=0).astype(np.float32)
+    est = RandomForestRegressor(3, random_state=0, bootstrap=False, max_features=None).fit(
+        X, rng.normal(size=len(X)))
+    model = worker.compile_model(est, layout="compact", kernel="walk")
+    assert model.forest.fixed_walk() is True
+    paths = est.estimators_[0].decision_path(X).sum(axis=1).A1
+    assert paths.max() > 16 + 8  # deeper than any tree's untested and tested steps here
+    B = np.repeat(X[np.argmax(paths)][None], n_rows, axis=0)
+    for threads in (1, 2):
+        np.testing.assert_allclose(model.predict(B, n_threads=threads), est.predict(B),
+                                   rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("name", ["rf-binary", "hgb-binary", "gb-multi"])
 def test_sklearn_nan_follows_tree_default(name):
     """NaN rows (where the library accepts them) score like the library, every layout."""

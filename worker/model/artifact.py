@@ -130,6 +130,7 @@ def _aligned(section: memoryview) -> np.ndarray:
     lo = (-buf.ctypes.data) % 64
     out = buf[lo:lo + len(section)]
     out[:] = np.frombuffer(section, dtype=np.uint8)
+    buf.flags.writeable = False  # the owner too: a view's flag could be set back otherwise
     out.flags.writeable = False
     return out
 
