@@ -10,9 +10,6 @@ cimport cython
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t
 from libc.stdlib cimport malloc, free
-
-cdef extern from "<stdlib.h>" nogil:
-    void* aligned_alloc(size_t alignment, size_t size)
 from libc.string cimport memcpy
 from libc.math cimport exp, INFINITY
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ND, PyBUF_FORMAT,
@@ -33,6 +30,9 @@ from walk cimport (walk1, walk8, sw_prefetch,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats, sw_scwalk_rows,
                   sw_scwalk_rows_f, sw_scwalk_fixed, sw_scwalk_fixed_f)
+
+cdef extern from "<stdlib.h>" nogil:  # C11; libc.stdlib does not declare it
+    void* aligned_alloc(size_t alignment, size_t size)
 
 cdef extern from "qs.h":
     ctypedef struct sw_qsnode:
@@ -269,11 +269,15 @@ def walk_steps(object sqnodes, object root):
         raise ValueError("walk_steps: nodes must be n x 2 (key, threshold)")
     cdef const uint32_t[:, ::1] q = q_arr
     cdef const int64_t[::1] r = np.ascontiguousarray(root, dtype=np.int64)
-    cdef int64_t n = q.shape[0], T = r.shape[0], t, i, end, c
+    cdef int64_t n = q.shape[0], T = r.shape[0], t, i, end, c, b, big = 0
     out = np.zeros(T, dtype=np.int32)
     cdef int32_t[::1] o = out
-    p_arr = np.zeros(n, dtype=np.float64)
-    d_arr = np.zeros(n, dtype=np.int32)
+    for t in range(T):  # scratch for the largest tree, not for the whole model
+        end = r[t + 1] if t + 1 < T else n
+        if 0 <= r[t] < end <= n:
+            big = max(big, end - r[t])
+    p_arr = np.zeros(big, dtype=np.float64)  # each node's share of the rows, and its depth
+    d_arr = np.zeros(big, dtype=np.int32)
     cdef double[::1] p = p_arr
     cdef int32_t[::1] d = d_arr
     cdef double e
@@ -282,20 +286,21 @@ def walk_steps(object sqnodes, object root):
             end = r[t + 1] if t + 1 < T else n
             if r[t] < 0 or r[t] >= end or end > n:
                 continue
-            p[r[t]] = 1.0
-            d[r[t]] = 0
+            b = r[t]
+            p[0] = 1.0
+            d[0] = 0
             e = 0.0
-            for i in range(r[t], end):
+            for i in range(b, end):
                 if q[i, 0] & 0x80000000u:  # a leaf (walk.h SW_KEY_LEAF)
-                    e += p[i] * d[i]
+                    e += p[i - b] * d[i - b]
                     continue
                 c = i + ((q[i, 0] >> 16) & 0x7FFF)
                 if c <= i or c + 1 >= end:
                     continue
-                p[c] = p[i] / 2
-                p[c + 1] = p[i] / 2
-                d[c] = d[i] + 1
-                d[c + 1] = d[i] + 1
+                p[c - b] = p[i - b] / 2
+                p[c + 1 - b] = p[i - b] / 2
+                d[c - b] = d[i - b] + 1
+                d[c + 1 - b] = d[i - b] + 1
             o[t] = <int32_t>min(e, 64.0)
     return out
 

@@ -305,7 +305,7 @@ SW_DEF_RWALK(SW_SCIDX_F, sw_scwalk_rows_f)
    the refilling walk does): a group costs at most 8 x (steps + SW_FCAP) steps beyond its rows'
    own paths, and the long paths are walked side by side, not alone. Without it, rows ordered
    so that one of each 8 takes a long path made every group walk it 8 times (an attacker
-   review: a 2,000-deep tree, 5x the refilling walk). */
+   review's crafted 2,000-deep tree; bench/rows_walk.py times it). */
 #define SW_FCAP 16
 #define SW_FREST 256
 #define SW_FSET(j) {                                                                        \
