@@ -237,6 +237,8 @@ def check(data: bytes, path) -> str:
     X = hostile_rows(model.n_features, 70, seed=1)
     model.raw(X[:1], n_threads=1)
     model.raw(X, n_threads=2)
+    # one task of 600 rows: the rows walk of deep forests (kernels.ROWS_WALK_MIN: 256 rows)
+    model.raw(hostile_rows(model.n_features, 600, seed=2), n_threads=1)
     model.raw(pa.table({n: X[:, j] for j, n in enumerate(model.feature_names)}), n_threads=1)
     if "x_tree" in model.arrays and model.aggregate == "sum":  # node covers: attributions
         for method in ("treeshap", "path"):
