@@ -96,6 +96,22 @@ private:
         return 1;
     }
 
+    // A boolean's byte (0 or 1) and an int or long (an int within 32 bits), read as both
+    // value() and hashed() read them: 0, or fail()'s / truncated()'s return.
+    int boolean(uint8_t& b, swjson::Out& out) {
+        if (p_ >= end_) return truncated(out);
+        b = *p_++;
+        if (b > 1) return fail(out, "bad_avro", "a boolean that is not 0 or 1");
+        return 0;
+    }
+
+    int integer(const Node& n, int64_t& v, swjson::Out& out) {
+        if (!varint(v)) return truncated(out);
+        if (n.kind == INT && (v < INT32_MIN || v > INT32_MAX))
+            return fail(out, "bad_avro", "an int outside 32 bits");
+        return 0;
+    }
+
     int truncated(swjson::Out& out) {
         if (overlong_) {
             overlong_ = false;
@@ -157,9 +173,8 @@ private:
         size_t len = 0;
         switch (n.kind) {
         case BOOLEAN: {
-            if (p_ >= end_) return truncated(out);
-            uint8_t b = *p_++;
-            if (b > 1) return fail(out, "bad_avro", "a boolean that is not 0 or 1");
+            uint8_t b;
+            if (int e = boolean(b, out)) return e;
             buf[0] = b ? '1' : '0';
             len = 1;
             break;
@@ -167,9 +182,7 @@ private:
         case INT:
         case LONG: {
             int64_t v;
-            if (!varint(v)) return truncated(out);
-            if (n.kind == INT && (v < INT32_MIN || v > INT32_MAX))
-                return fail(out, "bad_avro", "an int outside 32 bits");
+            if (int e = integer(n, v, out)) return e;
             len = swjson::int_text(buf, sizeof buf, (long long)v);
             break;
         }
@@ -227,17 +240,14 @@ private:
         case NUL:
             return 0;
         case BOOLEAN: {
-            if (p_ >= end_) return truncated(out);
-            uint8_t b = *p_++;
-            if (b > 1) return fail(out, "bad_avro", "a boolean that is not 0 or 1");
+            uint8_t b;
+            if (int e = boolean(b, out)) return e;
             return store(n, b ? 1.0f : 0.0f, out);
         }
         case INT:
         case LONG: {
             int64_t v;
-            if (!varint(v)) return truncated(out);
-            if (n.kind == INT && (v < INT32_MIN || v > INT32_MAX))
-                return fail(out, "bad_avro", "an int outside 32 bits");
+            if (int e = integer(n, v, out)) return e;
             if (n.slot == -2) {
                 out.id_int[0] = v;
                 out.id_kind[0] = swjson::ID_INT;
