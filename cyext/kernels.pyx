@@ -22,14 +22,16 @@ from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, C
                       COL_U64, COL_BITS, COL_ABSENT)
 from stage cimport stage_block
 from blocks cimport (acc_t, add_leaf, add_leaves, one_sum, RowPlan, plannable, plan_wide,
-                    COMPACT_ROWS, ROWS_WALK_ROWS, ROWS_WALK_MIN, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
+                    COMPACT_ROWS, ROWS_WALK_ROWS, ROWS_WALK_MIN, PART_ROWS_PER_NODE, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
                     AGG_SUM, AGG_MIN, AGG_MAX)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
                   sw_cwalk_q_for, sw_scwalk_q_for, WIDE, PLAN_WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats, sw_scwalk_rows,
-                  sw_scwalk_rows_f, sw_scwalk_fixed, sw_scwalk_fixed_f)
+                  sw_scwalk_rows_f, sw_scwalk_fixed, sw_scwalk_fixed_f, sw_key_cols,
+                  sw_part_best, sw_scwalk_part, SW_PMAX, SW_PART_ROW, SW_PART_AVX512,
+                  SW_PLEAF_SLOT, SW_PLEAF_F32, SW_PLEAF_F64)
 
 cdef extern from "<stdlib.h>" nogil:  # C11; libc.stdlib does not declare it
     void* aligned_alloc(size_t alignment, size_t size)
@@ -444,6 +446,30 @@ cdef void rows_trees(const ModelView* m, const void* qc, const acc_t* leaves, in
         rows_tree(m, qc, leaves, t, rx, order, nfin, n, acc, True, pf, pf_end)
 
 
+
+cdef void part_trees(const ModelView* m, const void* qc, const acc_t* leaves, int64_t t0,
+                     int64_t t1, const uint32_t* cols, int32_t n, acc_t* acc) noexcept nogil:
+    """Trees t0..t1 for a task's n rows staged by column (walk.h sw_key_cols), each tree by
+    the partition walk (sw_scwalk_part). One value a leaf, summed: the walk adds it to the
+    row's score at the leaf; otherwise it gives each row's slot, added here. A row's leaves
+    are added in tree order. Each walk prefetches the task's next tree (rows_trees)."""
+    cdef int64_t slots[ROWS_WALK_ROWS]
+    cdef int64_t t, u
+    cdef int32_t k
+    cdef bint one = one_sum(m)
+    cdef int leaf = (SW_PLEAF_F32 if acc_t is float else SW_PLEAF_F64) if one else SW_PLEAF_SLOT
+    cdef const char* pf
+    cdef const char* pf_end
+    for t in range(t0, t1):
+        u = t + 1 if t + 1 < t1 else t0
+        pf = <const char*>(<const PNode*>qc + m.root[u])
+        pf -= <size_t>pf & 63
+        pf_end = <const char*>(<const PNode*>qc + tree_end(m, u))
+        sw_scwalk_part(qc, m.root[t], cols, n, leaf, slots, leaves, acc, m.part, pf, pf_end)
+        if not one:
+            for k in range(n):
+                add_leaf(m, leaves, t, slots[k], acc + k * m.n_outputs)
+
 cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int64_t ldx,
                     int32_t n, int64_t t0, int64_t t1, acc_t* acc, float* xx=NULL,
                     int32_t xx_cap=0) noexcept nogil:
@@ -483,6 +509,14 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                                slot)
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
+        elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m) and \
+                part_walk(m, n):
+            # Small trees: the task's rows, staged by column, go through each tree node by
+            # node (walk.h sw_scwalk_part; the LightGBM export 1.9x the lockstep walk below,
+            # bench/NOTES.md "The partition walk")
+            sw_key_cols(X, ldx, n, nf, <uint32_t*>xx)
+            part_trees(m, sqc, leaves, t0, t1, <const uint32_t*>xx, n, acc)
+            t = t1
         elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m):
             # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 8 at a time
             # (walk.h sw_scwalk_fixed: the tree's expected depth in untested steps, then
@@ -699,6 +733,15 @@ cdef inline bint rows_walk(const ModelView* m) noexcept nogil:
         2 * max(m.n_features, 1) * ROWS_WALK_ROWS <= 4 * PLAN_FLOATS
 
 
+cdef inline bint part_walk(const ModelView* m, int64_t n) noexcept nogil:
+    # a task of n rows takes the partition walk (eval_rest): on (Forest.part_walk), and the
+    # largest tree has at most one node for each PART_ROWS_PER_NODE rows (a node costs about
+    # as much as 4 rows' steps through it: LightGBM models of 255 leaves, 509 nodes, score
+    # alike both ways on 2,048-row tasks; bench/NOTES.md "The partition walk")
+    return m.part != 0 and 0 < m.part_nodes and m.part_nodes * PART_ROWS_PER_NODE <= n and \
+        n <= SW_PMAX
+
+
 cdef inline int64_t task_rows(const ModelView* m) noexcept nogil:
     # Compact (deep) models outgrow L2: 1024 rows walk each group of trees while it is cached
     # (measured 2.3x rows/s on model C, a 9 MB random forest, over 64-row blocks), or, with
@@ -841,6 +884,8 @@ cdef class Forest:
         self.view.trees_walk = 0
         self.view.steps = NULL
         self.steps = None
+        self.view.part = 0
+        self.view.part_nodes = 0
         if aggregate not in AGGREGATES:
             raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
         self.view.agg = AGGREGATES[aggregate]
@@ -1171,7 +1216,33 @@ cdef class Forest:
             if self.steps is None:
                 self.steps = walk_steps(self.sqnodes, self.arrays["root"])
             self.fixed_walk(True)
+            self.view.part_nodes = int(np.diff(np.append(self.arrays["root"],
+                                                         self.view.n_nodes)).max())
+            self.view.part = sw_part_best()
+        else:
+            self.view.part = 0
+            self.view.part_nodes = 0
         return 8 if self.view.sqcnodes != NULL else 16
+
+    def part_walk(self, object mode=None):
+        """Whether a large task's rows go through each small tree node by node (walk.h
+        sw_scwalk_part; the default where its largest tree has at most one node for each 4
+        of a task's rows): "avx512" (16 rows a compare, the default where the CPU has it) or
+        "row" (a row at a time), or off (False: the rows walks). ``mode`` sets it (True: the
+        best; tests score every way), refusing what the CPU lacks. What is in force; None
+        where it does not apply (no rows walk, or trees of more than 512 nodes)."""
+        names = {SW_PART_ROW: "row", SW_PART_AVX512: "avx512"}
+        if not rows_walk(&self.view) or self.view.part_nodes < 1 or \
+                self.view.part_nodes * PART_ROWS_PER_NODE > ROWS_WALK_ROWS:
+            return None
+        if mode is not None:
+            best = sw_part_best()
+            want = best if mode is True else 0 if mode is False else {
+                v: k for k, v in names.items()}.get(mode, -1)
+            if want < 0 or want > best:
+                raise ValueError(f"partition walk {mode!r}: this CPU has {names[best]}")
+            self.view.part = want
+        return names.get(self.view.part, False)
 
     def fixed_walk(self, object on=None, object steps=None):
         """Whether the rows walk takes 8 rows through a tree without refills (walk.h

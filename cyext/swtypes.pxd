@@ -54,6 +54,10 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const int32_t* steps      # per tree: the untested steps of the rows walk without refills
                               # (walk.h sw_scwalk_fixed; kernels.walk_steps), or NULL: the
                               # refilling walk (sw_scwalk_rows; Forest.fixed_walk)
+    int32_t part              # the partition walk (walk.h sw_scwalk_part) for tasks of at
+                              # least PART_ROWS_PER_NODE x part_nodes rows: SW_PART_AVX512 or
+                              # SW_PART_ROW, or 0: off (kernels.part_walk; Forest.part_walk)
+    int64_t part_nodes        # the largest tree's node count (compact 8-byte nodes), else 0
     int32_t agg               # AGG_SUM, or AGG_MIN / AGG_MAX (ONNX aggregate_function): the
                               # trees' smallest or largest leaf, then + base (blocks.add_leaf)
 

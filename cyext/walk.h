@@ -601,4 +601,199 @@ static inline void sw_split_row(const float *x, int n, float *vxx) {
         o[2 * j + 1] = sw_order_key(v) | m;
     }
 }
+
+/* The partition walk: a task's rows through one tree node by node, not row by row
+   (kernels.part_trees; small trees, kernels.part_walk). The rows are staged by column
+   (sw_key_cols: cols[f * n + r] = key(x[r][f]), a NaN 0xFFFFFFFF). The root takes every row;
+   each split node divides its list of rows between its children (the left child's from the
+   front of the list's span, the right child's from the back, in the other of two buffers),
+   depth first, and each leaf takes its list. No step waits on the one before: a node compares
+   each of its rows' values in its column with its threshold (AVX-512: 16 rows a gather and
+   one compare, the two children's rows compressed out; the root reads its column in order),
+   where the rows walks above chain a node's load, the row's value and the compare a row and
+   step, and the lockstep walk also pays the deepest path of each 8 rows (bench/NOTES.md "The
+   partition walk"). The rule is the SPLIT rule of the doubled row without doubling: a node
+   reading 2f + 1 (missing right) compares key(x) with its threshold's key, a NaN's
+   0xFFFFFFFF above every threshold; one reading 2f (missing left) adds 1 to both, so a NaN
+   wraps to 0, below every threshold, and no other key wraps (a threshold's key is at most
+   key(+inf) = 0xFF800000: NaN thresholds are refused, artifact.py).
+   Bounds: n <= SW_PMAX (else -1, nothing done). A list is a span [s, e) of 0..n, and the two
+   children's spans split their parent's, so the lists held at any time are disjoint and
+   nonempty, at most n of them on the stack; a child follows its node (the structure check),
+   so the walk ends. Each row reaches exactly one leaf. */
+#define SW_PMAX 2048
+enum { SW_PART_ROW = 1, SW_PART_AVX512 = 2 };
+enum { SW_PLEAF_SLOT = 0, SW_PLEAF_F32 = 1, SW_PLEAF_F64 = 2 };
+typedef struct { uint64_t q; uint16_t s, e; uint32_t par; } sw_pspan;
+
+static inline void sw_key_cols(const float *x, int64_t ldx, int32_t n, int32_t nf,
+                               uint32_t *cols) {
+    for (int32_t r = 0; r < n; r++) {
+        const uint32_t *b = (const uint32_t *)(x + r * ldx);
+        for (int32_t f = 0; f < nf; f++) {
+            const uint32_t v = b[f];
+            const uint32_t m = 0u - (uint32_t)((v & 0x7FFFFFFFu) > 0x7F800000u);
+            cols[(int64_t)f * n + r] = sw_order_key(v) | m;
+        }
+    }
+}
+
+/* a node's rows src[s..e) (ROOT: 0..n in order, src unused) into dst: left from lo up,
+   right from hi down; the scalar step writes a row at both ends and moves one */
+#define SW_PART_ROWS(ROOT) {                                                                \
+    for (int32_t i = s; i < e; i++) {                                                       \
+        const uint32_t r = ROOT ? (uint32_t)i : src[i];                                     \
+        const uint32_t go = (uint32_t)(t2 < col[r] + add);                                  \
+        dst[lo] = r;                                                                        \
+        dst[hi - 1] = r;                                                                    \
+        lo += 1 - (int32_t)go;                                                              \
+        hi -= (int32_t)go;                                                                  \
+    }                                                                                       \
+}
+#if defined(__GNUC__) && defined(__x86_64__)
+#define SW_PART_X86 1
+#include <immintrin.h>
+/* 16 rows: their values, the compare, and each side's rows compressed to its end (masked
+   stores of exactly that side's count) */
+#define SW_PART_16(R, V, OK) {                                                              \
+    const __mmask16 k_ = _mm512_mask_cmplt_epu32_mask(OK, vt, _mm512_add_epi32(V, va));     \
+    const __mmask16 l_ = (__mmask16)(~k_ & (OK));                                           \
+    const uint32_t cr_ = (uint32_t)__builtin_popcount((unsigned)k_);                        \
+    const uint32_t cl_ = (uint32_t)__builtin_popcount((unsigned)l_);                        \
+    _mm512_mask_storeu_epi32(dst + lo, (__mmask16)_bzhi_u32(0xFFFFu, cl_),                  \
+                             _mm512_maskz_compress_epi32(l_, R));                           \
+    hi -= (int32_t)cr_;                                                                     \
+    _mm512_mask_storeu_epi32(dst + hi, (__mmask16)_bzhi_u32(0xFFFFu, cr_),                  \
+                             _mm512_maskz_compress_epi32(k_, R));                           \
+    lo += (int32_t)cl_;                                                                     \
+}
+#define SW_PART_AVX(ROOT) {                                                                 \
+    const __m512i va = _mm512_set1_epi32((int)add), vt = _mm512_set1_epi32((int)t2);        \
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,   \
+                                           14, 15);                                         \
+    int32_t i = s;                                                                          \
+    for (; i + 16 <= e; i += 16) {                                                          \
+        if (ROOT) {                                                                         \
+            const __m512i r = _mm512_add_epi32(iota, _mm512_set1_epi32(i));                 \
+            SW_PART_16(r, _mm512_loadu_si512(col + i), (__mmask16)0xFFFFu)                  \
+        } else {                                                                            \
+            const __m512i r = _mm512_loadu_si512(src + i);                                  \
+            SW_PART_16(r, _mm512_i32gather_epi32(r, col, 4), (__mmask16)0xFFFFu)            \
+        }                                                                                   \
+    }                                                                                       \
+    if (i < e) {                                                                            \
+        const __mmask16 ok = (__mmask16)_bzhi_u32(0xFFFFu, (uint32_t)(e - i));              \
+        if (ROOT) {                                                                         \
+            const __m512i r = _mm512_add_epi32(iota, _mm512_set1_epi32(i));                 \
+            SW_PART_16(r, _mm512_maskz_loadu_epi32(ok, col + i), ok)                        \
+        } else {                                                                            \
+            const __m512i r = _mm512_maskz_loadu_epi32(ok, src + i);                        \
+            SW_PART_16(r, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), ok, r, col, 4), \
+                       ok)                                                                  \
+        }                                                                                   \
+    }                                                                                       \
+}
+#define SW_PART_ATTR __attribute__((target("avx512f,bmi2,popcnt")))
+#endif
+/* what a leaf does with each of its rows r: its slot, or (one value a leaf, summed) its value
+   added to the row's score */
+#define SW_PLEAF_SLOT_DO(r) slots[r] = slot
+#define SW_PLEAF_F32_DO(r) ((float *)acc)[r] += ((const float *)leaves)[slot]
+#define SW_PLEAF_F64_DO(r) ((double *)acc)[r] += ((const double *)leaves)[slot]
+#define SW_DEF_PART(ATTR, PART, LEAF, NAME)                                                 \
+ATTR static void NAME(const sw_qnode *top, const uint32_t *cols, int32_t n, int64_t *slots, \
+                      const void *leaves, void *acc) {                                      \
+    uint32_t buf[2][SW_PMAX + 16];  /* + 16: the buffers not a multiple of 4 KB apart */    \
+    sw_pspan st[SW_PMAX];                                                                   \
+    const uint32_t *src = buf[0];                                                           \
+    int32_t sp = 0, s = 0, e = n, root = 1;                                                 \
+    uint64_t q = 0;                                                                         \
+    uint32_t par = 0;                                                                       \
+    for (;;) {                                                                              \
+        const uint32_t key = top[q].key, thr = top[q].thr;                                  \
+        if (key & SW_KEY_LEAF) {                                                            \
+            const int64_t slot = SW_SC_SLOT(thr);                                           \
+            if (root) {                                                                     \
+                for (int32_t r = 0; r < n; r++) LEAF(r);                                    \
+                return;                                                                     \
+            }                                                                               \
+            for (int32_t i = s; i < e; i++) LEAF(src[i]);                                   \
+            if (sp == 0) return;                                                            \
+            sp--;                                                                           \
+            q = st[sp].q; s = st[sp].s; e = st[sp].e; par = st[sp].par;                     \
+            src = buf[par];                                                                 \
+            continue;                                                                       \
+        }                                                                                   \
+        uint32_t *dst = buf[par ^ 1u];                                                      \
+        const uint32_t *col = cols + (int64_t)((key & 0xFFFFu) >> 1) * n;                   \
+        const uint32_t add = ~key & 1u, t2 = thr + add;                                     \
+        int32_t lo = s, hi = e;                                                             \
+        if (root) PART(1) else PART(0)                                                      \
+        root = 0;                                                                           \
+        const uint64_t c = q + SW_SC_DELTA(key);                                            \
+        par ^= 1u;                                                                          \
+        src = dst;                                                                          \
+        if (lo == s) {                  /* every row right */                               \
+            q = c + 1;                                                                      \
+        } else {                                                                            \
+            if (lo < e) {               /* the right child's rows wait */                   \
+                st[sp].q = c + 1;                                                           \
+                st[sp].s = (uint16_t)lo;                                                    \
+                st[sp].e = (uint16_t)e;                                                     \
+                st[sp++].par = par;                                                         \
+            }                                                                               \
+            q = c;                                                                          \
+            e = lo;                                                                         \
+        }                                                                                   \
+    }                                                                                       \
+}
+SW_DEF_PART(, SW_PART_ROWS, SW_PLEAF_SLOT_DO, sw_part_row_slot)
+SW_DEF_PART(, SW_PART_ROWS, SW_PLEAF_F32_DO, sw_part_row_f32)
+SW_DEF_PART(, SW_PART_ROWS, SW_PLEAF_F64_DO, sw_part_row_f64)
+#ifdef SW_PART_X86
+SW_DEF_PART(SW_PART_ATTR, SW_PART_AVX, SW_PLEAF_SLOT_DO, sw_part_avx_slot)
+SW_DEF_PART(SW_PART_ATTR, SW_PART_AVX, SW_PLEAF_F32_DO, sw_part_avx_f32)
+SW_DEF_PART(SW_PART_ATTR, SW_PART_AVX, SW_PLEAF_F64_DO, sw_part_avx_f64)
+#endif
+
+/* the best partition the CPU has (SW_PART_AVX512 with AVX-512F, BMI2 and POPCNT) */
+static int sw_part_best_v = 0;
+static inline int sw_part_best(void) {
+#ifdef SW_PART_X86
+    if (sw_part_best_v == 0) {
+        __builtin_cpu_init();
+        sw_part_best_v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("bmi2") &&
+            __builtin_cpu_supports("popcnt") ? SW_PART_AVX512 : SW_PART_ROW;
+    }
+    return sw_part_best_v;
+#else
+    return SW_PART_ROW;
+#endif
+}
+
+/* The tree at nodes + root for the n rows of cols: slots[r] (leaf SW_PLEAF_SLOT) or the
+   leaf's value added to acc[r] (SW_PLEAF_F32 / _F64: float / double acc and leaves). simd:
+   SW_PART_ROW or SW_PART_AVX512 (a CPU without it takes the rows). Prefetches pf..pf_end (the
+   caller's next tree) into L2 first. 0, or -1 for n outside 1..SW_PMAX. */
+static inline int sw_scwalk_part(const void *nodes, int64_t root, const uint32_t *cols,
+                                 int32_t n, int leaf, int64_t *slots, const void *leaves,
+                                 void *acc, int simd, const char *pf, const char *pf_end) {
+    const sw_qnode *top = (const sw_qnode *)nodes + root;
+    if (n < 1 || n > SW_PMAX)
+        return -1;
+    for (; pf < pf_end; pf += 64) sw_prefetch_l2(pf);
+#ifdef SW_PART_X86
+    if (simd == SW_PART_AVX512 && sw_part_best() == SW_PART_AVX512) {
+        (leaf == SW_PLEAF_F32 ? sw_part_avx_f32 : leaf == SW_PLEAF_F64 ? sw_part_avx_f64
+                                                                       : sw_part_avx_slot)(
+            top, cols, n, slots, leaves, acc);
+        return 0;
+    }
+#endif
+    (void)simd;
+    (leaf == SW_PLEAF_F32 ? sw_part_row_f32 : leaf == SW_PLEAF_F64 ? sw_part_row_f64
+                                                                   : sw_part_row_slot)(
+        top, cols, n, slots, leaves, acc);
+    return 0;
+}
 #endif

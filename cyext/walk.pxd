@@ -33,6 +33,14 @@ cdef extern from "walk.h":
     void sw_scwalk_fixed_f(const void* nodes, int64_t root, const uint32_t* const* rx,
                            int32_t n, int64_t* slots, int32_t steps, const char* pf,
                            const char* pf_end) noexcept nogil
+    # the partition walk: n rows staged by column (sw_key_cols), a tree node by node
+    enum: SW_PMAX, SW_PART_ROW, SW_PART_AVX512, SW_PLEAF_SLOT, SW_PLEAF_F32, SW_PLEAF_F64
+    void sw_key_cols(const float* x, int64_t ldx, int32_t n, int32_t nf,
+                     uint32_t* cols) noexcept nogil
+    int sw_part_best() noexcept nogil
+    int sw_scwalk_part(const void* nodes, int64_t root, const uint32_t* cols, int32_t n,
+                       int leaf, int64_t* slots, const void* leaves, void* acc, int simd,
+                       const char* pf, const char* pf_end) noexcept nogil
     # models with special (categorical, zero-as-missing) nodes: W chains, chain j the tree at
     # root[j * dt] on the row x + j * dx
     void sw_swalk1(const void* nodes, const int64_t* root, int64_t dt, const float* x,

@@ -134,6 +134,7 @@ def _compile(source, kernel: str, layout: str = "auto"):
     (AVX-512 here), "quickscorer2" 8 rows with AVX2, "quickscorer1" a row at a time."""
     if kernel == "walk-refill":  # the rows walk refilling its chains at each leaf
         model = compile_model(source, layout=layout, kernel="walk")
+        model.forest.part_walk(False)  # small trees: not node by node (test_partition_walk)
         assert model.forest.fixed_walk(False) in (False, None)  # None: categorical splits
         return model
     if kernel not in QS_MODES:

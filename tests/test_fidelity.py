@@ -30,11 +30,14 @@ def compiled(source, layout: str):
     """A layout scored by the walks, or the compact layout scored by QuickScorer (forced):
     "compact-qs" 8 rows at once with the CPU's best (AVX-512 here), "compact-qs2" 8 rows with
     AVX2, "compact-qs1" one row at a time. "compact" walks 8-byte nodes where they fit (every
-    model here), a large task's rows each tree together, 8 rows at once without refills;
-    "compact-refill" the same rows walk refilling a chain at each leaf; "compact-trees" 16
+    model here), a large task's rows each tree together, 8 rows at once without refills
+    (small trees: node by node, the partition walk);
+    "compact-refill" the same rows walk refilling a chain at each leaf (the partition walk of
+    small trees, tests/test_partition_walk.py, off); "compact-trees" 16
     trees a row over the same nodes; "compact16" the 16-byte ones."""
     if layout == "compact-refill":  # the rows walk refilling its chains, not 8 rows at once
         model = worker.compile_model(source, layout="compact", kernel="walk")
+        model.forest.part_walk(False)  # small trees: not node by node (test_partition_walk)
         assert model.forest.fixed_walk() in (True, None)  # None: special nodes, wide rows
         model.forest.fixed_walk(False)
         assert model.forest.fixed_walk() in (False, None)
