@@ -1,12 +1,13 @@
-"""The two rows walks of deep forests, alternated in one process (bench/NOTES.md, issue 36):
-8 rows through a tree without refills (walk.h sw_scwalk_fixed, the default) against the walk
-that refills a chain at each leaf (sw_scwalk_rows, Forest.fixed_walk(False)), on the ONNX
-exports of bench/onnx_speed.py's random forest and LightGBM model and on bench/models.py's
-model C, and on an attacker's model and rows (crafted); predict_proba rows/s at one thread on
-50,000 rows (raw scores for the crafted model), median of the repeats. Also each
-model's mean path a row takes through a tree on these rows, the mean of the deepest path of
-each group of 8 rows (what a group without refills walks), and kernels.walk_steps' mean (the
-untested steps).
+"""The rows walks of deep forests, alternated in one process (bench/NOTES.md, issue 36):
+8 rows through a tree without refills (walk.h sw_scwalk_fixed, the default for large trees)
+against the walk that refills a chain at each leaf (sw_scwalk_rows, Forest.fixed_walk(False))
+and, where its trees are small enough, the partition walk (sw_scwalk_part, the default there:
+a task's rows through a tree node by node), on the ONNX exports of bench/onnx_speed.py's
+random forest and LightGBM model, on bench/models.py's model C, and on an attacker's model and
+rows (crafted); predict_proba rows/s at one thread on 50,000 rows (raw scores for the crafted
+model), median of the repeats. Also each model's mean path a row takes through a tree on
+these rows, the mean of the deepest path of each group of 8 rows (what a group without
+refills walks), and kernels.walk_steps' mean (the untested steps).
 
     python bench/rows_walk.py [--repeats 7]
 """
@@ -96,6 +97,14 @@ def _tiny_forest():
     return RandomForestRegressor(2, max_depth=2, random_state=0).fit(X, X[:, 0])
 
 
+def _use(forest, part, walk):
+    """Put one walk in force: (fixed_walk, part_walk)."""
+    fixed, p = walk
+    if part:
+        forest.part_walk(p)
+    forest.fixed_walk(fixed)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
@@ -123,27 +132,34 @@ def main() -> int:
     cases.append(("model C: RandomForest 100 deep trees", c,
                   [("dense", Xc), ("2% missing", M.with_missing(Xc, seed=8))]))
     print("| model | rows | refilling walk rows/s | without refills rows/s | ratio | "
-          "mean path | deepest of 8, mean | untested steps, mean |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "partition walk rows/s | ratio | mean path | deepest of 8, mean | "
+          "untested steps, mean |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, model, sets in cases:
         f = model.forest
         steps = K.walk_steps(K.small_key_nodes(K.order_key_nodes(f.arrays["cnodes"])),
                              f.arrays["root"])
         mean, deepest = paths(model, sets[0][1][:4096])
+        part = f.part_walk()  # None: trees too large for it
+        walks = {"refill": (False, False), "fixed": (True, False)}
+        if part:
+            walks["part"] = (True, part)
+
         for label, X in sets:
-            f.fixed_walk(False)
+            _use(f, part, walks["refill"])
             ref = score(model, X)
-            times = {False: [], True: []}
+            times = {w: [] for w in walks}
             for _ in range(args.repeats):
-                for on in times:  # alternated
-                    f.fixed_walk(on)
+                for w in times:  # alternated
+                    _use(f, part, walks[w])
                     t0 = time.perf_counter()
                     p = score(model, X)
-                    times[on].append(time.perf_counter() - t0)
-                    assert np.array_equal(p, ref), "the two walks differ"
-            r = {on: len(X) / float(np.median(v)) for on, v in times.items()}
-            print(f"| {name} | {label} | {r[False]:,.0f} | {r[True]:,.0f} | "
-                  f"{r[True] / r[False]:.2f}x | {mean:.1f} | {deepest:.1f} | "
+                    times[w].append(time.perf_counter() - t0)
+                    assert np.array_equal(p, ref), f"the walks differ ({w})"
+            r = {w: len(X) / float(np.median(v)) for w, v in times.items()}
+            pr = f"{r['part']:,.0f} | {r['part'] / r['fixed']:.2f}x" if part else "- | -"
+            print(f"| {name} | {label} | {r['refill']:,.0f} | {r['fixed']:,.0f} | "
+                  f"{r['fixed'] / r['refill']:.2f}x | {pr} | {mean:.1f} | {deepest:.1f} | "
                   f"{steps.mean():.1f} |", flush=True)
     adversary.cleanup()
     return 0
