@@ -116,6 +116,11 @@ cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to 
     LINK_SOFTMAX_ZERO = 5  # ONNX Runtime's SOFTMAX_ZERO: a margin within 1e-7 of 0 is not
                            # exponentiated (it stays about 0) nor counted in the sum
 
+# the partition walk takes a whole task (kernels.part_walk; walk.h refuses more than SW_PMAX
+# rows, which would leave part_trees' slots unset): a task never outgrows it
+if SW_PMAX < ROWS_WALK_ROWS:
+    raise ImportError("walk.h SW_PMAX is below blocks.pxd ROWS_WALK_ROWS")
+
 _empty = np.empty
 _float64 = np.float64
 _NUMPY_KIND = {
