@@ -13,7 +13,8 @@ cdef enum:
     ROWS_WALK_ROWS = 2048     # ... and for those whose rows walk each tree together
     ROWS_WALK_MIN = 256       # fewer rows in a task walk 16 trees a row instead
     PART_ROWS_PER_NODE = 4    # the partition walk takes tasks of 4 rows a node of the
-                              # largest tree or more (kernels.part_walk)
+                              # largest tree or more (kernels.part_walk) ...
+    PART_ROWS_PER_NODE_ROW = 8  # ... or 8 a row at a time (no AVX-512)
     SPLIT_FLOATS = 16384      # eval_trees' stack buffer for doubled rows (64 KB: 64 rows
                               # of up to 128 features)
     PLAN_ROWS = 512           # rows per task for padded models whose rows are doubled ...

@@ -22,7 +22,8 @@ from swtypes cimport (ModelView, PNode, CNode, Column, BLOCK_ROWS, INTERLEAVE, C
                       COL_U64, COL_BITS, COL_ABSENT)
 from stage cimport stage_block
 from blocks cimport (acc_t, add_leaf, add_leaves, one_sum, RowPlan, plannable, plan_wide,
-                    COMPACT_ROWS, ROWS_WALK_ROWS, ROWS_WALK_MIN, PART_ROWS_PER_NODE, SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
+                    COMPACT_ROWS, ROWS_WALK_ROWS, ROWS_WALK_MIN, PART_ROWS_PER_NODE, PART_ROWS_PER_NODE_ROW,
+                    SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
                     AGG_SUM, AGG_MIN, AGG_MAX)
 from walk cimport (walk1, walk8, sw_prefetch,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
@@ -740,11 +741,13 @@ cdef inline bint rows_walk(const ModelView* m) noexcept nogil:
 
 cdef inline bint part_walk(const ModelView* m, int64_t n) noexcept nogil:
     # a task of n rows takes the partition walk (eval_rest): on (Forest.part_walk), and the
-    # largest tree has at most one node for each PART_ROWS_PER_NODE rows (a node costs about
-    # as much as 4 rows' steps through it: LightGBM models of 255 leaves, 509 nodes, score
-    # alike both ways on 2,048-row tasks; bench/NOTES.md "The partition walk")
-    return m.part != 0 and 0 < m.part_nodes and m.part_nodes * PART_ROWS_PER_NODE <= n and \
-        n <= SW_PMAX
+    # largest tree has at most one node for each PART_ROWS_PER_NODE rows (AVX-512), or each
+    # PART_ROWS_PER_NODE_ROW (a row at a time). bench/part_walk.py on 2,048-row tasks of
+    # LightGBM models: with AVX-512 1.22x the rows walk at 4 rows a node, 0.95x at 2; a row
+    # at a time 1.15x at 8 rows a node, 0.93x at 4 (bench/NOTES.md "The partition walk")
+    cdef int64_t per = PART_ROWS_PER_NODE if m.part == SW_PART_AVX512 else \
+        PART_ROWS_PER_NODE_ROW
+    return m.part != 0 and 0 < m.part_nodes and m.part_nodes * per <= n and n <= SW_PMAX
 
 
 cdef inline int64_t task_rows(const ModelView* m) noexcept nogil:
@@ -891,6 +894,7 @@ cdef class Forest:
         self.steps = None
         self.view.part = 0
         self.view.part_nodes = 0
+        self.part_largest = 0
         if aggregate not in AGGREGATES:
             raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
         self.view.agg = AGGREGATES[aggregate]
@@ -1221,22 +1225,27 @@ cdef class Forest:
             if self.steps is None:
                 self.steps = walk_steps(self.sqnodes, self.arrays["root"])
             self.fixed_walk(True)
-            self.view.part_nodes = int(np.diff(np.append(self.arrays["root"],
-                                                         self.view.n_nodes)).max())
+            self.part_largest = int(np.diff(np.append(self.arrays["root"],
+                                                      self.view.n_nodes)).max())
+            self.view.part_nodes = self.part_largest
             self.view.part = sw_part_best()
         else:
             self.view.part = 0
             self.view.part_nodes = 0
         return 8 if self.view.sqcnodes != NULL else 16
 
-    def part_walk(self, object mode=None):
+    def part_walk(self, object mode=None, object force=None):
         """Whether a large task's rows go through each small tree node by node (walk.h
         sw_scwalk_part; the default where its largest tree has at most one node for each 4
         of a task's rows): "avx512" (16 rows a compare, the default where the CPU has it) or
         "row" (a row at a time), or off (False: the rows walks). ``mode`` sets it (True: the
-        best; tests score every way), refusing what the CPU lacks. What is in force; None
-        where it does not apply (no rows walk, or trees of more than 512 nodes)."""
+        best; tests score every way), refusing what the CPU lacks; ``force`` True takes it
+        whatever the trees' size (for bench/part_walk.py), False restores the limit. What is
+        in force; None where it does not apply (no rows walk, or trees of more than 512
+        nodes)."""
         names = {SW_PART_ROW: "row", SW_PART_AVX512: "avx512"}
+        if force is not None and self.view.part_nodes > 0:
+            self.view.part_nodes = 1 if force else self.part_largest
         if not rows_walk(&self.view) or self.view.part_nodes < 1 or \
                 self.view.part_nodes * PART_ROWS_PER_NODE > ROWS_WALK_ROWS:
             return None

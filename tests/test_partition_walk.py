@@ -24,7 +24,9 @@ def _compact(source, mode):
     assert model.forest.part_walk() in ("avx512", "row"), "small trees take it by default"
     if mode == "avx512" and model.forest.part_walk() != "avx512":
         pytest.skip("this CPU has no AVX-512")
-    assert model.forest.part_walk(mode) == mode
+    # force: every task of 256 rows or more takes it, whatever its trees' size (a row at a
+    # time, the default limit is 8 rows a node)
+    assert model.forest.part_walk(mode, force=True) == mode
     return model
 
 
@@ -105,9 +107,8 @@ def test_lightgbm_raw_scores_are_the_librarys_to_the_bit(objective, missing, lea
     every threshold."""
     booster = _lgb(objective, leaves, missing)
     model = worker.compile_model(booster, layout="compact", kernel="walk")
-    if leaves == 255 and model.forest.part_walk() is None:
-        pytest.skip("no tree of 511 or fewer nodes here: the walk does not apply")
-    assert model.forest.part_walk(mode) == mode
+    assert model.forest.part_walk() is not None  # trees of at most 512 nodes
+    assert model.forest.part_walk(mode, force=True) == mode
     thr = _thresholds(booster).astype(np.float32)
     for seed, n in enumerate(SIZES):
         rng = np.random.default_rng(seed)
@@ -158,7 +159,7 @@ def test_lightgbm_rows_all_missing_follow_each_nodes_default():
     ref = booster.predict(B.astype(np.float64), raw_score=True)
     for mode in MODES:
         model = worker.compile_model(booster, layout="compact", kernel="walk")
-        model.forest.part_walk(mode)
+        model.forest.part_walk(mode, force=True)
         np.testing.assert_array_equal(model.raw(B, n_threads=1)[:, 0] * model.divisor, ref)
 
 
@@ -176,3 +177,10 @@ def test_the_switch_refuses_what_it_cannot_do_and_large_trees_keep_the_rows_walk
     assert sizes.max() * 4 > 2048  # a tree of more than 512 nodes
     assert deep.forest.part_walk() is None
     assert deep.forest.fixed_walk() is True
+    # past the limit only slower, never wrong: a tree of 1,500 nodes node by node
+    est = M.sklearn_models()["rf-reg"]
+    assert deep.forest.part_walk(True, force=True) in ("avx512", "row")
+    X = M.hostile_rows(2500, M.sklearn_thresholds(est), seed=5, nan=False)
+    np.testing.assert_allclose(deep.predict(X, n_threads=2), est.predict(
+        M.finite_for_library(X)), atol=1e-5, rtol=1e-7)
+    assert deep.forest.part_walk(force=False) is None

@@ -27,6 +27,7 @@ cdef class Forest:
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
     cdef object sqnodes            # qnodes of a compact model in 8 bytes a node, or None
     cdef object steps              # walk_steps of sqnodes (ModelView.steps), or None
+    cdef int64_t part_largest      # the largest tree's nodes (ModelView.part_nodes), or 0
     cdef void* qs_tables           # qs.h sw_qs over arrays in qs_arrays (malloc'd), or NULL
     cdef dict qs_arrays            # worker/model/quickscorer.py tables ({} without); not
                                    # visible from Python: qs_tables points into them
