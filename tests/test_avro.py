@@ -333,3 +333,23 @@ def test_hashed_categorical_texts_are_what_fastavro_reads(tmp_path_factory, h, e
     X, _ids, texts = msg.data
     assert X[0, 0] == 0.25 and np.isnan(X[0, 1:]).all()
     assert texts == [[_hashed_text(back["h"]), back["e"]]]
+
+
+@pytest.mark.parametrize("fields,id_column,said", [
+    ({"a": "card.age", "b": "card.age"}, "txn_id", "feature 'a' and feature 'b' both read"),
+    ({"a": "txn_id"}, "txn_id", "feature 'a' and scoring.id_column 'txn_id' both read"),
+    ({}, "a", "feature 'a' and scoring.id_column 'a' both read"),  # a feature named so
+    ({"a": "card.age", "b": "card"}, "txn_id", "feature 'b' reads 'card', which holds"),
+])
+def test_fields_that_clash_are_refused_not_left_missing(tmp_path, fields, id_column, said):
+    """A feature read from the id's field, or two features from one field, are refused when
+    the format is built. Before, the path table kept the last one read there and the other
+    feature was missing on every row (a wrong score, silently); a field holding another's
+    dead-lettered every message."""
+    with pytest.raises(ValueError, match=said):
+        _fmt(tmp_path, {7: TXN}, fields=fields, id_column=id_column)
+    fmt = _fmt(tmp_path, {7: TXN}, fields={"age": "card.age"})  # apart: every one read
+    rec = _record(3, np.random.default_rng(0))
+    X, ids = fmt.decode(wire(7, TXN, rec)).data
+    assert X[0, 1] == np.float32(rec["b"]) and X[0, 4] == np.float32(rec["card"]["age"])
+    assert ids.tolist() == [3]

@@ -214,3 +214,28 @@ def test_misspelled_lazy_parameters_exit_2(tmp_path, lazy, field):
         "scoring": {"lazy": lazy}}))
     proc = run_cli("--config", cfg)
     assert proc.returncode == 2 and field in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("fmt,source,scoring,said", [
+    ("json", {"fields": {"amount": "txn.x", "hour": "txn"}}, {},
+     "feature 'hour' reads 'txn', which holds feature 'amount''s 'txn.x'"),
+    ("avro", {"fields": {"amount": "txn.x", "hour": "txn.x"}}, {},
+     "feature 'amount' and feature 'hour' both read 'txn.x'"),
+    ("avro", {}, {"id_column": "amount"},
+     "feature 'amount' and scoring.id_column 'amount' both read 'amount'"),
+])
+def test_event_fields_that_clash_exit_2_naming_them(tmp_path, fmt, source, scoring, said):
+    """Two of the model's features (or a feature and the id) read from one field of a JSON or
+    Avro event, or one from a field holding another's: a configuration error at start-up, one
+    line, no traceback. Avro took the last of two and left the first missing on every row."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": {"type": "file", "path": str(GOLDEN / "input.arrows"), "format": fmt,
+                   **({"schemas_dir": str(tmp_path)} if fmt == "avro" else {}), **source},
+        "sink": {"type": "file", "path": str(tmp_path / "o.arrows")},
+        "model": {"path": str(GOLDEN / "fraud-xgb.model")}, "scoring": scoring}))
+    proc = run_cli("--config", cfg)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"config error: source.fields: {said}" + (
+        ": map one of them to another field in source.fields" if "both" in said else
+        " (a record is not a value)"), proc.stderr

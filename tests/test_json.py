@@ -186,8 +186,12 @@ def test_a_reader_is_whole_again_after_a_refusal():
 
 
 def test_fields_that_clash_are_refused():
-    with pytest.raises(ValueError, match="read twice|goes through"):
+    with pytest.raises(ValueError, match="feature 'b' reads 'x', which holds feature 'a'"):
         _fmt(fields={"a": "x.y", "b": "x"})
+    with pytest.raises(ValueError, match="feature 'a' and feature 'b' both read 'x'"):
+        _fmt(fields={"a": "x", "b": "x"})
+    with pytest.raises(ValueError, match="feature 'a' and scoring.id_column 'a' both read"):
+        _fmt(id_column="a")
     with pytest.raises(ValueError, match="no feature"):
         _fmt(fields={"zzz": "x"})
 

@@ -115,6 +115,31 @@ def test_a_model_reading_other_features_is_refused_unless_allowed(tmp_path, mode
             w.stop()
 
 
+
+@pytest.mark.parametrize("fmt", ["json", "avro"])
+def test_a_model_with_a_feature_read_from_the_ids_field_is_refused_not_swapped_in(
+        tmp_path, fmt):
+    """A new artifact (features may change) whose feature is named like the id column: its
+    events' fields clash, so it is refused with the reason, where building its pipeline in
+    the loop raised and stopped the worker."""
+    from worker.lifecycle import ModelRefused, verify
+
+    running = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    candidate = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    candidate.feature_names = ["txn_id"] + [f"f{i}" for i in range(1, candidate.n_features)]
+    candidate.meta["feature_names"] = candidate.feature_names
+    settings = load_settings(None, model={"path": str(tmp_path / "m.model"),
+                                          "allow_feature_change": True},
+                             source={"type": "kafka", "topic": "in", "format": fmt,
+                                     **({"schemas_dir": str(tmp_path)} if fmt == "avro"
+                                        else {})},
+                             sink={"type": "kafka", "topic": "out"})
+    verify(running, running, settings)  # the running model reads apart from the id
+    with pytest.raises(ModelRefused) as e:
+        verify(candidate, running, settings)
+    assert e.value.reason == "fields"
+    assert "feature 'txn_id' and scoring.id_column 'txn_id' both read 'txn_id'" in str(e.value)
+
 @pytest.mark.kafka
 def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
         tmp_path, kafka_bootstrap, topic_factory, models):

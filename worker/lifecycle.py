@@ -46,6 +46,12 @@ def verify(candidate, running, settings) -> None:
         if new:
             raise ModelRefused("feature_change", "features the running model does not read "
                                f"(set model.allow_feature_change): {', '.join(new[:10])}")
+    try:  # the events' fields as the candidate reads them (a feature named like the id...)
+        from .pipeline import reader_for
+
+        reader_for(candidate, settings)
+    except ValueError as exc:
+        raise ModelRefused("fields", str(exc)) from None
     # probe rows: every value the wire may carry, in every feature, through the configured
     # lazy policy and thresholds (as the start-up check does)
     n = candidate.n_features

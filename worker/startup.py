@@ -193,6 +193,13 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
     except ArtifactError as exc:
         print(f"config error: model.path: {exc}", file=sys.stderr)
         return 2
+    try:  # the events' fields as this model reads them (source.fields, scoring.id_column)
+        from .pipeline import reader_for
+
+        reader_for(model, settings)
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     if settings.scoring.lazy.mode != "off":  # the policy's parameters, tried on this model
         try:
             model.score_batch(np.zeros((1, model.n_features), dtype=np.float32),

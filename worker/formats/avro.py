@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
+from .base import Gathered, InvalidMessage, Message, field_paths, offsets_of, row_index
 from .json import _arrow_ids, _hashed_batch, _texts, texts_size
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6,
@@ -179,12 +179,10 @@ class AvroFormat:
         if unknown:
             raise ValueError("source.fields names no feature or id column: "
                              + ", ".join(unknown[:10]))
-        self.paths = {tuple(fields[f].split(".")) if f in fields else (f,): j
-                      for j, f in enumerate(self.feature_names)}
+        column = {f: j for j, f in enumerate(self.feature_names)}
+        self.paths = {path: -2 if name is None else column[name] for path, name in
+                      field_paths(self.feature_names, id_column, fields).items()}
         self.id_column = id_column
-        if id_column:
-            self.paths[tuple(fields[id_column].split(".")) if id_column in fields
-                       else (id_column,)] = -2
         cats = model.categories or {}
         self.categories = {j: list(cats[f]) for j, f in enumerate(self.feature_names)
                            if cats.get(f)}

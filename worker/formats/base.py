@@ -101,3 +101,38 @@ def row_index(offsets: np.ndarray) -> np.ndarray:
     """Each row's index in its message (the id of a message without an id column)."""
     n = int(offsets[-1])
     return np.arange(n, dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets))
+
+
+def field_paths(feature_names, id_column: str | None,
+                fields: dict[str, str] | None) -> dict[tuple[str, ...], str | None]:
+    """Where each feature, and the id, is read in an event with nested fields (JSON, Avro):
+    its ``source.fields`` path split at the dots, else its own name as one key (a name may
+    hold a dot). Path -> the feature's name, or None for the id. Refused with what clashes
+    (ValueError naming the setting): two of them reading one field (the one read first would
+    otherwise go missing on every row), or one reading a field that holds another's (a
+    record or object is not a value)."""
+    fields = dict(fields or {})
+
+    def path_of(name: str) -> tuple[str, ...]:
+        return tuple(fields[name].split(".")) if name in fields else (name,)
+
+    def label(name: str | None) -> str:
+        return f"scoring.id_column {id_column!r}" if name is None else f"feature {name!r}"
+
+    named: list[tuple[str | None, tuple[str, ...]]] = [(f, path_of(f)) for f in feature_names]
+    if id_column:
+        named.append((None, path_of(id_column)))
+    paths: dict[tuple[str, ...], str | None] = {}
+    for name, path in named:
+        if path in paths:
+            raise ValueError(f"source.fields: {label(paths[path])} and {label(name)} both read "
+                             f"{'.'.join(path)!r}: map one of them to another field in "
+                             "source.fields")
+        paths[path] = name
+    for path, name in paths.items():
+        for k in range(1, len(path)):
+            if path[:k] in paths:
+                raise ValueError(f"source.fields: {label(paths[path[:k]])} reads "
+                                 f"{'.'.join(path[:k])!r}, which holds {label(name)}'s "
+                                 f"{'.'.join(path)!r} (a record is not a value)")
+    return paths

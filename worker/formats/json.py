@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from .base import Gathered, InvalidMessage, Message, offsets_of, row_index
+from .base import Gathered, InvalidMessage, Message, field_paths, offsets_of, row_index
 
 MAX_DEPTH = 64  # nesting of a message (objects and arrays), as simdjson's DOM parser counts it
 _EMPTY_I64 = np.zeros(0, np.int64)
@@ -48,6 +48,7 @@ class JsonFormat:
             raise ValueError("source.fields names no feature or id column: "
                              + ", ".join(unknown[:10]))
         # a name is one key (it may hold a dot: "Sepal.Length"); source.fields are dotted
+        field_paths(self.feature_names, id_column, fields)  # clashes refused by name
         paths = [fields[f].split(".") if f in fields else [f] for f in self.feature_names]
         id_path = (fields[id_column].split(".") if id_column in fields else [id_column]) \
             if id_column else None
