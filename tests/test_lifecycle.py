@@ -164,7 +164,14 @@ def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(
     producer = K.SteadyProducer(kafka_bootstrap, topics["in"], rows=5, rate=100)
     producer.start()
     try:
-        time.sleep(3)
+        # the saves start once the loop runs: on a loaded machine a fixed 3 s lost that race
+        # (start-up and the group's join took longer, two saves came before the watcher's
+        # first look and were one change to it: 8 swaps)
+        deadline = time.monotonic() + 120
+        while "partitions assigned" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)
         for k in range(10):
             (models["b"] if k % 2 == 0 else models["a"]).save(path)
             time.sleep(1.0)
