@@ -338,7 +338,7 @@ def test_hashed_categorical_texts_are_what_fastavro_reads(tmp_path_factory, h, e
 @pytest.mark.parametrize("fields,id_column,said", [
     ({"a": "card.age", "b": "card.age"}, "txn_id", "feature 'a' and feature 'b' both read"),
     ({"a": "txn_id"}, "txn_id", "feature 'a' and scoring.id_column 'txn_id' both read"),
-    ({}, "a", "feature 'a' and scoring.id_column 'a' both read"),  # a feature named so
+    ({}, "a", "scoring.id_column: 'a' is also a feature the model reads"),  # named so
     ({"a": "card.age", "b": "card"}, "txn_id", "feature 'b' reads 'card', which holds"),
 ])
 def test_fields_that_clash_are_refused_not_left_missing(tmp_path, fields, id_column, said):

@@ -599,9 +599,10 @@ def test_what_the_texts_cost_is_bounded_and_counted(tmp_path):
                            category_hashes={"a": [], "b": [], "c": []}, columns=lambda t: t)
     plain = SimpleNamespace(feature_names=names, categories={}, category_hashes={})
     value = b"[" + b",".join([b"{}"] * 1_000_000) + b"]"
-    assert JsonFormat(plain, None, None, 32 << 20).decode(value).rows == 1_000_000
+    # (64 MB: the 3 MB message within a sixteenth, its 24 MB of rows within the limit)
+    assert JsonFormat(plain, None, None, 64 << 20).decode(value).rows == 1_000_000
     with pytest.raises(InvalidMessage) as e:
-        JsonFormat(stub, None, None, 32 << 20).decode(value)
+        JsonFormat(stub, None, None, 64 << 20).decode(value)
     assert e.value.code == "too_large"
     msg = JsonFormat(stub, None, None, 1 << 30).decode(b'{"a": "casino"}')
     assert msg.nbytes >= 16 + len("casino") + 64 + 56 + 24

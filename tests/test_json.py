@@ -147,7 +147,7 @@ HOSTILE = [
 @pytest.mark.parametrize("value, code", HOSTILE, ids=[f"{c}-{i}" for i, (_, c) in
                                                      enumerate(HOSTILE)])
 def test_hostile_messages_are_refused_with_their_reason(value, code):
-    assert _reason(_fmt(max_bytes=64 << 20), value) == code
+    assert _reason(_fmt(max_bytes=256 << 20), value) == code
 
 
 def test_bounds_on_rows_and_decoded_bytes():
@@ -159,7 +159,72 @@ def test_bounds_on_rows_and_decoded_bytes():
     # string ids count too
     big_id = b'{"txn_id": "' + b"i" * (2 << 20) + b'"}'
     assert _reason(_fmt(max_bytes=1 << 20), big_id) == "too_large"
-    assert _fmt(max_bytes=4 << 20).decode(big_id).rows == 1
+    assert _fmt(max_bytes=64 << 20).decode(big_id).rows == 1
+
+
+PARSE_BYTES = 16  # json_rows.h Reader::PARSE_BYTES
+
+
+def test_a_message_is_bounded_by_what_parsing_it_takes():
+    """The parser takes up to 16 bytes a byte of a message: a message may be a sixteenth
+    of the message byte limit, and one byte more is too_large before anything is parsed."""
+    limit = 1 << 20
+    events = b'{"a": 1.5, "b": 2, "c": 3, "txn_id": 7},'
+    n = (limit // PARSE_BYTES - 2) // len(events)
+    fits = b"[" + events * n + b"{}]"
+    assert len(fits) <= limit // PARSE_BYTES
+    assert _fmt(max_bytes=limit).decode(fits).rows == n + 1
+    over = fits + b" " * (limit // PARSE_BYTES - len(fits) + 1)
+    with pytest.raises(InvalidMessage) as e:
+        _fmt(max_bytes=limit).decode(over)
+    assert e.value.code == "too_large" and "up to 16 bytes a byte" in str(e.value)
+
+
+_PEAK = '''
+import sys
+from types import SimpleNamespace
+from worker.formats import input_format
+limit, size, body = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
+fmt = input_format("json", SimpleNamespace(feature_names=["a"], categories={}), None, None,
+                   limit, None)
+value = b"[" + body * (size // len(body)) + b"1]"
+
+
+def kb(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+with open("/proc/self/clear_refs", "w") as f:  # the peak (VmHWM) starts again from here
+    f.write("5")
+before = kb("VmRSS:")
+try:
+    fmt.decode(value)
+except ValueError:
+    pass
+print(len(value), (kb("VmHWM:") - before) * 1024)
+'''
+
+
+@pytest.mark.parametrize("body", ["1,", "[],"])
+def test_parsing_the_largest_message_stays_within_the_message_limit(body):
+    """Peak memory while a message is read, in a process of its own: the densest documents
+    ("[1,1,...]": 12.4 bytes a byte; "[[],[],...]": 9.9) at the largest size the limit lets
+    through stay under the limit, and four times that is refused without being parsed. Before,
+    a message as large as the limit was parsed (a 64 MB one grew the process by 770 MB)."""
+    import subprocess
+    import sys
+
+    limit = 64 << 20
+    for size, within in ((limit // PARSE_BYTES - 8, True), (4 * limit // PARSE_BYTES, False)):
+        out = subprocess.run([sys.executable, "-c", _PEAK, str(limit), str(size), body],
+                             capture_output=True, text=True, check=True,
+                             cwd=str(Path(__file__).resolve().parent.parent)).stdout.split()
+        n, grew = int(out[0]), int(out[1])
+        assert (n <= limit // PARSE_BYTES) is within
+        assert grew < limit, (size, grew)
+        if within:  # the parse took most of its share: a measure of what is bounded
+            assert grew > limit // 2, (size, grew)
 
 
 def test_review_findings_stay_fixed():
@@ -190,8 +255,10 @@ def test_fields_that_clash_are_refused():
         _fmt(fields={"a": "x.y", "b": "x"})
     with pytest.raises(ValueError, match="feature 'a' and feature 'b' both read 'x'"):
         _fmt(fields={"a": "x", "b": "x"})
-    with pytest.raises(ValueError, match="feature 'a' and scoring.id_column 'a' both read"):
+    with pytest.raises(ValueError, match="scoring.id_column: 'a' is also a feature"):
         _fmt(id_column="a")
+    with pytest.raises(ValueError, match="scoring.id_column: 'a' is also a feature"):
+        _fmt(id_column="a", fields={"a": "x.y"})  # one name: no mapping parts them
     with pytest.raises(ValueError, match="no feature"):
         _fmt(fields={"zzz": "x"})
 

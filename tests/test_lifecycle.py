@@ -138,7 +138,35 @@ def test_a_model_with_a_feature_read_from_the_ids_field_is_refused_not_swapped_i
     with pytest.raises(ModelRefused) as e:
         verify(candidate, running, settings)
     assert e.value.reason == "fields"
-    assert "feature 'txn_id' and scoring.id_column 'txn_id' both read 'txn_id'" in str(e.value)
+    assert "scoring.id_column: 'txn_id' is also a feature the model reads" in str(e.value)
+    # a shadow scores the live model's columns, and serve reads no events: not theirs to check
+    verify(candidate, running, settings, events=False)
+
+
+def test_a_swap_to_a_model_reading_fewer_features_keeps_its_mapped_fields(tmp_path):
+    """source.fields maps a feature the new model no longer reads: the swap is a swap (the
+    mapping is left out for it), and its pipeline reads the rest; start-up still refuses a
+    name no feature has (a typo). An attacker review: the swap was refused, and before the
+    check it raised in the loop."""
+    from worker.lifecycle import verify
+    from worker.pipeline import Pipeline, reader_for
+
+    running = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    fewer = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    last = running.feature_names[-1]
+    fewer.feature_names = running.feature_names[:-1] + ["other"]
+    fewer.meta["feature_names"] = fewer.feature_names
+    settings = load_settings(None, model={"path": str(tmp_path / "m.model"),
+                                          "allow_feature_change": True},
+                             source={"type": "kafka", "topic": "in", "format": "json",
+                                     "fields": {last: "ctx.last"}},
+                             sink={"type": "kafka", "topic": "out"})
+    verify(fewer, running, settings)
+    pipe = Pipeline(fewer, settings, "out")
+    X = pipe.format.decode(b'{"txn_id": 1, "ctx": {"last": 2}, "other": 3}').data.X
+    assert X[0, -1] == 3 and np.isnan(X[0, 0])
+    with pytest.raises(ValueError, match="names no feature"):
+        reader_for(fewer, settings)  # start-up's check: strict
 
 @pytest.mark.kafka
 def test_ten_swaps_under_a_stream_every_id_once_scored_by_the_model_it_names(

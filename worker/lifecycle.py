@@ -39,19 +39,22 @@ def identity(path: str):
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def verify(candidate, running, settings) -> None:
-    """Raise ModelRefused unless ``candidate`` can replace ``running`` under ``settings``."""
+def verify(candidate, running, settings, events: bool = True) -> None:
+    """Raise ModelRefused unless ``candidate`` can replace ``running`` under ``settings``
+    (``events``: it reads the source's events itself, as the live model of the worker does;
+    a shadow scores the live model's columns, and serve reads no events)."""
     if not settings.model.allow_feature_change:
         new = [f for f in candidate.feature_names if f not in set(running.feature_names)]
         if new:
             raise ModelRefused("feature_change", "features the running model does not read "
                                f"(set model.allow_feature_change): {', '.join(new[:10])}")
-    try:  # the events' fields as the candidate reads them (a feature named like the id...)
+    if events:  # the events' fields as the candidate reads them (a feature named like the id)
         from .pipeline import reader_for
 
-        reader_for(candidate, settings)
-    except ValueError as exc:
-        raise ModelRefused("fields", str(exc)) from None
+        try:
+            reader_for(candidate, settings, strict=False)
+        except ValueError as exc:
+            raise ModelRefused("fields", str(exc)) from None
     # probe rows: every value the wire may carry, in every feature, through the configured
     # lazy policy and thresholds (as the start-up check does)
     n = candidate.n_features
@@ -73,8 +76,10 @@ class ModelWatcher:
     """Background watcher of one artifact path (see the module docstring)."""
 
     def __init__(self, path: str, running, settings, metrics=None, role: str = "live",
-                 seen=None):
+                 seen=None, events: bool | None = None):
         self.path, self.settings, self.metrics, self.role = path, settings, metrics, role
+        # whether its models read the source's events (verify): the worker's live model
+        self.events = role == "live" if events is None else events
         self.interval = settings.model.reload_interval_ms / 1000
         self.running_id = running.model_id
         self._running = running
@@ -129,7 +134,7 @@ class ModelWatcher:
             if candidate.model_id == self.running_id and \
                     candidate.kernel == getattr(self._running, "kernel", candidate.kernel):
                 return  # the same artifact, rewritten (a new kernel choice is a swap)
-            verify(candidate, self._running, self.settings)
+            verify(candidate, self._running, self.settings, events=self.events)
             # warm up: the kernels' first batch, off the loop
             warm = np.zeros((256, candidate.n_features), dtype=np.float32)
             candidate.score_batch(warm, thresholds=self.settings.scoring.thresholds)

@@ -138,17 +138,23 @@ class _Batch:
         return self.items[i][0]
 
 
-def reader_for(model: CompiledModel, settings: Settings) -> Format:
+def reader_for(model: CompiledModel, settings: Settings, strict: bool = True) -> Format:
     """The input format reading ``model``'s features as ``settings`` say (source.format,
-    source.fields, scoring.id_column). ValueError for settings the model cannot be read by
-    (fields that clash with each other or the id): start-up exits 2 on it, and a hot swap
+    source.fields, scoring.id_column). ValueError for settings the model cannot be read by:
+    fields that clash with each other or the id, and (``strict``, start-up's check) a
+    source.fields name the model does not read, a typo; not strict, such names are left out
+    (a model swapped in may read fewer features). Start-up exits 2 on it and a hot swap
     refuses the model (startup.run, lifecycle.verify), so no Pipeline raises it mid-stream."""
+    fields = settings.source.fields
+    if not strict:
+        reads = set(model.feature_names) | {settings.scoring.id_column}
+        fields = {k: v for k, v in fields.items() if k in reads}
     return input_format(
         settings.source.format, model, settings.scoring.id_column,
         settings.delivery.max_message_rows,
         min(settings.message_byte_limit, settings.delivery.memory_budget_mb << 20),
-        settings.source.fields, **({"schemas_dir": settings.source.schemas_dir}
-                                   if settings.source.format == "avro" else {}))
+        fields, **({"schemas_dir": settings.source.schemas_dir}
+                   if settings.source.format == "avro" else {}))
 
 
 class Pipeline:
@@ -158,7 +164,7 @@ class Pipeline:
         self.model = model
         self.scoring = settings.scoring
         self.max_message_bytes = settings.message_byte_limit
-        self.format: Format = reader_for(model, settings)
+        self.format: Format = reader_for(model, settings, strict=False)
         self.sink_format = settings.sink.format
         self.id_column = settings.scoring.id_column
         self.output: OutputFormat = output_format(self.sink_format, model, self.id_column)

@@ -216,7 +216,7 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             shadow = load_model(settings.model.shadow_path)
             from .lifecycle import verify
 
-            verify(shadow, model, settings)
+            verify(shadow, model, settings, events=False)  # it scores the live columns
             missing = [f for f in shadow.feature_names if f not in set(model.feature_names)]
             if missing:  # the columns decoded are the live model's
                 raise ValueError("it reads features the live model does not: "

@@ -125,6 +125,10 @@ def field_paths(feature_names, id_column: str | None,
     paths: dict[tuple[str, ...], str | None] = {}
     for name, path in named:
         if path in paths:
+            if name is None and paths[path] == id_column:  # one name: no mapping parts them
+                raise ValueError(f"scoring.id_column: {id_column!r} is also a feature the "
+                                 "model reads (both read its field): set scoring.id_column "
+                                 "to the field that holds the id")
             raise ValueError(f"source.fields: {label(paths[path])} and {label(name)} both read "
                              f"{'.'.join(path)!r}: map one of them to another field in "
                              "source.fields")

@@ -139,7 +139,7 @@ class Service:
         self._install(self._prepare(model))
         if self.settings.model.reload:
             self.watcher = ModelWatcher(self.path, model, self.settings, self.metrics,
-                                        seen=seen).start()
+                                        seen=seen, events=False).start()  # no events read
         self.metrics.ready.set(1)
         log.info("model ready", name=self.name, model_id=model.model_id[:12],
                  features=model.n_features)
