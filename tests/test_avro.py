@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import struct
 import subprocess
 import sys
@@ -353,3 +354,19 @@ def test_fields_that_clash_are_refused_not_left_missing(tmp_path, fields, id_col
     X, ids = fmt.decode(wire(7, TXN, rec)).data
     assert X[0, 1] == np.float32(rec["b"]) and X[0, 4] == np.float32(rec["card"]["age"])
     assert ids.tolist() == [3]
+
+
+@pytest.mark.parametrize("model,fields,id_column,said", [
+    (None, {"a": "tags.[]"}, "txn_id", "feature 'a' reads 'tags.[]', but '[]' is not"),
+    (None, {"txn_id": "tags.[]"}, "txn_id",
+     "scoring.id_column 'txn_id' reads 'tags.[]', but '[]' is not"),
+    (_model(names=["card.age", "b"]), {}, "txn_id",
+     "feature 'card.age' reads 'card.age', but 'card.age' is not"),
+    (None, {"a": "card.1x"}, "txn_id", "'1x' is not an Avro field name"),
+])
+def test_paths_no_avro_schema_can_hold_are_refused(tmp_path, model, fields, id_column, said):
+    """A path segment that is not an Avro name: "[]" reached an array's items (the last item
+    was read, for a feature or the id), and a feature named with a dot or a symbol without a
+    mapping was missing on every row (an attacker review of the fields check)."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        _fmt(tmp_path, {7: TXN}, model=model, fields=fields, id_column=id_column)

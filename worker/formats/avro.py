@@ -16,6 +16,7 @@ dead-lettered.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ NUMERIC = {"boolean", "int", "long", "float", "double"}
 MAX_DEPTH = 32  # nesting of a schema's types
 MAX_NODES = 1 << 16  # a plan's nodes (a named type is compiled at each use: bounded)
 MAX_SCHEMA_BYTES = 1 << 20
+AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # the specification's names
 UNKNOWN_RETRY_S = 30.0  # an unknown schema id is looked up again after this
 MAX_IDS = 4096  # schema ids remembered (compiled or unknown); past it the memory starts over
 MAX_SYMBOL = 1024  # bytes of an enum symbol a hashed categorical feature reads
@@ -182,6 +184,14 @@ class AvroFormat:
         column = {f: j for j, f in enumerate(self.feature_names)}
         self.paths = {path: -2 if name is None else column[name] for path, name in
                       field_paths(self.feature_names, id_column, fields).items()}
+        for path, j in self.paths.items():  # else no schema could hold it: missing always
+            bad = next((p for p in path if not AVRO_NAME.fullmatch(p)), None)
+            if bad is not None:
+                who = (f"scoring.id_column {id_column!r}" if j == -2
+                       else f"feature {self.feature_names[j]!r}")
+                raise ValueError(f"source.fields: {who} reads {'.'.join(path)!r}, but {bad!r} "
+                                 "is not an Avro field name (letters, digits and _, not first a "
+                                 "digit): map it to its field in source.fields")
         self.id_column = id_column
         cats = model.categories or {}
         self.categories = {j: list(cats[f]) for j, f in enumerate(self.feature_names)
