@@ -518,7 +518,7 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
         elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m) and \
                 part_walk(m, n):
             # Small trees: the task's rows, staged by column, go through each tree node by
-            # node (walk.h sw_scwalk_part; the LightGBM export 1.9x the lockstep walk below,
+            # node (walk.h sw_scwalk_part; the LightGBM export 2.2x the lockstep walk below,
             # bench/NOTES.md "The partition walk")
             sw_key_cols(X, ldx, n, nf, <uint32_t*>xx)
             part_trees(m, sqc, leaves, t0, t1, <const uint32_t*>xx, n, acc)
@@ -743,8 +743,8 @@ cdef inline bint part_walk(const ModelView* m, int64_t n) noexcept nogil:
     # a task of n rows takes the partition walk (eval_rest): on (Forest.part_walk), and the
     # largest tree has at most one node for each PART_ROWS_PER_NODE rows (AVX-512), or each
     # PART_ROWS_PER_NODE_ROW (a row at a time). bench/part_walk.py on 2,048-row tasks of
-    # LightGBM models: with AVX-512 1.22x the rows walk at 4 rows a node, 0.95x at 2; a row
-    # at a time 1.15x at 8 rows a node, 0.93x at 4 (bench/NOTES.md "The partition walk")
+    # LightGBM models: with AVX-512 1.22x the rows walk at 4 rows a node, 0.95-1.06x at 2; a
+    # row at a time 1.15x at 8 rows a node, 0.94x at 4 (bench/NOTES.md "The partition walk")
     cdef int64_t per = PART_ROWS_PER_NODE if m.part == SW_PART_AVX512 else \
         PART_ROWS_PER_NODE_ROW
     return m.part != 0 and 0 < m.part_nodes and m.part_nodes * per <= n and n <= SW_PMAX
