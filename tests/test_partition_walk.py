@@ -128,8 +128,8 @@ def test_lightgbm_raw_scores_are_the_librarys_to_the_bit(objective, missing, lea
 @pytest.mark.parametrize("mode", MODES, ids=str)
 def test_lone_leaf_trees_and_rows_that_all_go_one_way(mode):
     """Trees that are one leaf (the root is the leaf: every row takes it), and batches of
-    one row repeated (every node sends all its rows to one side, one list all the way down)
-    and of rows all missing."""
+    one row repeated, an ordinary one, all +inf and all -inf (every node sends all its rows
+    to one side, one list all the way down). Rows all missing: the next test."""
     from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
 
     rng = np.random.default_rng(3)
