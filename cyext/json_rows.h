@@ -159,7 +159,7 @@ public:
         // the parser's buffers grow with the document, up to PARSE_BYTES bytes a byte of it
         // (its padded copy, structural indexes, tape and strings): the parse is bounded like
         // the rows the message decodes into, so a message may be a sixteenth of the limit
-        // (a 128 MB message of "[[],[],...]" took 1.5 GB to parse, past the memory budget)
+        // (one as large as the limit took about twelve times the limit: past the budget)
         if (len > plan.max_bytes / PARSE_BYTES ||
             len > (size_t)std::numeric_limits<uint32_t>::max() - simdjson::SIMDJSON_PADDING)
             return fail(out, "too_large", "the message is " + std::to_string(len) +

@@ -502,6 +502,8 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
             sqc
     cdef bint keyed = m.qcnodes != NULL and xx != NULL and not padded and \
         n * 2 * nf <= xx_cap
+    # a task of rows the rows walks take (or, its trees small, the partition walk)
+    cdef bint by_tree = keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m)
     ni = (<int64_t>1 << m.depth) - 1
     if not padded and n <= ROWS_WALK_ROWS:
         # compact: a rule per row. With xx for every row doubled (score_all's tasks), the
@@ -515,15 +517,14 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
                                slot)
                     add_leaves(m, leaves, t, WIDE, 0, slot, acc + r * G, one)
                 t += WIDE
-        elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m) and \
-                part_walk(m, n):
+        elif by_tree and part_walk(m, n):
             # Small trees: the task's rows, staged by column, go through each tree node by
             # node (walk.h sw_scwalk_part; the LightGBM export 2.2x the lockstep walk below,
             # bench/NOTES.md "The partition walk")
             sw_key_cols(X, ldx, n, nf, <uint32_t*>xx)
             part_trees(m, sqc, leaves, t0, t1, <const uint32_t*>xx, n, acc)
             t = t1
-        elif keyed and n >= ROWS_WALK_MIN and sqc != NULL and rows_walk(m):
+        elif by_tree:
             # Deep forests of 8-byte nodes: tree by tree, the task's rows walk it 8 at a time
             # (walk.h sw_scwalk_fixed: the tree's expected depth in untested steps, then
             # steps until all 8 stand on a leaf; or sw_scwalk_rows, a finished chain taking
