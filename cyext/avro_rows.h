@@ -35,12 +35,17 @@ enum Kind : int32_t {
 
 struct Node {
     int32_t kind;
-    int32_t slot;   // >= 0 a feature, -2 the id, -1 nothing reads it
+    int32_t slot;   // >= 0 a feature (a NUL too: the feature's null), -2 the id, -1 nothing
+                    // reads it
     int64_t a;      // RECORD/UNION: first child in `children`; ARRAY/MAP: the item node;
-                    // FIXED: size; ENUM: first code in `enum_codes`
-    int64_t b;      // RECORD/UNION: child count; ENUM: symbol count; STRING: category table;
-                    // ARRAY/MAP: 1 if an item takes a byte at least (else the count of
-                    // items is bounded by MAX_EMPTY_ITEMS)
+                    // FIXED: size; ENUM: first code in `enum_codes`; NUL: first slot in
+                    // `covers`
+    int64_t b;      // RECORD/UNION: child count; ENUM: symbol count; STRING: category table
+                    // (-1: cast: number); INT/LONG: category table (cast: string) or -1;
+                    // NUL: covered slots (a null on their path: missing); ARRAY/MAP: 1 if
+                    // an item takes a byte at least, 0 if it takes none and reads nothing
+                    // (items skipped by count), 2 if it takes none and reads something (the
+                    // count of such items bounded by MAX_EMPTY_ITEMS)
 };
 
 struct Plan {
@@ -52,6 +57,9 @@ struct Plan {
     // feature slot -> 1: CatBoost's hashed categories, the value's text goes to Out.cat_*
     // (swjson::append_cat; the row keeps NaN) and the caller hashes it (formats/avro.py)
     std::vector<uint8_t> hashed;
+    std::vector<int32_t> covers;      // NUL nodes' slots (a null on the way to them)
+    std::vector<uint8_t> optional;    // slot -> 1: a record may leave it out (Out.absent)
+    std::vector<std::string> labels;  // slot -> "feature 'x' (a.b)", for error details
     int n_features = 0;
     size_t max_bytes = 0;
 };
@@ -61,9 +69,12 @@ static const uint64_t MAX_EMPTY_ITEMS = 1 << 20;
 
 class Reader {
 public:
+    Reader() { init_ = cast_parser_.allocate(swjson::CAST_MAX + 1, 2); }
+
     // 0: one row in out; else out.code and out.detail say why
     int read(const Plan& plan, const uint8_t* data, size_t len, swjson::Out& out) {
-        out.clear();
+        out.clear((size_t)plan.n_features);
+        if (init_) return fail(out, "too_large", simdjson::error_message(init_));
         size_t f = (size_t)plan.n_features;
         if (4 * f + 8 + len > plan.max_bytes)
             return fail(out, "too_large", "more than " + std::to_string(plan.max_bytes) +
@@ -72,6 +83,7 @@ public:
         out.id_int.assign(1, 0);
         out.id_kind.assign(1, swjson::ID_NULL);
         out.id_offsets.assign(2, 0);
+        out.reached.assign(f, 0);
         out.n_rows = 1;
         out.single = true;
         p_ = data;
@@ -82,10 +94,23 @@ public:
         if (p_ != end_)
             return fail(out, "bad_avro", std::to_string(end_ - p_) +
                         " bytes after the record");
+        // absent is not missing: the schema's check (formats/avro.py schema_mismatch) lets
+        // no required feature go unread; an optional one a union's branch leaves out counts
+        for (size_t s = 0; s < f; s++) {
+            if (out.reached[s]) continue;
+            if (!plan.optional[s])
+                return swjson::fail_at(out, "missing_field", (int)s, plan.labels[s] +
+                                       " is absent from the record");
+            out.absent[s]++;
+            out.counted = true;
+        }
         return 0;
     }
 
 private:
+    simdjson::dom::parser cast_parser_;  // cast: number's strings (swjson::cast_number)
+    simdjson::error_code init_;
+
     const uint8_t* p_ = nullptr;
     const uint8_t* end_ = nullptr;
     uint64_t empty_items_ = 0;
@@ -232,12 +257,26 @@ private:
         return 0;
     }
 
+    // a category's text looked up in the feature's table: its code, or NaN (counted: unseen)
+    int category(const Plan& plan, const Node& n, const char* s, size_t len,
+                 swjson::Out& out) {
+        const auto& cats = plan.tables[(size_t)n.b];
+        auto c = cats.find(std::string(s, len));
+        if (c == cats.end()) {
+            out.count_unseen(n.slot);
+            return 0;
+        }
+        return store(n, c->second, out);
+    }
+
     int value(const Plan& plan, int32_t i, swjson::Out& out) {
         const Node& n = plan.nodes[i];
+        if (n.slot >= 0) out.reached[(size_t)n.slot] = 1;
         if (n.slot >= 0 && plan.hashed[(size_t)n.slot] && n.kind != UNION && n.kind != NUL)
             return hashed(plan, n, out);
         switch (n.kind) {
-        case NUL:
+        case NUL:  // a null on the way to features: each is missing
+            for (int64_t k = 0; k < n.b; k++) out.reached[(size_t)plan.covers[n.a + k]] = 1;
             return 0;
         case BOOLEAN: {
             uint8_t b;
@@ -252,6 +291,11 @@ private:
                 out.id_int[0] = v;
                 out.id_kind[0] = swjson::ID_INT;
                 return 0;
+            }
+            if (n.slot >= 0 && n.b >= 0) {  // cast: string, a category's decimal digits
+                char buf[24];
+                return category(plan, n, buf, swjson::int_text(buf, sizeof buf, (long long)v),
+                                out);
             }
             return store(n, (float)v, out);
         }
@@ -292,12 +336,11 @@ private:
                 out.id_kind[0] = swjson::ID_STR;
                 return 0;
             }
-            if (n.slot >= 0) {
-                const auto& cats = plan.tables[n.b];
-                auto c = cats.find(std::string(s, (size_t)len));
-                return store(n, c == cats.end() ? std::numeric_limits<float>::quiet_NaN()
-                                                : c->second, out);
-            }
+            if (n.slot >= 0 && n.b < 0)  // cast: number, as the same text in JSON
+                return swjson::cast_number(cast_parser_, n.slot, plan.labels[(size_t)n.slot],
+                                           std::string_view(s, (size_t)len), out,
+                                           out.rows.data());
+            if (n.slot >= 0) return category(plan, n, s, (size_t)len, out);
             return 0;
         }
         case FIXED:
@@ -308,7 +351,9 @@ private:
             int64_t k;
             if (!varint(k)) return truncated(out);
             if (k < 0 || k >= n.b) return fail(out, "bad_avro", "an enum index out of range");
-            return store(n, plan.enum_codes[n.a + k], out);
+            float code = plan.enum_codes[n.a + k];
+            if (n.slot >= 0 && std::isnan(code)) out.count_unseen(n.slot);
+            return store(n, code, out);
         }
         case UNION: {
             int64_t k;
@@ -324,7 +369,7 @@ private:
             return 0;
         case ARRAY:
         case MAP: {
-            bool sized = n.b != 0;  // an item takes a byte at least (the plan says)
+            bool sized = n.b == 1;  // an item takes a byte at least (the plan says)
             for (;;) {
                 int64_t count;
                 if (!varint(count)) return truncated(out);
@@ -340,6 +385,7 @@ private:
                 if (sized ? (uint64_t)count > (uint64_t)(end_ - p_)
                           : (empty_items_ += (uint64_t)count) > MAX_EMPTY_ITEMS)
                     return fail(out, "bad_avro", "a block of more items than the bytes left");
+                if (n.b == 0) continue;  // items that take no bytes and read nothing
                 for (int64_t k = 0; k < count; k++) {
                     if (n.kind == MAP) {  // a key: a string, UTF-8 too
                         int64_t klen;

@@ -21,6 +21,9 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
         vector[unordered_map[string, float]] categories
         vector[uint8_t] categorical
         vector[uint8_t] hashed
+        vector[uint8_t] optional
+        vector[uint8_t] cast
+        vector[string] labels
         size_t max_rows
         size_t max_bytes
         cbool has_id
@@ -35,10 +38,15 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
         vector[int64_t] cat_at
         vector[int32_t] cat_ends
         string cat_bytes
+        vector[int64_t] absent
+        vector[int64_t] unseen
+        cbool counted
         size_t n_rows
         cbool single
         const char* code
         string detail
+        int fail_slot
+        const char* fail_kind
 
     cdef cppclass Reader:
         Reader(size_t max_depth) except +
@@ -46,6 +54,27 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
 
 
 ID_NULL, ID_INT, ID_STR = 0, 1, 2
+
+
+cdef _failure(Out& out):
+    """(code, detail, the feature's slot or -1, what went wrong with it) of a failed read."""
+    return (out.code.decode(), out.detail.decode("utf-8", "replace"), out.fail_slot,
+            out.fail_kind.decode() or out.code.decode())
+
+
+cdef _counts(Out& out):
+    """(absent, unseen) per feature slot (int64) of the last read, or None: all zero."""
+    if not out.counted:
+        return None
+    cdef size_t f = out.absent.size()
+    absent = np.empty(f, dtype=np.int64)
+    unseen = np.empty(f, dtype=np.int64)
+    cdef int64_t[::1] av = absent
+    cdef int64_t[::1] uv = unseen
+    if f:
+        memcpy(&av[0], out.absent.data(), f * sizeof(int64_t))
+        memcpy(&uv[0], out.unseen.data(), f * sizeof(int64_t))
+    return absent, unseen
 
 
 cdef _cats(Out& out):
@@ -95,8 +124,10 @@ cdef class JsonReader:
     """A reader for one model's features: ``paths`` is each feature's path of keys (a list:
     ``[name]`` unless source.fields says otherwise), ``id_path`` the id's (None: no id),
     ``categories`` each categorical feature's category strings in code order; ``hashed`` the
-    features whose strings the caller reads (CatBoost's hashed categories: NaN here). One read
-    at a time: the rows and the parser are the reader's (a second thread is refused)."""
+    features whose strings the caller reads (CatBoost's hashed categories: NaN here);
+    ``optional`` the features an event may leave out, ``casts`` each feature's cast code
+    (formats/base.py CAST_CODES). One read at a time: the rows and the parser are the
+    reader's (a second thread is refused)."""
 
     cdef Plan plan
     cdef Reader* reader
@@ -106,9 +137,13 @@ cdef class JsonReader:
     cdef bint any_hashed
 
     def __cinit__(self, list paths, id_path, dict categories, list feature_names,
-                  size_t max_rows, size_t max_bytes, size_t max_depth=64, hashed=()):
+                  size_t max_rows, size_t max_bytes, size_t max_depth=64, hashed=(),
+                  optional=(), casts=None):
         cdef vector[string] keys
         cdef int j
+        if len(feature_names) != len(paths) or (casts is not None and
+                                                 len(casts) != len(paths)):
+            raise ValueError("paths, feature names and casts differ in number")
         self.reader = new Reader(max_depth)
         self.n_features = len(paths)
         self.plan.n_features = self.n_features
@@ -117,8 +152,18 @@ cdef class JsonReader:
         self.plan.categories.resize(self.n_features)
         self.plan.categorical.assign(self.n_features, 0)
         self.plan.hashed.assign(self.n_features, 0)
+        self.plan.optional.assign(self.n_features, 0)
+        self.plan.cast.assign(self.n_features, 0)
         for j, path in enumerate(paths):
             self._add(path, j)
+            self.plan.labels.push_back(
+                f"feature {feature_names[j]!r} ({'.'.join(map(str, path))})".encode())
+            if feature_names[j] in optional:
+                self.plan.optional[j] = 1
+            if casts is not None:
+                if not (0 <= casts[j] <= 2):
+                    raise ValueError("a cast code outside 0..2")
+                self.plan.cast[j] = casts[j]
             cats = categories.get(feature_names[j])
             if cats:
                 self.plan.categorical[j] = 1
@@ -148,8 +193,8 @@ cdef class JsonReader:
 
     def read(self, const unsigned char[::1] value):
         """(rows (n, features) float32, id kinds (n,) int8 or None without an id, integer
-        ids (n,) int64, string id offsets (n + 1,) int32, string id bytes, single); or (code,
-        detail) for a message that is not one."""
+        ids (n,) int64, string id offsets (n + 1,) int32, string id bytes, single); or
+        ``_failure``'s (code, detail, slot, kind) for a message that is not one."""
         cdef size_t n = value.shape[0]
         cdef const char* data = <const char*>&value[0] if n else <const char*>b""
         cdef int rc
@@ -162,8 +207,12 @@ cdef class JsonReader:
         finally:
             self.busy = False
         if rc:
-            return (self.out.code.decode(), self.out.detail.decode("utf-8", "replace"))
+            return _failure(self.out)
         return _result(self.out, self.plan.has_id, self.any_hashed)
+
+    def counts(self):
+        """The last read's (absent, unseen) per feature (int64 arrays), or None: none."""
+        return _counts(self.out)
 
 
 cdef extern from "avro_rows.h" namespace "swavro" nogil:
@@ -181,6 +230,9 @@ cdef extern from "avro_rows.h" namespace "swavro" nogil:
         vector[string] symbols
         vector[unordered_map[string, float]] tables
         vector[uint8_t] hashed
+        vector[int32_t] covers
+        vector[uint8_t] optional
+        vector[string] labels
         int n_features
         size_t max_bytes
 
@@ -194,9 +246,11 @@ cdef class AvroReader:
     """A reader plan of one writer schema (worker/formats/avro.py compiles it): ``nodes``
     (kind, slot, a, b) rows, ``children`` (record fields and union branches in order),
     ``enum_codes`` (an enum symbol's category code), ``tables`` (a string feature's
-    categories: string -> code). Checked here before the C++ reader may follow it: every
-    index in range, children after their parent (no cycle), each node one parent (a tree,
-    no shared subtree), at most 40 deep, slots inside the features."""
+    categories: string -> code), ``covers`` (the slots a null node stands for), ``labels``
+    (each feature's name and path, for details) and ``optional`` (features a record may
+    leave out). Checked here before the C++ reader may follow it: every index in range,
+    children after their parent (no cycle), each node one parent (a tree, no shared
+    subtree), at most 40 deep, slots inside the features."""
 
     cdef APlan plan
     cdef AReader reader
@@ -206,13 +260,29 @@ cdef class AvroReader:
     cdef bint any_hashed
 
     def __cinit__(self, list nodes, list children, list enum_codes, list tables,
-                  int n_features, size_t max_bytes, list symbols=None, hashed=()):
+                  int n_features, size_t max_bytes, list symbols=None, hashed=(),
+                  list covers=None, list labels=None, optional=()):
         cdef ANode node
         cdef Py_ssize_t i, n = len(nodes)
         if n == 0 or n_features < 0:
             raise ValueError("an empty plan, or a negative feature count")
+        covers = covers or []
+        labels = labels if labels is not None else [f"feature {j}" for j in range(n_features)]
+        if len(labels) != n_features:
+            raise ValueError("a label a feature")
         self.plan.n_features = n_features
         self.plan.max_bytes = max_bytes
+        for label in labels:
+            self.plan.labels.push_back(str(label).encode())
+        self.plan.optional.assign(n_features, 0)
+        for j in optional:
+            if not (0 <= j < n_features):
+                raise ValueError("an optional feature outside the features")
+            self.plan.optional[j] = 1
+        for c in covers:
+            if not (0 <= c < n_features):
+                raise ValueError("a covered slot outside the features")
+            self.plan.covers.push_back(c)
         # hashed slots (CatBoost's categories): their values' texts, enums by symbol
         self.plan.hashed.assign(max(n_features, 0), 0)
         for j in hashed:
@@ -250,8 +320,14 @@ cdef class AvroReader:
                 raise ValueError(f"node {i}: enum codes outside the plan")
             if kind == 8 and a < 0:
                 raise ValueError(f"node {i}: a negative fixed size")
-            if kind in (6, 7) and slot >= 0 and not (0 <= b < len(tables)):
+            if kind in (6, 7) and slot >= 0 and not (-(kind == 7) <= b < len(tables)):
                 raise ValueError(f"node {i}: a category table outside the plan")
+            if kind in (2, 3) and slot >= 0 and not (-1 <= b < len(tables)):
+                raise ValueError(f"node {i}: a category table outside the plan")
+            if kind == 0 and not (0 <= a and 0 <= b and a + b <= len(covers)):
+                raise ValueError(f"node {i}: covered slots outside the plan")
+            if kind in (10, 11) and b not in (0, 1, 2):
+                raise ValueError(f"node {i}: a bad item kind")
             if slot == -2:
                 self.has_id = True
             node.kind, node.slot, node.a, node.b = kind, slot, a, b
@@ -282,8 +358,12 @@ cdef class AvroReader:
         finally:
             self.busy = False
         if rc:
-            return (self.out.code.decode(), self.out.detail.decode("utf-8", "replace"))
+            return _failure(self.out)
         return _result(self.out, self.has_id, self.any_hashed)
+
+    def counts(self):
+        """The last read's (absent, unseen) per feature (int64 arrays), or None: none."""
+        return _counts(self.out)
 
 
 # ---- out: the scores of a group's messages as JSON, one value a message ---------------------

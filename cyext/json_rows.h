@@ -38,10 +38,17 @@ namespace dom = simdjson::dom;
 // id kinds, one a row
 enum : int8_t { ID_NULL = 0, ID_INT = 1, ID_STR = 2 };
 
+// a feature's declared cast (source.fields; formats/base.py CAST_CODES): none, a string
+// holding a JSON number read as that number, an integer read as its decimal digits (a
+// category's text)
+enum : uint8_t { CAST_NONE = 0, CAST_NUMBER = 1, CAST_STRING = 2 };
+
 struct Node {
     int slot = -1;     // >= 0: a feature; -2: the id; -1: an inner node (children)
     std::unordered_map<std::string, int> children;  // key -> node index
     std::string path;  // the dotted path, for error details
+    std::vector<int> covers;  // an inner node: the feature slots whose paths go through it
+                              // (a null here is their missing value)
 };
 
 struct Plan {
@@ -53,6 +60,9 @@ struct Plan {
     // feature slot -> 1: CatBoost's hashed categories, the value's text goes to Out.cat_*
     // (append_cat; the row keeps NaN) and the caller hashes it (formats/json.py)
     std::vector<uint8_t> hashed;
+    std::vector<uint8_t> optional;     // slot -> 1: an event may leave it out (Out.absent)
+    std::vector<uint8_t> cast;         // slot -> CAST_*
+    std::vector<std::string> labels;   // slot -> "feature 'x' (a.b)", for error details
     size_t max_rows = 0;   // 0: no bound but max_bytes
     size_t max_bytes = 0;  // the decoded size bound: rows * (4 * n_features + 8) + id bytes
     bool has_id = false;
@@ -64,6 +74,7 @@ struct Plan {
         int at = 0;
         for (size_t i = 0; i < keys.size(); i++) {
             if (nodes[at].slot != -1) return false;  // a leaf cannot have children
+            if (at != 0 && slot >= 0) nodes[at].covers.push_back(slot);
             auto it = nodes[at].children.find(keys[i]);
             int next;
             if (it == nodes[at].children.end()) {
@@ -96,15 +107,33 @@ struct Out {
     std::vector<int32_t> cat_ends;
     std::string cat_bytes;
     std::vector<uint8_t> seen;     // this row's plan nodes met (duplicate keys)
+    std::vector<uint8_t> reached;  // this row's feature slots given (a value, or a null on
+                                   // the way to it)
+    std::vector<int64_t> absent;   // per slot: events without an optional feature
+    std::vector<int64_t> unseen;   // per slot: category strings the model does not know
+    bool counted = false;          // absent or unseen holds a count
     size_t n_rows = 0;
     bool single = false;           // the message was one object (not an array)
     const char* code = "";         // the reason, when read() fails
     std::string detail;
+    int fail_slot = -1;            // the feature the failure is about (-1: none)
+    const char* fail_kind = "";    // what went wrong with it, where not `code` (cast_failed)
 
-    void clear() {
+    void clear(size_t n_features) {
         rows.clear(); id_int.clear(); id_kind.clear(); id_offsets.assign(1, 0);
         id_bytes.clear(); n_rows = 0; single = false; code = ""; detail.clear();
         cat_at.clear(); cat_ends.clear(); cat_bytes.clear();
+        fail_slot = -1; fail_kind = "";
+        if (counted || absent.size() != n_features) {
+            absent.assign(n_features, 0);
+            unseen.assign(n_features, 0);
+            counted = false;
+        }
+    }
+
+    void count_unseen(int slot) {
+        unseen[(size_t)slot]++;
+        counted = true;
     }
 
     // the decoded size of the hashed values: their texts and 12 bytes a value
@@ -141,6 +170,86 @@ inline size_t whole_text(char* buf, size_t cap, double d) {
     return int_text(buf, cap, (long long)d);
 }
 
+inline int fail(Out& out, const char* code, std::string detail) {
+    out.code = code;
+    out.detail = std::move(detail);
+    return 1;
+}
+
+// a failure about the feature in `slot` (counted by name; `kind`: what went wrong, where not
+// the code)
+inline int fail_at(Out& out, const char* code, int slot, std::string detail,
+                   const char* kind = "") {
+    out.fail_slot = slot;
+    out.fail_kind = kind;
+    return fail(out, code, std::move(detail));
+}
+
+// A feature's number (a JSON number or boolean, as `v` holds it) into row[slot]: an integer
+// cast from its int64 or uint64 value, any other number from its double (a float32 cannot
+// hold: bad_number), true/false 1/0. -1: `v` is not a number or boolean (the caller says
+// why); 0: stored; 1: failed (out says why).
+inline int store_number(int slot, const std::string& path, dom::element v, Out& out,
+                        float* row) {
+    switch (v.type()) {
+    case dom::element_type::BOOL:
+        row[slot] = bool(v) ? 1.0f : 0.0f;
+        return 0;
+    case dom::element_type::INT64:
+        row[slot] = (float)int64_t(v);
+        return 0;
+    case dom::element_type::UINT64:
+        row[slot] = (float)uint64_t(v);
+        return 0;
+    case dom::element_type::DOUBLE: {
+        // the parser refuses a number outside the double range; one outside float32's is
+        // refused here (a cast would make it infinite: JSON cannot say inf)
+        double d = double(v);
+        float x = (float)d;
+        if (std::isinf(x) || std::isnan(x)) {
+            char text[32];
+            std::snprintf(text, sizeof text, "%.9g", d);
+            return fail_at(out, "bad_number", slot, path + ": " + text +
+                           " is outside the float32 range");
+        }
+        row[slot] = x;
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+// The longest text `cast: number` reads (a float32's digits need far fewer).
+static constexpr size_t CAST_MAX = 64;
+
+// `cast: number`: a string holding one JSON number (no space around it) parsed by simdjson
+// as the same text outside the quotes is, so "12.30" is the float32 that 12.30 is; anything
+// else is bad_type (cast_failed). `parser`: a small parser of the caller's (the message's
+// own parser holds the document the string is in).
+inline int cast_number(dom::parser& parser, int slot, const std::string& path,
+                       std::string_view s, Out& out, float* row) {
+    char buf[CAST_MAX + simdjson::SIMDJSON_PADDING];
+    auto bad = [&]() {
+        std::string shown(s.substr(0, 32));
+        return fail_at(out, "bad_type", slot, path + ": \"" + shown +
+                       (s.size() > 32 ? "...\"" : "\"") +
+                       " is not a number (cast: number reads a string holding one)",
+                       "cast_failed");
+    };
+    if (s.empty() || s.size() > CAST_MAX) return bad();
+    unsigned char first = (unsigned char)s.front(), last = (unsigned char)s.back();
+    if (!(first == '-' || (first >= '0' && first <= '9')) || !(last >= '0' && last <= '9'))
+        return bad();  // one number, nothing around it: no space, no literal
+    std::memcpy(buf, s.data(), s.size());
+    std::memset(buf + s.size(), 0, simdjson::SIMDJSON_PADDING);
+    dom::element v;
+    if (parser.parse(buf, s.size(), false).get(v)) return bad();
+    int rc = store_number(slot, path, v, out, row);
+    if (rc == -1 || v.type() == dom::element_type::BOOL) return bad();
+    return rc;
+}
+
 class Reader {
 public:
     // the DOM parser validates the whole document (also the fields no feature reads), bounds
@@ -149,11 +258,12 @@ public:
     explicit Reader(size_t max_depth) {
         max_depth_ = max_depth;
         init_ = parser_.allocate(1 << 16, max_depth);
+        if (!init_) init_ = cast_parser_.allocate(CAST_MAX + 1, 2);
     }
 
     // 0: rows in out; else out.code and out.detail say why
     int read(const Plan& plan, const char* data, size_t len, Out& out) {
-        out.clear();
+        out.clear((size_t)plan.n_features);
         if (init_) return json_error(out, init_, "");
         if (len == 0) return fail(out, "empty", "the message has no value");
         // the parser's buffers grow with the document, up to PARSE_BYTES bytes a byte of it
@@ -185,6 +295,7 @@ public:
 private:
     static constexpr size_t SHRINK_ABOVE = 4 << 20;
     dom::parser parser_;
+    dom::parser cast_parser_;  // cast: number's strings (cast_number)
     size_t max_depth_;
     error_code init_;
 
@@ -209,12 +320,6 @@ private:
         }
         if (out.n_rows == 0) return fail(out, "empty_batch", "the array has no events");
         return 0;
-    }
-
-    static int fail(Out& out, const char* code, std::string detail) {
-        out.code = code;
-        out.detail = std::move(detail);
-        return 1;
     }
 
     static int json_error(Out& out, error_code err, const std::string& where) {
@@ -245,8 +350,23 @@ private:
         out.id_kind.push_back(ID_NULL);
         out.id_offsets.push_back((int32_t)out.id_bytes.size());
         out.seen.assign(plan.nodes.size(), 0);
+        out.reached.assign(f, 0);
         out.n_rows = n;
-        return object(plan, 0, obj, out, out.rows.data() + (n - 1) * f);
+        int rc = object(plan, 0, obj, out, out.rows.data() + (n - 1) * f);
+        if (rc) return rc;
+        // absent is not missing: a required feature no key gave (and no null on its way)
+        for (size_t s = 0; s < f; s++) {
+            if (out.reached[s]) continue;
+            if (!plan.optional[s])
+                return fail_at(out, "missing_field", (int)s, plan.labels[s] + " is absent " +
+                               (out.single ? std::string("from the event")
+                                           : "from event " + std::to_string(n - 1)) +
+                               " (mark it optional in source.fields if events may leave it "
+                               "out)");
+            out.absent[s]++;
+            out.counted = true;
+        }
+        return 0;
     }
 
     // the keys of one object the plan names (a path's depth at most: no other recursion)
@@ -266,10 +386,12 @@ private:
             } else if (kv.value.type() == dom::element_type::OBJECT) {
                 rc = object(plan, it->second, dom::object(kv.value), out, row);
             } else if (kv.value.type() == dom::element_type::NULL_VALUE) {
-                rc = 0;  // everything below it missing
+                for (int s : child.covers) out.reached[(size_t)s] = 1;  // missing, all
+                rc = 0;
             } else {
-                rc = fail(out, "bad_type", child.path + " is not an object (a feature's "
-                          "path goes through it)");
+                rc = fail_at(out, "bad_type", child.covers.empty() ? -1 : child.covers[0],
+                             child.path + " is not an object (a feature's path goes "
+                             "through it)");
             }
             if (rc) return rc;
         }
@@ -279,45 +401,67 @@ private:
     int leaf(const Plan& plan, const Node& node, dom::element v, Out& out, float* row) {
         int slot = node.slot;
         if (slot == -2) return id(plan, node, v, out);
+        out.reached[(size_t)slot] = 1;
         if (plan.hashed[slot]) return hashed(plan, node, v, out);
+        if (v.type() == dom::element_type::NULL_VALUE) return 0;  // missing: NaN already
+        if (plan.categorical[slot]) return category(plan, node, v, out, row);
+        int rc = store_number(slot, node.path, v, out, row);
+        if (rc != -1) return rc;
+        if (v.type() == dom::element_type::STRING) {
+            if (plan.cast[slot] == CAST_NUMBER)
+                return cast_number(cast_parser_, slot, node.path, std::string_view(v), out,
+                                   row);
+            return fail_at(out, "bad_type", slot, node.path + " is a string; the feature is "
+                           "a number (send a number, or declare cast: number in "
+                           "source.fields)");
+        }
+        return fail_at(out, "bad_type", slot, node.path + " is an object or an array");
+    }
+
+    // a feature with categories (strings, in the model's code order): a string is its
+    // category's position (NaN, counted: unseen); an integer only with cast: string (its
+    // decimal digits are the category's text); any other value is bad_type
+    int category(const Plan& plan, const Node& node, dom::element v, Out& out, float* row) {
+        int slot = node.slot;
+        char buf[32];
+        std::string_view text;
         switch (v.type()) {
-        case dom::element_type::NULL_VALUE:
-            return 0;  // missing: the row is NaN already
-        case dom::element_type::BOOL:
-            row[slot] = bool(v) ? 1.0f : 0.0f;
-            return 0;
+        case dom::element_type::STRING:
+            text = std::string_view(v);
+            break;
         case dom::element_type::INT64:
-            row[slot] = (float)int64_t(v);
-            return 0;
         case dom::element_type::UINT64:
-            row[slot] = (float)uint64_t(v);
-            return 0;
-        case dom::element_type::DOUBLE: {
-            // the parser refuses a number outside the double range; one outside float32's
-            // is refused here (a cast would make it infinite: JSON cannot say inf)
-            double d = double(v);
-            float x = (float)d;
-            if (std::isinf(x) || std::isnan(x))
-            {
-                char text[32];
-                std::snprintf(text, sizeof text, "%.9g", d);
-                return fail(out, "bad_number", node.path + ": " + text +
-                            " is outside the float32 range");
-            }
-            row[slot] = x;
-            return 0;
-        }
-        case dom::element_type::STRING: {
-            if (!plan.categorical[slot])
-                return fail(out, "bad_type", node.path + " is a string; the feature is a number");
-            const auto& cats = plan.categories[slot];
-            auto c = cats.find(std::string(std::string_view(v)));
-            row[slot] = c == cats.end() ? std::numeric_limits<float>::quiet_NaN() : c->second;
-            return 0;
-        }
+            if (plan.cast[slot] != CAST_STRING)
+                return fail_at(out, "bad_type", slot, node.path + " is a number; the "
+                               "feature's categories are strings (send the category, or "
+                               "declare cast: string in source.fields)");
+            text = std::string_view(buf, v.type() == dom::element_type::INT64
+                                    ? int_text(buf, sizeof buf, (long long)int64_t(v))
+                                    : uint_text(buf, sizeof buf,
+                                                (unsigned long long)uint64_t(v)));
+            break;
+        case dom::element_type::DOUBLE:
+            if (plan.cast[slot] == CAST_STRING)
+                return fail_at(out, "bad_type", slot, node.path + " is a number with a "
+                               "fraction or an exponent: cast: string reads integers",
+                               "cast_failed");
+            return fail_at(out, "bad_type", slot, node.path + " is a number; the feature's "
+                           "categories are strings (send the category, or declare cast: "
+                           "string in source.fields)");
+        case dom::element_type::BOOL:
+            return fail_at(out, "bad_type", slot, node.path + " is true or false; the "
+                           "feature's categories are strings");
         default:
-            return fail(out, "bad_type", node.path + " is an object or an array");
+            return fail_at(out, "bad_type", slot, node.path + " is an object or an array");
         }
+        const auto& cats = plan.categories[slot];
+        auto c = cats.find(std::string(text));
+        if (c == cats.end()) {  // the libraries' unseen category: missing
+            out.count_unseen(slot);
+            return 0;
+        }
+        row[slot] = c->second;
+        return 0;
     }
 
     // a hashed categorical feature's value (Plan.hashed): its text into out (append_cat);
@@ -350,7 +494,8 @@ private:
             break;
         }
         default:
-            return fail(out, "bad_type", node.path + " is an object or an array");
+            return fail_at(out, "bad_type", node.slot, node.path + " is an object or an "
+                           "array");
         }
         size_t f = (size_t)plan.n_features;
         // the rows' size was bounded by event(): this product cannot wrap

@@ -113,11 +113,18 @@ def test_schemas_evolve_by_name_and_categories_read_enums_and_strings(tmp_path):
         {"name": "merchant", "type": ["null", "string"]}]}
     model = _model(["c", "kind", "merchant", "absent"],
                    {"kind": ["x", "y"], "merchant": ["shop", "fuel"]})
-    fmt = _fmt(tmp_path, {1: v2}, model=model)
-    X, ids = fmt.decode(wire(1, v2, {"new_field": [1.0, 2.0], "c": 2**40, "txn_id": "t-1",
-                                     "kind": "x", "merchant": "fuel"})).data
+    with pytest.raises(InvalidMessage, match="feature 'absent' .absent.: the record has no "
+                       "field 'absent'") as e:
+        _fmt(tmp_path, {1: v2}, model=model).decode(wire(1, v2, {
+            "new_field": [], "c": 1, "txn_id": "t-0", "kind": "x", "merchant": "fuel"}))
+    assert e.value.code == "schema_mismatch"
+    fmt = _fmt(tmp_path, {1: v2}, model=model, fields={"absent": {"optional": True}})
+    m = fmt.decode(wire(1, v2, {"new_field": [1.0, 2.0], "c": 2**40, "txn_id": "t-1",
+                                "kind": "x", "merchant": "fuel"}))
+    X, ids = m.data
     assert X.tolist()[0][:3] == [float(np.float32(2**40)), 0.0, 1.0] and np.isnan(X[0, 3])
     assert ids.to_pylist() == ["t-1"]
+    assert m.counts["absent"].tolist() == [0, 0, 0, 1]
     X, _ = fmt.decode(wire(1, v2, {"new_field": [], "c": 1, "txn_id": "t-2", "kind": "q",
                                    "merchant": "unseen"})).data
     assert np.isnan(X[0, 1]) and np.isnan(X[0, 2])  # not a category: the unseen one

@@ -18,6 +18,7 @@ import pytest
 import worker
 from tests import models as M
 from worker import codec
+from worker.formats import InvalidMessage
 from worker.model.compile import chosen, to_ir
 from worker.model.ir import UnsupportedModelError
 
@@ -229,8 +230,10 @@ def test_json_events_score_as_catboost(trained, nested):
     df = _frame(240, seed=11, unseen=True)
     path = ("card", "merchant") if nested else ("merchant",)
     events, ref = _json_events(df, path)
+    # an absent merchant is a missing value where source.fields says it may be left out
     fmt = JsonFormat(compiled, "id", None, 1 << 26,
-                     {"merchant": "card.merchant"} if nested else None)
+                     {"merchant": {"path": "card.merchant", "optional": True}} if nested
+                     else {"merchant": {"optional": True}})
     values = [json.dumps(e).encode() for e in events[:40]]
     values += [json.dumps(events[k:k + 50]).encode() for k in range(40, 240, 50)]
     msgs = [fmt.decode(v) for v in values]
@@ -359,9 +362,12 @@ def test_hostile_json_and_avro_cost_a_hashed_model_what_they_cost_others(trained
         {"name": "attrs", "type": {"type": "map", "values": "string"}}]}
     (tmp_path / "1.avsc").write_text(json.dumps(schema))
     avro = AvroFormat(compiled, None, None, 1 << 26, schemas_dir=str(tmp_path))
-    mapped = AvroFormat(compiled, None, None, 1 << 26, {"amount": "attrs.amount",
-                                                         "merchant": "attrs.merchant"},
+    mapped = AvroFormat(compiled, None, None, 1 << 26,
+                        {"amount": {"path": "attrs.amount", "optional": True},
+                         "merchant": {"path": "attrs.merchant", "optional": True}},
                         schemas_dir=str(tmp_path))
+    required = AvroFormat(compiled, None, None, 1 << 26, {"amount": "attrs.amount"},
+                          schemas_dir=str(tmp_path))
 
     plain = json.loads(json.dumps(schema))  # the same bytes, written without logical types
     for f in plain["fields"]:
@@ -383,7 +389,11 @@ def test_hostile_json_and_avro_cost_a_hashed_model_what_they_cost_others(trained
     tracemalloc.stop()
     assert peak < 8 << 20, peak
     np.testing.assert_array_equal(compiled.raw(g.X), want)
-    # through the map: every feature the path names is absent (C reader and texts alike)
+    # through the map: a required feature's schema is refused; optional ones are absent
+    # (C reader and texts alike)
+    with pytest.raises(InvalidMessage, match="attrs is an Avro map") as e:
+        required.decode(value)
+    assert e.value.code == "schema_mismatch"
     g = mapped.gather([mapped.decode(value)])
     absent = ref.assign(amount=np.nan, merchant="never-seen")
     np.testing.assert_array_equal(compiled.raw(g.X), np.asarray(
@@ -524,7 +534,8 @@ def test_a_shadow_with_other_categories_reads_its_own_codes(trained):
     assert live.category_hashes["merchant"] != shadow.category_hashes["merchant"]
     settings = load_settings(
         None, scoring={"id_column": "id", "threads": 1}, model={"path": "unused"},
-        source={"type": "file", "path": "x.arrows", "format": "json"},
+        source={"type": "file", "path": "x.arrows", "format": "json",
+                "fields": {"merchant": {"optional": True}}},  # _json_events leaves some out
         sink={"type": "file", "path": "o.arrows", "format": "json"})
     events, ref = _json_events(_frame(64, seed=13, unseen=True))
     values = [json.dumps(e).encode() for e in events[:8]] + [json.dumps(events[8:]).encode()]
@@ -599,12 +610,13 @@ def test_what_the_texts_cost_is_bounded_and_counted(tmp_path):
                            category_hashes={"a": [], "b": [], "c": []}, columns=lambda t: t)
     plain = SimpleNamespace(feature_names=names, categories={}, category_hashes={})
     value = b"[" + b",".join([b"{}"] * 1_000_000) + b"]"
+    optional = {f: {"optional": True} for f in names}  # events of no fields
     # (64 MB: the 3 MB message within a sixteenth, its 24 MB of rows within the limit)
-    assert JsonFormat(plain, None, None, 64 << 20).decode(value).rows == 1_000_000
+    assert JsonFormat(plain, None, None, 64 << 20, optional).decode(value).rows == 1_000_000
     with pytest.raises(InvalidMessage) as e:
-        JsonFormat(stub, None, None, 64 << 20).decode(value)
+        JsonFormat(stub, None, None, 64 << 20, optional).decode(value)
     assert e.value.code == "too_large"
-    msg = JsonFormat(stub, None, None, 1 << 30).decode(b'{"a": "casino"}')
+    msg = JsonFormat(stub, None, None, 1 << 30, optional).decode(b'{"a": "casino"}')
     assert msg.nbytes >= 16 + len("casino") + 64 + 56 + 24
 
     def fmt(schema):

@@ -35,6 +35,12 @@ def _fmt(model=None, id_column="txn_id", max_rows=None, max_bytes=1 << 20, field
     return input_format("json", model or _model(), id_column, max_rows, max_bytes, fields)
 
 
+def _optional(model=None, **kw):
+    """A reader whose features an event may leave out (source.fields optional: true)."""
+    model = model or _model()
+    return _fmt(model, fields={f: {"optional": True} for f in model.feature_names}, **kw)
+
+
 def _reason(fmt, value: bytes) -> str:
     with pytest.raises(InvalidMessage) as e:
         fmt.decode(value)
@@ -76,12 +82,15 @@ def test_doubles_are_cast_as_arrow_casts_them():
 
 
 def test_null_missing_bool_and_categories():
-    fmt = _fmt(_model({"c": ["x", "y", "x"]}))
-    X = fmt.decode(b'[{"a": null, "b": true, "c": "y"}, {"b": false, "c": "x"},'
-                   b' {"c": "unseen", "a": 2}, {"c": 1}]').data.X
+    fmt = _optional(_model({"c": ["x", "y", "x"]}))
+    m = fmt.decode(b'[{"a": null, "b": true, "c": "y"}, {"b": false, "c": "x"},'
+                   b' {"c": "unseen", "a": 2}, {"c": null}]')
     nan = np.nan
-    assert np.array_equal(X, np.array([[nan, 1, 1], [nan, 0, 0], [2, nan, nan], [nan, nan, 1]],
-                                      np.float32), equal_nan=True)
+    assert np.array_equal(m.data.X, np.array([[nan, 1, 1], [nan, 0, 0], [2, nan, nan],
+                                              [nan, nan, nan]], np.float32), equal_nan=True)
+    # absent (optional) and unseen, counted per feature
+    assert m.counts["absent"].tolist() == [2, 2, 0]
+    assert m.counts["unseen"].tolist() == [0, 0, 1]
 
 
 def test_nested_fields_escaped_keys_and_unknown_fields():
@@ -90,15 +99,17 @@ def test_nested_fields_escaped_keys_and_unknown_fields():
                      b' "amount": 2.5}, "\\u0063": 7, "other": {"deep": [[[]]]}}')
     assert np.array_equal(msg.data.X, np.array([[2.5, 3, 7]], np.float32))
     assert msg.data.ids.tolist() == [42] and msg.data.single
-    # a null object on the way: its features missing; a number there: bad_type
+    # a null object on the way: its features missing (given, not absent); a number there:
+    # bad_type
     X = fmt.decode(b'{"card": null, "c": 1}').data.X
     assert np.isnan(X[0, :2]).all() and X[0, 2] == 1
     assert _reason(fmt, b'{"card": 5}') == "bad_type"
 
 
 def test_ids():
-    fmt = _fmt()
-    m = fmt.decode(b'[{"txn_id": "a"}, {"txn_id": null}, {"txn_id": "\\u00e9t\\u00e9"}]')
+    fmt = _optional()
+    m = fmt.decode(
+        b'[{"txn_id": "a"}, {"txn_id": null}, {"txn_id": "\\u00e9t\\u00e9"}]')
     assert m.data.ids.to_pylist() == ["a", None, "été"]
     m = fmt.decode(b'[{"txn_id": 1}, {}]')
     assert m.data.ids.to_pylist() == [1, None]
@@ -122,7 +133,7 @@ HOSTILE = [
     (b"[]", "empty_batch"),
     (b"3", "bad_shape"),
     (b'"event"', "bad_shape"),
-    (b'[{"a": 1}, 2]', "bad_shape"),
+    (b'[{"a": 1, "b": 2, "c": 3}, 2]', "bad_shape"),
     (b'{"a": "1.5"}', "bad_type"),
     (b'{"a": {"v": 1}}', "bad_type"),
     (b'{"a": [1]}', "bad_type"),
@@ -151,15 +162,16 @@ def test_hostile_messages_are_refused_with_their_reason(value, code):
 
 
 def test_bounds_on_rows_and_decoded_bytes():
-    fmt = _fmt(max_rows=3)
+    fmt = _optional(max_rows=3)
     assert fmt.decode(b"[{}, {}, {}]").rows == 3
     assert _reason(fmt, b"[{}, {}, {}, {}]") == "too_large"
     # 100,000 empty events in 300 kB: 2 MB decoded, over a 1 MB bound
-    assert _reason(_fmt(max_bytes=1 << 20), b"[" + b"{}," * 99_999 + b"{}]") == "too_large"
+    assert _reason(_optional(max_bytes=1 << 20), b"[" + b"{}," * 99_999 + b"{}]") == \
+        "too_large"
     # string ids count too
     big_id = b'{"txn_id": "' + b"i" * (2 << 20) + b'"}'
-    assert _reason(_fmt(max_bytes=1 << 20), big_id) == "too_large"
-    assert _fmt(max_bytes=64 << 20).decode(big_id).rows == 1
+    assert _reason(_optional(max_bytes=1 << 20), big_id) == "too_large"
+    assert _optional(max_bytes=64 << 20).decode(big_id).rows == 1
 
 
 PARSE_BYTES = 16  # json_rows.h Reader::PARSE_BYTES
@@ -170,8 +182,8 @@ def test_a_message_is_bounded_by_what_parsing_it_takes():
     of the message byte limit, and one byte more is too_large before anything is parsed."""
     limit = 1 << 20
     events = b'{"a": 1.5, "b": 2, "c": 3, "txn_id": 7},'
-    n = (limit // PARSE_BYTES - 2) // len(events)
-    fits = b"[" + events * n + b"{}]"
+    n = (limit // PARSE_BYTES - 26) // len(events)
+    fits = b"[" + events * n + b'{"a": 1, "b": 2, "c": 3}]'
     assert len(fits) <= limit // PARSE_BYTES
     assert _fmt(max_bytes=limit).decode(fits).rows == n + 1
     over = fits + b" " * (limit // PARSE_BYTES - len(fits) + 1)
@@ -246,7 +258,7 @@ def test_a_reader_is_whole_again_after_a_refusal():
     for bad, _ in HOSTILE[:20]:
         with pytest.raises(InvalidMessage):
             fmt.decode(bad)
-        m = fmt.decode(b'{"a": 1, "txn_id": 5}')
+        m = fmt.decode(b'{"a": 1, "b": null, "c": 3, "txn_id": 5}')
         assert m.data.X[0, 0] == 1 and m.data.ids.tolist() == [5]
 
 
@@ -297,14 +309,18 @@ def test_json_scores_equal_xgboost_on_hostile_rows():
     fmt = input_format("json", model, "txn_id", None, 64 << 20)
     out = output_format("json", model, "txn_id")
     events = []
-    for i, row in enumerate(X):  # missing values as null or as absent keys, in turn
+    fmt_opt = input_format("json", model, "txn_id", None, 64 << 20,
+                           {f: {"optional": True} for f in model.feature_names[::2]})
+    for i, row in enumerate(X):  # missing values as null or as absent optional keys
         ev = {"txn_id": i}
         for j, v in enumerate(row.tolist()):
             if not math.isnan(v):
                 ev[model.feature_names[j]] = v
-            elif (i + j) % 2:
+            elif (i + j) % 2 or j % 2:
                 ev[model.feature_names[j]] = None
         events.append(ev)
+    assert _reason(fmt, json.dumps(events).encode()) == "missing_field"
+    fmt = fmt_opt
     msgs = [fmt.decode(json.dumps(events[:1]).encode()),  # an array of one
             fmt.decode(json.dumps(events[1]).encode()),  # one object
             fmt.decode(json.dumps(events[2:]).encode())]
@@ -380,7 +396,8 @@ def test_replay_expect_compares_json_outputs(tmp_path):
     rng = np.random.default_rng(8)
     recs = [Record("in", 0, k, None, json.dumps(
         [{"txn_id": 10 * k + i, **{n: float(rng.normal()) for n in names}} for i in range(3)]
-        if k % 2 else {"txn_id": 10 * k, names[0]: 1.5}).encode(), 0, [])
+        if k % 2 else {"txn_id": 10 * k, names[0]: 1.5, **dict.fromkeys(names[1:])}).encode(),
+        0, [])
         for k in range(30)]
     write_records(tmp_path / "in.arrows", recs)
     cfg = {"model": {"path": str(tmp_path / "m.model")},
@@ -490,13 +507,13 @@ def test_hashed_categorical_texts_are_what_python_reads(events, single):
     from worker.formats.json import _texts
 
     reader = _eventread.JsonReader([["x"], ["h"], ["k"]], None, {}, ["x", "h", "k"], 0,
-                                   1 << 20, 64, {"h", "k"})
+                                   1 << 20, 64, {"h", "k"}, {"h", "k"})
     msg = events[:1] if single else events
     value = json.dumps(msg[0] if single else msg).encode()
     got = reader.read(value)
     big = any(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
               and not -(2**63) <= e[f] < 2**64 for e in msg for f in ("h", "k"))
-    if len(got) == 2:
+    if type(got[0]) is str:
         assert big and got[0] == "bad_number", got
         return
     assert not big

@@ -4,6 +4,7 @@ corrupt file) deliver every id exactly once, each message scored by the model it
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -163,7 +164,9 @@ def test_a_swap_to_a_model_reading_fewer_features_keeps_its_mapped_fields(tmp_pa
                              sink={"type": "kafka", "topic": "out"})
     verify(fewer, running, settings)
     pipe = Pipeline(fewer, settings, "out")
-    X = pipe.format.decode(b'{"txn_id": 1, "ctx": {"last": 2}, "other": 3}').data.X
+    event = {"txn_id": 1, "ctx": {"last": 2}, **dict.fromkeys(fewer.feature_names[:-1]),
+             "other": 3}
+    X = pipe.format.decode(json.dumps(event).encode()).data.X
     assert X[0, -1] == 3 and np.isnan(X[0, 0])
     with pytest.raises(ValueError, match="names no feature"):
         reader_for(fewer, settings)  # start-up's check: strict

@@ -61,6 +61,7 @@ class Decoder:
         self._plans: dict[bytes, tuple[pa.Schema, list[int], object]] = {}
         self._cache_size = cache_size
         self.native = native  # False: pyarrow reads every message (tests compare the two)
+        self.unseen: dict[str, int] = {}  # the last message's unseen categories (_codes)
 
     def decode(self, value: bytes | None) -> pa.RecordBatch:
         """One self-contained Arrow IPC stream -> one RecordBatch of the columns read, fully
@@ -179,6 +180,7 @@ class Decoder:
         except (pa.ArrowException, ValueError) as exc:
             raise InvalidMessage("invalid_arrow", f"buffers fail validation: {_short(exc)}") \
                 from None
+        self.unseen = {}
         if self.categories:
             batch = self._codes(batch)
         return batch, (group if group is not None else schema)
@@ -212,11 +214,21 @@ class Decoder:
         return total
 
     def _codes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Dictionary-encoded strings of features with categories as float32 codes."""
+        """Dictionary-encoded strings of features with categories as float32 codes; the
+        strings the model does not know (NaN codes of values that are not null), per feature,
+        in ``unseen``."""
+        import pyarrow.compute as pc
+
+        self.unseen = {}
         for name, cats in self.categories.items():
             i = batch.schema.get_field_index(name)
             if i >= 0 and is_category_type(batch.schema.field(i).type):
-                batch = batch.set_column(i, name, category_codes(batch.column(i), cats))
+                col = batch.column(i)
+                codes = category_codes(col, cats)
+                unseen = int(pc.sum(pc.is_nan(codes)).as_py() or 0) - col.null_count
+                if unseen:
+                    self.unseen[name] = unseen
+                batch = batch.set_column(i, name, codes)
         return batch
 
     def _plan(self, schema: pa.Schema) -> list[int]:
@@ -241,10 +253,15 @@ class Decoder:
                 raise InvalidMessage("bad_type", f"id column {self.id_column!r} has type {t}: "
                                      "views inside another type are not read")
         for f in self.feature_names:
-            problem = feature_type_problem(f, schema.field(f).type,
-                                           f in self.categories or f in self.hashed)
+            t = schema.field(f).type
+            problem = feature_type_problem(f, t, f in self.categories or f in self.hashed)
             if problem:
-                raise InvalidMessage("bad_type", problem)
+                raise InvalidMessage("bad_type", problem, f)
+            if f in self.categories and not (is_category_type(t) or pa.types.is_null(t)):
+                # a code means another category once the model is retrained: by name only
+                raise InvalidMessage("bad_type", f"feature column {f!r} has type {t}; the "
+                                     f"model knows {f!r} by its category names: send "
+                                     "dictionary-encoded strings", f)
         keep = set(wanted)
         return [i for i, n in enumerate(names) if n in keep]
 

@@ -36,6 +36,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
+class FieldSpec(_Section):
+    """One feature's (or the id's) place in a JSON or Avro event and how its value is read."""
+
+    path: str | None = None
+    """The dotted path of keys or record fields (default: the top-level field of its name)."""
+    optional: bool = False
+    """An event without the field (Avro: a writer schema without it) is a missing value,
+    counted in scoring_feature_absent; by default such an event is dead-lettered
+    (missing_field; Avro: schema_mismatch)."""
+    cast: Literal["number", "string"] | None = None
+    """number: a string holding a JSON number is read as that number (e.g. "12.30");
+    string: an integer is read as its decimal digits, a category of the model's (e.g. a
+    merchant category code 7995 for the category "7995"). Without a cast such values are
+    bad_type."""
+
+
 class SourceConfig(_Section):
     type: Literal["kafka", "file"] = "file"
     """Where input messages come from: a Kafka topic, or a recorded topic file."""
@@ -46,10 +62,11 @@ class SourceConfig(_Section):
     format: Literal["arrow", "json", "avro"] = "arrow"
     """The messages' format: an Arrow IPC stream, JSON (one event, an object, or an array
     of events), or Avro in Confluent's wire format (one record)."""
-    fields: dict[str, str] = {}
+    fields: dict[str, str | FieldSpec] = {}
     """JSON and Avro: where a feature (or the id column) is in an event, as a dotted path of
-    keys or record fields ({"amount": "txn.amount"}); the default is the top-level field of
-    its name."""
+    keys or record fields ({"amount": "txn.amount"}), or as {path, optional, cast}; the
+    default is the top-level field of its name, required. A required feature absent from an
+    event dead-letters it (missing_field)."""
     schemas_dir: str | None = None
     """Avro: a folder of writer schemas, <schema id>.avsc."""
 
@@ -66,7 +83,10 @@ class SourceConfig(_Section):
                                  "'scoring-worker[avro]'") from None
         if self.schemas_dir and not Path(self.schemas_dir).is_dir():
             raise ValueError(f"source.schemas_dir: {self.schemas_dir} is not a folder")
-        for name, path in self.fields.items():
+        for name, spec in self.fields.items():
+            path = spec if isinstance(spec, str) else spec.path
+            if path is None:
+                continue  # its own name, one key
             if not path or any(not key for key in path.split(".")):
                 raise ValueError(f"source.fields.{name}: {path!r} is not a dotted path of "
                                  "keys")
@@ -653,7 +673,16 @@ class Settings(BaseSettings):
 
 def _format_error(exc: ValidationError) -> str:
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    # a union's members each say why (source.fields: a path, or a FieldSpec): where a
+    # FieldSpec was given (a mapping), only its own errors, without the member's name
+    spec_at = {tuple(e["loc"][:e["loc"].index("FieldSpec")]) for e in errors
+               if "FieldSpec" in e["loc"]}
+    for err in errors:
+        loc = list(err["loc"])
+        if "str" in loc and tuple(loc[:loc.index("str")]) in spec_at:
+            continue
+        err = {**err, "loc": [p for p in loc if p != "FieldSpec"]}
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
         if msg.startswith("Value error, "):

@@ -16,8 +16,20 @@ BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
 def _type_name(annotation) -> str:
     text = repr(annotation) if not isinstance(annotation, type) else annotation.__name__
-    text = text.replace("typing.", "").replace("pydantic.types.", "")
+    text = text.replace("typing.", "").replace("pydantic.types.", "") \
+        .replace("worker.config.", "")
     return re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).split(".")[-1], text)
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models a dict's values may be (``dict[str, str | FieldSpec]``)."""
+    import typing
+
+    if typing.get_origin(annotation) is not dict:
+        return []
+    value = typing.get_args(annotation)[1]
+    options = typing.get_args(value) or (value,)
+    return [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
 
 
 def _default(field) -> str:
@@ -42,6 +54,8 @@ def render() -> str:
             doc = (field.description or "").replace("|", "\\|").replace("\n", " ")
             typ = _type_name(ann).replace("|", "\\|")
             lines.append(f"| `{key}` | `{typ}` | `{_default(field)}` | {doc} |")
+            for inner in _models_in(ann):  # dict values that are sections of their own
+                walk(inner, key + ".<name>.")
         if model.model_config.get("extra") == "allow":
             lines.append(f"| `{prefix}<param>` | any | | policy parameter, e.g. `tau: 0.95` |")
 

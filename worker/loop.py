@@ -347,6 +347,8 @@ class Worker:
         m.records_out.inc(stats.rows)
         for reason, n in stats.dead.items():
             m.dead_letters.labels(reason).inc(n)
+        if stats.features:
+            m.count_features(stats.features)
         m.batch_seconds.observe(seconds)
         m.kernel_seconds.observe(stats.kernel_s)
         m.work_units.inc(stats.work_units)

@@ -93,10 +93,36 @@ class Metrics:
         self.model_refusals = Counter("scoring_model_refusals", "New model artifacts refused "
                                       "(the running model stayed)", ["role", "reason"],
                                       registry=r)
+        # the input contract, per feature the model reads (labels bounded by its features)
+        self.feature_missing = Counter("scoring_feature_missing", "Values scored as missing "
+                                       "(null, NaN, an absent optional field, an unseen "
+                                       "category), by feature", ["feature"], registry=r)
+        self.feature_absent = Counter("scoring_feature_absent", "Events without an optional "
+                                      "feature's field (source.fields optional)", ["feature"],
+                                      registry=r)
+        self.feature_unseen = Counter("scoring_feature_unseen_categories", "Category values "
+                                      "the model does not know (scored as missing)",
+                                      ["feature"], registry=r)
+        self.feature_refused = Counter("scoring_feature_refused", "Messages dead-lettered for "
+                                       "a feature: missing_field, bad_type, cast_failed, "
+                                       "bad_number, schema_mismatch", ["feature", "reason"],
+                                       registry=r)
         self.heartbeat = time.time()
         # /readyz: the loop has partitions to read (or a file) and has committed a batch or
         # found nothing to read (a caught-up consumer is ready too)
         self.ready = False
+
+    def count_features(self, tally) -> None:
+        """The input contract's per-feature counts of a batch (``BatchStats.features``)."""
+        for (kind, feature), n in tally.items():
+            if kind == "missing":
+                self.feature_missing.labels(feature).inc(n)
+            elif kind == "absent":
+                self.feature_absent.labels(feature).inc(n)
+            elif kind == "unseen":
+                self.feature_unseen.labels(feature).inc(n)
+            elif kind.startswith("refused:"):
+                self.feature_refused.labels(feature, kind[len("refused:"):]).inc(n)
 
     def beat(self) -> None:
         self.heartbeat = time.time()

@@ -56,6 +56,10 @@ class BatchStats:
     # reason codes (scoring.explain): the highest-scored explained rows, (score, feature
     # indices, attributions, bias), at most TOP_REASONS
     top_reasons: list = field(default_factory=list)
+    # the input contract: (kind, feature) -> count, kind "missing" (values scored as
+    # missing), "absent" (optional fields absent), "unseen" (categories the model does not
+    # know) or "refused:<reason>" (messages dead-lettered for that feature)
+    features: Tally = field(default_factory=Tally)
 
     def add(self, other: BatchStats) -> None:
         """Add ``other``'s scored-row counts (messages and dead letters are the caller's)."""
@@ -75,6 +79,12 @@ class BatchStats:
         self.shadow_diffs.extend(other.shadow_diffs)
         self.shadow_errors += other.shadow_errors
         _keep_top(self.top_reasons, other.top_reasons)
+        self.features.update(other.features)
+
+    def count_features(self, kind: str, counts, names: list[str]) -> None:
+        """Add per-feature ``counts`` (in ``names``' order) of ``kind``."""
+        for j in np.flatnonzero(counts).tolist():
+            self.features[(kind, names[j])] += int(counts[j])
 
     def account(self, r, rows: np.ndarray | None = None) -> None:
         """Count the rows of score result ``r`` that are published (all, or where ``rows``)."""
@@ -258,6 +268,9 @@ class Pipeline:
             if isinstance(decoded, InvalidMessage):
                 self._dead(out, rec, decoded)
                 continue
+            if decoded.counts:
+                for kind, counts in decoded.counts.items():
+                    out.stats.count_features(kind, counts, self.format.feature_names)
             out.stats.rows_in += decoded.rows
             groups.setdefault(decoded.group, []).append(i)
         return list(groups.values())
@@ -270,6 +283,8 @@ class Pipeline:
             g = self.format.gather([out.items[i][1] for i in members])
             r = self._score(g)
             out.stats.kernel_s += time.perf_counter() - t0
+            out.stats.count_features("missing", missing_counts(g, self.model.feature_names),
+                                     self.model.feature_names)
         except Exception as exc:  # noqa: BLE001 (isolate, dead-letter, keep running)
             if len(members) == 1:
                 self._dead(out, out.record(members[0]), InvalidMessage("score_error", str(exc)))
@@ -364,6 +379,8 @@ class Pipeline:
     def _dead(self, out: _Batch, rec: Record, err: InvalidMessage) -> None:
         out.dead.append(self.dead_letter(rec, err))
         out.stats.dead[err.code] += 1
+        if getattr(err, "feature", None):
+            out.stats.features[(f"refused:{err.kind}", err.feature)] += 1
 
     def _record(self, rec: Record, value: bytes) -> Record | InvalidMessage:
         """The output record of ``rec`` (or why the output topic would refuse it): the
@@ -415,6 +432,28 @@ class Pipeline:
             code, "the broker refused this message's scores"
                   + (" (too large)" if code == "output_too_large" else ""))
         return self.dead_letter(rec, err, drop_value=dead_letter_refused)
+
+
+def missing_counts(g: Gathered, names: list[str]) -> np.ndarray:
+    """Per feature, the gathered rows the model reads as missing: NaN in a row block; nulls
+    and NaN (and, for categories, strings not in the model's list) in an Arrow batch."""
+    X = g.X
+    if isinstance(X, np.ndarray):
+        return np.count_nonzero(np.isnan(X), axis=0)
+    out = np.zeros(len(names), np.int64)
+    t = g.table
+    if t is None:
+        return out
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for j, name in enumerate(names):
+        col = t.column(name)
+        n = col.null_count
+        if pa.types.is_floating(col.type):
+            n += int(pc.sum(pc.is_nan(col)).as_py() or 0)
+        out[j] = n
+    return out
 
 
 def forwarded(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

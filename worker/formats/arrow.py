@@ -33,7 +33,13 @@ class ArrowFormat:
         batch, key = self.decoder.decode_keyed(value)
         if type(batch) is codec.Raw:
             return Message(batch.num_rows, batch.num_rows * batch.plan.row_bytes, key, batch)
-        return Message(batch.num_rows, self._decoded_bytes(batch), key, batch)
+        counts = None
+        if self.decoder.unseen:  # category strings the model does not know, per feature
+            unseen = np.zeros(len(self.feature_names), np.int64)
+            for name, n in self.decoder.unseen.items():
+                unseen[self.feature_names.index(name)] = n
+            counts = {"unseen": unseen}
+        return Message(batch.num_rows, self._decoded_bytes(batch), key, batch, counts)
 
     def _decoded_bytes(self, batch: pa.RecordBatch) -> int:
         """The decoded size, at the width the gather writes: a float32 a feature a row, plus

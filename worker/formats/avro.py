@@ -22,8 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Gathered, InvalidMessage, Message, field_paths, offsets_of, row_index
-from .json import _arrow_ids, _hashed_batch, _texts, texts_size
+from .base import (
+    Gathered,
+    InvalidMessage,
+    Message,
+    field_paths,
+    field_specs,
+    offsets_of,
+    row_index,
+)
+from .json import _arrow_ids, _counted, _hashed_batch, _texts, failure, texts_size
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6,
          "string": 7, "fixed": 8, "enum": 9, "array": 10, "map": 11, "union": 12,
@@ -39,26 +47,72 @@ MAX_SYMBOL = 1024  # bytes of an enum symbol a hashed categorical feature reads
 
 
 class SchemaError(ValueError):
-    def __init__(self, code: str, detail: str):
+    def __init__(self, code: str, detail: str, slot: int = -1):
         super().__init__(detail)
         self.code = code
+        self.slot = slot  # the feature it is about (-1: none)
 
 
 class _Plan:
-    """A writer schema compiled against the features: the AvroReader's arguments."""
+    """A writer schema compiled against the features: the AvroReader's arguments.
+    ``casts``: slot -> "number" or "string" (source.fields); ``labels``: slot -> the
+    feature's name and path, and ``required`` the slots every record must give (a null on the
+    way counts): a schema that cannot reach one is refused (``reach``, schema_mismatch)."""
 
     def __init__(self, schema, paths: dict[tuple, int], categories: dict[int, list],
-                 hashed: frozenset = frozenset()):
+                 hashed: frozenset = frozenset(), casts: dict[int, str] | None = None,
+                 labels: list[str] | None = None, required: tuple = ()):
         self.paths, self.categories, self.hashed = paths, categories, hashed
+        self.casts = casts or {}
         self.nodes: list[list[int]] = []
         self.children: list[int] = []
         self.enum_codes: list[float] = []
         self.symbols: list[str] = []  # the same symbols' names (hashed features)
         self.tables: list[dict] = []
+        self.covers: list[int] = []  # a null node's slots (those below its path)
         self.named: dict[str, object] = {}
         self._stack: list[str] = []
         self.steps = 0
         self.node(schema, (), 0)
+        if self.nodes[0][0] != KINDS["record"]:
+            raise SchemaError("bad_schema", "the schema is not a record")
+        by_slot = {j: path for path, j in paths.items() if j >= 0}
+        for j in required:  # after the whole schema: its named types are known
+            problem = self.reach(schema, by_slot[j], (), 0)
+            if problem:
+                who = labels[j] if labels else f"feature {j}"
+                raise SchemaError("schema_mismatch", f"{who}: {problem} (mark it optional "
+                                  "in source.fields if records may leave it out)", j)
+
+    def reach(self, schema, path: tuple, where: tuple, depth: int) -> str | None:
+        """Why ``schema`` (at ``where``) cannot reach ``path`` in every record (None: it
+        can; a union's null branch is the value missing, which reaches it)."""
+        if depth > 4 * MAX_DEPTH:
+            return "nested too deep"
+        if isinstance(schema, str) and schema not in KINDS:
+            schema = self.named.get(schema, schema)
+        if isinstance(schema, list):
+            for b in schema:
+                if b == "null" or isinstance(b, dict) and b.get("type") == "null":
+                    continue
+                problem = self.reach(b, path, where, depth + 1)
+                if problem:
+                    return problem
+            return None
+        if isinstance(schema, dict) and isinstance(schema.get("type"), (dict, list)) or \
+                isinstance(schema, dict) and isinstance(schema.get("type"), str) and \
+                schema["type"] not in KINDS and schema["type"] != "error":
+            return self.reach(schema["type"], path, where, depth + 1)
+        if not path:
+            return None  # the value itself: its type is checked where it is compiled
+        kind = schema if isinstance(schema, str) else schema.get("type")
+        at = ".".join(where) or "the record"
+        if kind not in ("record", "error"):
+            return f"{at} is an Avro {kind}, not a record holding {path[0]!r}"
+        for f in schema["fields"]:
+            if f["name"] == path[0]:
+                return self.reach(f["type"], path[1:], where + (path[0],), depth + 1)
+        return f"{at} has no field {path[0]!r}"
 
     def node(self, schema, path: tuple, depth: int) -> int:
         if depth > MAX_DEPTH:
@@ -86,7 +140,7 @@ class _Plan:
         if kind in ("record", "enum", "fixed") and name:
             self.named[name] = schema
         i = len(self.nodes)
-        self.nodes.append([KINDS[kind], -1, 0, 0])
+        self.nodes.append([KINDS[kind], -1, 0, -1 if kind in ("int", "long") else 0])
         slot = self.paths.get(path, -1) if path else -1
         if kind == "record":
             self._stack.append(name or "")
@@ -114,9 +168,11 @@ class _Plan:
         elif kind in ("array", "map"):
             item = self.node(schema["items" if kind == "array" else "values"], path + ("[]",),
                              depth + 1)
-            # b: an item takes a byte at least (a map's key does): the block count is bounded
-            # by the bytes left; else by the reader's count of empty items
-            self.nodes[i][2:] = [item, int(kind == "map" or self.takes_bytes(item))]
+            # b: 1, an item takes a byte at least (a map's key does): the block count is
+            # bounded by the bytes left; 0, it takes none and reads nothing: skipped by count;
+            # 2, else: bounded by the reader's count of empty items
+            sized = kind == "map" or self.takes_bytes(item)
+            self.nodes[i][2:] = [item, 1 if sized else 0 if self.inert(item) else 2]
         elif kind == "fixed":
             size = schema["size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -133,15 +189,40 @@ class _Plan:
             where = {c: k for k, c in reversed(list(enumerate(cats or [])))}
             self.enum_codes.extend(float(where.get(s, np.nan)) for s in symbols)
             self.symbols.extend(str(s) for s in symbols)
+        if kind == "null" and path:
+            if slot >= 0:  # the feature's value is null: missing
+                self.nodes[i][1] = slot
+            else:  # a null on the way to features: each of them missing
+                below = sorted({j for p, j in self.paths.items()
+                                if j >= 0 and len(p) > len(path) and p[:len(path)] == path})
+                self.nodes[i][2:] = [len(self.covers), len(below)]
+                self.covers.extend(below)
         if slot != -1 and kind not in ("union", "null"):
             self._check(kind, slot, path)
             self.nodes[i][1] = slot
-            if kind in ("string", "bytes") and slot >= 0:
+            cast = self.casts.get(slot)
+            if kind == "string" and slot >= 0 and cast == "number":
+                self.nodes[i][3] = -1  # a string holding a number (avro_rows.h)
+            elif kind in ("string", "bytes") and slot >= 0 or \
+                    kind in ("int", "long") and cast == "string" and slot in self.categories:
                 cats = self.categories.get(slot, [])  # hashed: none (the reader keeps texts)
                 self.nodes[i][3] = len(self.tables)
                 self.tables.append({str(c): float(k) for k, c in
                                     reversed(list(enumerate(cats)))})
         return i
+
+    def inert(self, i: int) -> bool:
+        """Does node i (and what is below it) read nothing (no feature, id or null cover)?
+        (A compiled node's subtree is the nodes after it up to its next sibling: checked
+        through its children.)"""
+        kind, slot, a, b = self.nodes[i]
+        if slot != -1 or kind == KINDS["null"] and b:
+            return False
+        if kind in (KINDS["record"], KINDS["union"]):
+            return all(self.inert(c) for c in self.children[a:a + b])
+        if kind in (KINDS["array"], KINDS["map"]):
+            return self.inert(a)
+        return True
 
     def takes_bytes(self, i: int) -> bool:
         """Does every value of node i take a byte at least? (Compiled children of a record
@@ -156,17 +237,37 @@ class _Plan:
         return True
 
     def _check(self, kind: str, slot: int, path: tuple) -> None:
+        """A feature's Avro type against what the model reads: numbers (a string only with
+        cast: number); a feature with categories: strings and enums (an int or long only
+        with cast: string); CatBoost's hashed ones: numbers, strings and enums."""
         where = ".".join(path)
         if slot == -2:
             if kind not in ("int", "long", "string"):
                 raise SchemaError("bad_type", f"{where}: an id is an int, a long or a string, "
                                   f"not {kind}")
             return
-        if kind in NUMERIC:
+        cast = self.casts.get(slot)
+        if slot in self.hashed:
+            if kind in NUMERIC or kind in ("string", "enum"):
+                return
+        elif self.categories.get(slot):
+            if kind in ("string", "enum") or kind in ("int", "long") and cast == "string":
+                return
+            if kind in NUMERIC:
+                raise SchemaError("bad_type", f"{where} is an Avro {kind}; the feature's "
+                                  "categories are strings" + (
+                                      " (declare cast: string in source.fields to read an "
+                                      "int's digits)" if kind in ("int", "long") else ""), slot)
+        elif kind in NUMERIC or kind == "string" and cast == "number":
             return
-        if kind in ("string", "enum") and (self.categories.get(slot) or slot in self.hashed):
-            return
-        raise SchemaError("bad_type", f"{where} is an Avro {kind}; the feature is a number")
+        elif kind == "string":
+            raise SchemaError("bad_type", f"{where} is an Avro string; the feature is a "
+                              "number (declare cast: number in source.fields to read a "
+                              "string holding one)", slot)
+        wants = "a number" if not self.categories.get(slot) and slot not in self.hashed \
+            else "a category"
+        raise SchemaError("bad_type", f"{where} is an Avro {kind}; the feature is {wants}",
+                          slot)
 
 
 class AvroFormat:
@@ -175,15 +276,15 @@ class AvroFormat:
     def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int,
                  fields: dict[str, str] | None = None, schemas_dir: str | None = None):
         self.feature_names = list(model.feature_names)
-        fields = dict(fields or {})
         hashed = set(getattr(model, "category_hashes", None) or {})
-        unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
-        if unknown:
-            raise ValueError("source.fields names no feature or id column: "
-                             + ", ".join(unknown[:10]))
+        self.fields = specs = field_specs(model, id_column, fields, hashed)
         column = {f: j for j, f in enumerate(self.feature_names)}
         self.paths = {path: -2 if name is None else column[name] for path, name in
-                      field_paths(self.feature_names, id_column, fields).items()}
+                      field_paths(self.feature_names, id_column, specs).items()}
+        self.casts = {j: specs[f].cast for j, f in enumerate(self.feature_names)
+                      if specs[f].cast}
+        self.optional = [j for j, f in enumerate(self.feature_names) if specs[f].optional]
+        self.labels = [f"feature {f!r} ({specs[f].dotted})" for f in self.feature_names]
         for path, j in self.paths.items():  # else no schema could hold it: missing always
             bad = next((p for p in path if not AVRO_NAME.fullmatch(p)), None)
             if bad is not None:
@@ -205,8 +306,11 @@ class AvroFormat:
         self._columns = model.columns if self.hashed else None
         self.max_bytes = int(max_bytes)
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
-        self._readers: dict[int, object] = {}  # id -> AvroReader, or SchemaError
-        self._unknown: dict[int, float] = {}  # id -> when it was last looked for
+        self._readers: dict[int, object] = {}  # id -> AvroReader
+        # id -> when it was last looked for, and why it could not be read (None: no schema
+        # of that id); looked for again after UNKNOWN_RETRY_S (a file half-written by the
+        # sidecar that exports the registry is whole by then)
+        self._failed: dict[int, tuple[float, SchemaError | None]] = {}
 
     # ---- schemas ------------------------------------------------------------------------
     def _schema_text(self, schema_id: int) -> str | None:
@@ -222,26 +326,39 @@ class AvroFormat:
         return None
 
     def _reader(self, schema_id: int):
+        """The schema's compiled reader, or the SchemaError its messages are dead-lettered
+        with; raises InvalidMessage(unknown_schema) for an id no schema has."""
         got = self._readers.get(schema_id)
         if got is not None:
             return got
-        if len(self._readers) + len(self._unknown) >= MAX_IDS:  # ids made up by a producer
+        if len(self._readers) + len(self._failed) >= MAX_IDS:  # ids made up by a producer
             self._readers.clear()
-            self._unknown.clear()
-        seen = self._unknown.get(schema_id)
-        if seen is not None and time.monotonic() - seen < UNKNOWN_RETRY_S:
-            raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
+            self._failed.clear()
+        failed = self._failed.get(schema_id)
+        if failed is not None and time.monotonic() - failed[0] < UNKNOWN_RETRY_S:
+            if failed[1] is None:
+                raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
+            return failed[1]
         try:
             text = self._schema_text(schema_id)
         except SchemaError as exc:
-            if exc.code == "unknown_schema":  # the registry may answer next time
-                raise InvalidMessage(exc.code, str(exc)) from None
-            self._readers[schema_id] = exc
-            return exc
-        if text is None:
-            self._unknown[schema_id] = time.monotonic()
-            raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
-        self._readers[schema_id] = got = self._compile(schema_id, text)
+            got = exc
+        else:
+            if text is None:
+                self._failed[schema_id] = (time.monotonic(), None)
+                raise InvalidMessage("unknown_schema", f"no schema {schema_id}")
+            got = self._compile(schema_id, text)
+        if isinstance(got, SchemaError):
+            if failed is None or str(failed[1]) != str(got):  # once a schema and reason
+                import structlog
+
+                structlog.get_logger("worker").warning(
+                    "avro schema refused", schema_id=schema_id, code=got.code,
+                    reason=str(got), retry_s=UNKNOWN_RETRY_S)
+            self._failed[schema_id] = (time.monotonic(), got)
+            return got
+        self._failed.pop(schema_id, None)
+        self._readers[schema_id] = got
         return got
 
     def _compile(self, schema_id: int, text: str):
@@ -251,14 +368,18 @@ class AvroFormat:
 
         try:
             parsed = fastavro.parse_schema(json.loads(text))
-            plan = _Plan(parsed, self.paths, self.categories, frozenset(self.hashed))
+            required = tuple(j for j in range(len(self.feature_names))
+                             if j not in set(self.optional))
+            plan = _Plan(parsed, self.paths, self.categories, frozenset(self.hashed),
+                         self.casts, self.labels, required)
             if plan.nodes[0][0] != KINDS["record"]:
                 raise SchemaError("bad_schema", "the schema is not a record")
             return _eventread.AvroReader(plan.nodes, plan.children, plan.enum_codes,
                                          plan.tables, len(self.feature_names), self.max_bytes,
-                                         plan.symbols, self.hashed)
+                                         plan.symbols, self.hashed, plan.covers, self.labels,
+                                         self.optional)
         except SchemaError as exc:
-            return SchemaError(exc.code, f"schema {schema_id}: {exc}")
+            return SchemaError(exc.code, f"schema {schema_id}: {exc}", exc.slot)
         except RecursionError:
             return SchemaError("bad_schema", f"schema {schema_id}: nested too deep")
         except Exception as exc:  # noqa: BLE001 (fastavro's and json's refusals)
@@ -274,11 +395,13 @@ class AvroFormat:
                                  "and a 4-byte schema id first)")
         reader = self._reader(int.from_bytes(value[1:5], "big"))
         if isinstance(reader, SchemaError):
-            raise InvalidMessage(reader.code, str(reader))
+            raise InvalidMessage(reader.code, str(reader),
+                                 self.feature_names[reader.slot] if reader.slot >= 0 else None)
         got = reader.read(memoryview(value)[5:])
-        if len(got) == 2:
-            raise InvalidMessage(*got)
+        if type(got[0]) is str:
+            raise failure(got, self.feature_names)
         X, kinds, ints, offsets, strings, _single, *cats = got
+        counts = _counted(reader.counts())
         # the row and its id (and its hashed features' texts: _texts)
         more, size = (), X.nbytes
         if cats:
@@ -289,12 +412,12 @@ class AvroFormat:
                 import pyarrow as pa
 
                 return Message(1, size + 8, ("avro", "own"),
-                               (X, pa.nulls(1, pa.int64()), *more))
-            return Message(1, size, ("avro", None), (X, None, *more))
+                               (X, pa.nulls(1, pa.int64()), *more), counts)
+            return Message(1, size, ("avro", None), (X, None, *more), counts)
         if kinds[0] == 1:
-            return Message(1, size + 8, ("avro", "int"), (X, ints, *more))
+            return Message(1, size + 8, ("avro", "int"), (X, ints, *more), counts)
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
-        return Message(1, size + ids.nbytes, ("avro", "own"), (X, ids, *more))
+        return Message(1, size + ids.nbytes, ("avro", "own"), (X, ids, *more), counts)
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)

@@ -19,22 +19,29 @@ class InvalidMessage(ValueError):
     """A message that cannot be decoded or validated; ``code`` names the kind of error (the
     dead letter's ``error_code``), ``detail`` says what was found."""
 
-    def __init__(self, code: str, detail: str):
+    def __init__(self, code: str, detail: str, feature: str | None = None,
+                 kind: str | None = None):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+        self.feature = feature  # the feature at fault, where one is (counted by name)
+        self.kind = kind or code  # what went wrong with it (a failed cast: "cast_failed")
 
 
 @dataclass(slots=True)
 class Message:
     """One decoded message: its rows, its decoded size (what the batch bounds count), the key
-    of the messages it can be gathered with (equal keys: one gather, one kernel call), and the
-    format's own form of it (``data``)."""
+    of the messages it can be gathered with (equal keys: one gather, one kernel call), the
+    format's own form of it (``data``) and its per-feature counts (``counts``)."""
 
     rows: int
     nbytes: int
     group: object
     data: object
+    # per feature (int64 arrays, the model's order), what the reader met that the model
+    # reads as missing: {"absent": optional fields absent, "unseen": category strings the
+    # model does not know}; None: nothing
+    counts: dict | None = None
 
 
 @dataclass(slots=True)
@@ -103,18 +110,78 @@ def row_index(offsets: np.ndarray) -> np.ndarray:
     return np.arange(n, dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets))
 
 
+@dataclass(frozen=True, slots=True)
+class Field:
+    """Where one feature (or the id) is read in a JSON or Avro event (``source.fields``):
+    its path of keys, whether an event may leave it out (``optional``: a missing value,
+    counted; else the event is dead-lettered ``missing_field``) and the declared ``cast``
+    ("number": a string holding a number; "string": an integer read as its decimal digits,
+    for a category; None: neither is accepted)."""
+
+    path: tuple[str, ...]
+    optional: bool = False
+    cast: str | None = None
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+
+CAST_CODES = {None: 0, "number": 1, "string": 2}  # json_rows.h's CAST_* values
+
+
+def field_specs(model, id_column: str | None, fields: dict | None,
+                hashed=()) -> dict[str, Field]:
+    """Each feature's (and the id's) ``Field`` from ``source.fields`` (a dotted path, or a
+    ``FieldSpec``/dict with path, optional, cast), checked against the model: a name that is
+    no feature or the id, a cast the feature cannot take (``string`` is for a feature with
+    categories, ``number`` for one without; the id takes none) are ValueErrors naming the
+    setting. A name is one key unless mapped (it may hold a dot: "Sepal.Length")."""
+    fields = dict(fields or {})
+    names = list(model.feature_names)
+    unknown = sorted(set(fields) - set(names) - {id_column})
+    if unknown:
+        raise ValueError("source.fields names no feature or id column: "
+                         + ", ".join(unknown[:10]))
+    categorical = set(model.categories or {})
+    out: dict[str, Field] = {}
+    for name in names + ([id_column] if id_column else []):
+        spec = fields.get(name)
+        if spec is None or isinstance(spec, str):
+            path, optional, cast = spec, False, None
+        elif isinstance(spec, dict):
+            path, optional, cast = spec.get("path"), bool(spec.get("optional")), spec.get("cast")
+        else:
+            path, optional, cast = spec.path, spec.optional, spec.cast
+        if cast not in CAST_CODES:
+            raise ValueError(f"source.fields.{name}.cast: {cast!r} is not number or string")
+        is_id = name == id_column and name not in names
+        if is_id and (cast or optional):
+            raise ValueError(f"source.fields.{name}: the id column takes no cast and is not "
+                             "optional (an event without an id has a null id)")
+        if cast == "string" and name not in categorical and name not in hashed:
+            raise ValueError(f"source.fields.{name}.cast: string reads a number as a "
+                             "category's text, and the model has no categories for "
+                             f"{name!r}: use cast: number, or no cast")
+        if cast == "number" and (name in categorical or name in hashed):
+            raise ValueError(f"source.fields.{name}.cast: number is for numeric features; "
+                             f"{name!r} is categorical: use cast: string, or no cast")
+        out[name] = Field(tuple(path.split(".")) if path else (name,), optional, cast)
+    return out
+
+
 def field_paths(feature_names, id_column: str | None,
-                fields: dict[str, str] | None) -> dict[tuple[str, ...], str | None]:
+                fields: dict[str, Field] | None) -> dict[tuple[str, ...], str | None]:
     """Where each feature, and the id, is read in an event with nested fields (JSON, Avro):
-    its ``source.fields`` path split at the dots, else its own name as one key (a name may
-    hold a dot). Path -> the feature's name, or None for the id. Refused with what clashes
-    (ValueError naming the setting): two of them reading one field (the one read first would
-    otherwise go missing on every row), or one reading a field that holds another's (a
-    record or object is not a value)."""
+    its ``Field.path`` (``field_specs``), else its own name as one key. Path -> the
+    feature's name, or None for the id. Refused with what clashes (ValueError naming the
+    setting): two of them reading one field (the one read first would otherwise go missing
+    on every row), or one reading a field that holds another's (a record or object is not a
+    value)."""
     fields = dict(fields or {})
 
     def path_of(name: str) -> tuple[str, ...]:
-        return tuple(fields[name].split(".")) if name in fields else (name,)
+        return fields[name].path if name in fields else (name,)
 
     def label(name: str | None) -> str:
         return f"scoring.id_column {id_column!r}" if name is None else f"feature {name!r}"

@@ -18,7 +18,16 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from .base import Gathered, InvalidMessage, Message, field_paths, offsets_of, row_index
+from .base import (
+    CAST_CODES,
+    Gathered,
+    InvalidMessage,
+    Message,
+    field_paths,
+    field_specs,
+    offsets_of,
+    row_index,
+)
 
 MAX_DEPTH = 64  # nesting of a message (objects and arrays), as simdjson's DOM parser counts it
 _EMPTY_I64 = np.zeros(0, np.int64)
@@ -36,25 +45,22 @@ class JsonFormat:
     name = "json"
 
     def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int,
-                 fields: dict[str, str] | None = None):
+                 fields: dict | None = None):
         from .. import _eventread
 
-        fields = dict(fields or {})
         self.feature_names = list(model.feature_names)
         self.id_column = id_column
         hashed = set(getattr(model, "category_hashes", None) or {})
-        unknown = sorted(set(fields) - set(self.feature_names) - {id_column})
-        if unknown:
-            raise ValueError("source.fields names no feature or id column: "
-                             + ", ".join(unknown[:10]))
         # a name is one key (it may hold a dot: "Sepal.Length"); source.fields are dotted
-        field_paths(self.feature_names, id_column, fields)  # clashes refused by name
-        paths = [fields[f].split(".") if f in fields else [f] for f in self.feature_names]
-        id_path = (fields[id_column].split(".") if id_column in fields else [id_column]) \
-            if id_column else None
-        self.reader = _eventread.JsonReader(paths, id_path, dict(model.categories or {}),
-                                           self.feature_names, int(max_rows or 0),
-                                           int(max_bytes), MAX_DEPTH, hashed)
+        self.fields = specs = field_specs(model, id_column, fields, hashed)
+        field_paths(self.feature_names, id_column, specs)  # clashes refused by name
+        paths = [list(specs[f].path) for f in self.feature_names]
+        id_path = list(specs[id_column].path) if id_column else None
+        self.reader = _eventread.JsonReader(
+            paths, id_path, dict(model.categories or {}), self.feature_names,
+            int(max_rows or 0), int(max_bytes), MAX_DEPTH, hashed,
+            {f for f in self.feature_names if specs[f].optional},
+            [CAST_CODES[specs[f].cast] for f in self.feature_names])
         # CatBoost's categorical features (model/cathash.py): the C reader keeps each value
         # as the text CatBoost hashes (json_rows.h append_cat), and a group's rows go to the
         # kernels as an Arrow batch whose categorical columns are those strings, hashed once
@@ -68,8 +74,8 @@ class JsonFormat:
         if value is None:
             raise InvalidMessage("empty", "the message has no value")
         got = self.reader.read(value)
-        if len(got) == 2:
-            raise InvalidMessage(*got)
+        if type(got[0]) is str:
+            raise failure(got, self.feature_names)
         X, kinds, ints, offsets, strings, single, *cats = got
         n = len(X)
         hashed, size = None, X.nbytes
@@ -79,14 +85,15 @@ class JsonFormat:
                 raise InvalidMessage("too_large", f"more than {self.max_bytes} bytes decoded "
                                      "(the message byte limit; categorical values as text)")
             hashed = _texts(cats[0], n, len(self.feature_names), self._k_of)
+        counts = _counted(self.reader.counts())
         if kinds is None:  # no id column: each row's index
-            return Message(n, size, ("json", None), _Event(X, None, single, hashed))
+            return Message(n, size, ("json", None), _Event(X, None, single, hashed), counts)
         if (kinds == 1).all():
             return Message(n, size + ints.nbytes, ("json", "int"),
-                           _Event(X, ints, single, hashed))
+                           _Event(X, ints, single, hashed), counts)
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
         return Message(n, size + ids.nbytes, ("json", "own"),
-                       _Event(X, ids, single, hashed))
+                       _Event(X, ids, single, hashed), counts)
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)
@@ -112,6 +119,21 @@ class JsonFormat:
         X = gathered.X
         return pa.RecordBatch.from_arrays([pa.array(X[:, j]) for j in range(X.shape[1])],
                                           names=self.feature_names)
+
+
+def failure(got: tuple, feature_names: list[str]) -> InvalidMessage:
+    """The dead letter of a C reader's failed read (``_eventread._failure``: code, detail,
+    the feature's slot or -1, what went wrong with it)."""
+    code, detail, slot, kind = got
+    feature = feature_names[slot] if 0 <= slot < len(feature_names) else None
+    return InvalidMessage(code, detail, feature, kind)
+
+
+def _counted(counts) -> dict | None:
+    """A C reader's (absent, unseen) per feature as ``Message.counts``."""
+    if counts is None:
+        return None
+    return {"absent": counts[0], "unseen": counts[1]}
 
 
 def texts_size(cats, n_rows: int, k: int) -> int:
