@@ -44,8 +44,7 @@ struct Node {
                     // (-1: cast: number); INT/LONG: category table (cast: string) or -1;
                     // NUL: covered slots (a null on their path: missing); ARRAY/MAP: 1 if
                     // an item takes a byte at least, 0 if it takes none and reads nothing
-                    // (items skipped by count), 2 if it takes none and reads something (the
-                    // count of such items bounded by MAX_EMPTY_ITEMS)
+                    // (items skipped by count; their count bounded by MAX_EMPTY_ITEMS)
 };
 
 struct Plan {
@@ -385,7 +384,7 @@ private:
                 if (sized ? (uint64_t)count > (uint64_t)(end_ - p_)
                           : (empty_items_ += (uint64_t)count) > MAX_EMPTY_ITEMS)
                     return fail(out, "bad_avro", "a block of more items than the bytes left");
-                if (n.b == 0) continue;  // items that take no bytes and read nothing
+                if (!sized) continue;  // items that take no bytes and read nothing
                 for (int64_t k = 0; k < count; k++) {
                     if (n.kind == MAP) {  // a key: a string, UTF-8 too
                         int64_t klen;

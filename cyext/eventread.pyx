@@ -141,6 +141,8 @@ cdef class JsonReader:
                   optional=(), casts=None):
         cdef vector[string] keys
         cdef int j
+        if not 1 <= max_depth <= 1024:  # simdjson's nesting bound (its buffers: a slot each)
+            raise ValueError("max_depth must be from 1 to 1024")
         if len(feature_names) != len(paths) or (casts is not None and
                                                  len(casts) != len(paths)):
             raise ValueError("paths, feature names and casts differ in number")
@@ -326,7 +328,7 @@ cdef class AvroReader:
                 raise ValueError(f"node {i}: a category table outside the plan")
             if kind == 0 and not (0 <= a and 0 <= b and a + b <= len(covers)):
                 raise ValueError(f"node {i}: covered slots outside the plan")
-            if kind in (10, 11) and b not in (0, 1, 2):
+            if kind in (10, 11) and b not in (0, 1):
                 raise ValueError(f"node {i}: a bad item kind")
             if slot == -2:
                 self.has_id = True

@@ -220,8 +220,9 @@ inline int store_number(int slot, const std::string& path, dom::element v, Out& 
     }
 }
 
-// The longest text `cast: number` reads (a float32's digits need far fewer).
-static constexpr size_t CAST_MAX = 64;
+// The longest text `cast: number` reads (a float32's digits need far fewer; a decimal of a
+// long scale, "1.000...", may not).
+static constexpr size_t CAST_MAX = 1024;
 
 // `cast: number`: a string holding one JSON number (no space around it) parsed by simdjson
 // as the same text outside the quotes is, so "12.30" is the float32 that 12.30 is; anything

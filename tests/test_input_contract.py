@@ -187,7 +187,7 @@ def test_a_category_sent_as_a_number_is_bad_type_unless_cast_string(fraud):
 
 
 CAST_BAD = ["", " 1", "1 ", "+1", "--1", "1.5.2", "0x10", "NaN", "nan", "inf", "Infinity",
-            "1e", "1,5", ".5", "5.", "1_000", "true", "null", '"1"', "[1]", "1" * 65, "\u0661"]
+            "1e", "1,5", ".5", "5.", "1_000", "true", "null", '"1"', "[1]", "1" * 1025, "\u0661"]
 
 
 @pytest.mark.parametrize("text", CAST_BAD)
@@ -423,3 +423,215 @@ def test_per_feature_counts_reach_prometheus(fraud):
                  'scoring_feature_unseen_categories_total{feature="country"} 1.0',
                  'scoring_feature_refused_total{feature="mcc",reason="bad_type"} 1.0'):
         assert line in text, line
+
+
+# ---- the Python API matches a DataFrame by name ---------------------------------------------
+
+def test_a_dataframe_is_matched_by_name_and_its_categories_read_as_the_library_reads_them(
+        fraud):
+    """A frame with its columns in another order: before, matched by position (47 of 1,000
+    decisions flipped); the training frame itself (pandas category columns) failed with
+    "could not convert string to float". Now both score as LightGBM scores the frame; a
+    frame without a feature is refused naming it; numpy stays positional."""
+    clf, model = fraud
+    df = _frame(1000, 6)
+    want = clf.predict_proba(df)
+    reordered = df[["mcc", "hour", "country", "amount"]].assign(extra=1.0)
+    for X in (df, reordered):
+        np.testing.assert_allclose(model.predict_proba(X), want, rtol=1e-12)
+        np.testing.assert_allclose(model.score_batch(X, thresholds=[0.5]).score, want[:, 1],
+                                   rtol=1e-12)
+        np.testing.assert_allclose(model.contributions(X),
+                                   clf.booster_.predict(df, pred_contrib=True), atol=1e-9)
+    r = model.score_batch(reordered, lazy="certified", thresholds=[0.5], audit_fraction=1.0)
+    assert r.audit_disagreements == 0
+    assert (r.decision == (want[:, 1] >= 0.5)).all()
+    # a dict of columns, the categories as plain strings
+    cols = {c: (df[c].astype(str).to_numpy() if c in ("country", "mcc") else df[c].to_numpy())
+            for c in reversed(df.columns)}
+    np.testing.assert_allclose(model.predict_proba(cols), want, rtol=1e-12)
+    with pytest.raises(KeyError, match="missing feature column.*hour"):
+        model.predict_proba(df.drop(columns=["hour"]))
+    with pytest.raises(ValueError, match="more than once"):
+        model.predict_proba(pd.concat([df, df[["hour"]]], axis=1))
+
+
+def test_a_reordered_frame_scores_as_xgboost_scores_the_frame():
+    xgb = pytest.importorskip("xgboost")
+    df = _frame(1500, 7)
+    y = ((df.mcc == "7995") | (df.amount > 300)).astype(int)
+    est = xgb.XGBClassifier(n_estimators=30, max_depth=4, enable_categorical=True,
+                            tree_method="hist", max_cat_to_onehot=1).fit(df, y)
+    model = worker.compile_model(est)
+    want = est.predict_proba(df)
+    np.testing.assert_allclose(model.predict_proba(df[df.columns[::-1]]), want, atol=1e-6)
+    np.testing.assert_allclose(model.predict_proba(df), want, atol=1e-6)
+
+
+# ---- serve fails closed ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fraud_server(fraud, tmp_path_factory):
+    from tests.test_serve import Server
+
+    d = tmp_path_factory.mktemp("contract-serve")
+    fraud[1].save(d / "fraud.model")
+    s = Server(d / "fraud.model", d, {})
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def test_serve_takes_categories_by_name_and_refuses_what_leaves_features_out(fraud,
+                                                                           fraud_server):
+    """Before: a request with only `amount` was 200 (score 0.0056, "allow"); categories could
+    not be sent by name, only as codes a retrained model may renumber. Now, through Triton's
+    own client: BYTES category names (JSON and binary) score as LightGBM scores the frame,
+    the metadata lists the categories, codes and the matrix form are 400, and so is a
+    request that leaves a feature out, naming it."""
+    from tritonclient import http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.test_serve import get, post
+
+    clf, model = fraud
+    df = _frame(300, 9)
+    df.loc[df.index[::7], "mcc"] = None
+    want = clf.predict_proba(df)[:, 1]
+    status, meta = get(fraud_server, "/v2/models/fraud")
+    meta = json.loads(meta)
+    assert meta["parameters"]["categories"] == {"country": COUNTRY, "mcc": MCC}
+    assert {i["name"]: i["datatype"] for i in meta["inputs"]} == {
+        "amount": "FP32", "hour": "FP32", "country": "BYTES", "mcc": "BYTES"}
+    client = httpclient.InferenceServerClient(url=fraud_server.url)
+    try:
+        for binary in (False, True):
+            inputs = []
+            for name in ("mcc", "amount", "country", "hour"):
+                if name in ("mcc", "country"):
+                    t = httpclient.InferInput(name, [len(df)], "BYTES")
+                    t.set_data_from_numpy(np.array(
+                        [b"" if v is None or v != v else v.encode() for v in df[name]],
+                        dtype=object), binary_data=binary)
+                else:
+                    t = httpclient.InferInput(name, [len(df)], "FP32")
+                    t.set_data_from_numpy(df[name].to_numpy(np.float32), binary_data=binary)
+                inputs.append(t)
+            res = client.infer("fraud", inputs)
+            # "" is no category: missing, as the library reads the None
+            np.testing.assert_allclose(res.as_numpy("score"), want, rtol=1e-12)
+        codes = httpclient.InferInput("mcc", [len(df)], "FP32")
+        codes.set_data_from_numpy(df.mcc.cat.codes.to_numpy(np.float32))
+        with pytest.raises(InferenceServerException, match="category names"):
+            client.infer("fraud", [inputs[1], inputs[2], inputs[3], codes])
+        with pytest.raises(InferenceServerException, match="1 of the model's 4 features "
+                                                           "have no input: hour"):
+            client.infer("fraud", inputs[:3])
+    finally:
+        client.close()
+    matrix = {"inputs": [{"name": "input-0", "shape": [1, 4], "datatype": "FP32",
+                          "data": [40.0, 2, 3, 3]}]}
+    status, _, body = post(fraud_server, "/v2/models/fraud/infer", json.dumps(matrix).encode())
+    assert status == 400 and b"by category names" in body, body
+    only_amount = {"inputs": [{"name": "amount", "shape": [1], "datatype": "FP32",
+                               "data": [5000.0]}]}
+    status, _, body = post(fraud_server, "/v2/models/fraud/infer",
+                           json.dumps(only_amount).encode())
+    assert status == 400 and b"hour, country, mcc" in body, body
+
+
+def test_serve_allow_missing_is_the_documented_fail_open(fraud, tmp_path):
+    from worker.serve.service import Service
+
+    _, model = fraud
+    model.save(tmp_path / "fraud.model")
+    body = json.dumps({"inputs": [{"name": "amount", "shape": [1], "datatype": "FP32",
+                                   "data": [5000.0]}]}).encode()
+    for allow, status in ((False, 400), (True, 200)):
+        settings = load_settings(None, model={"path": str(tmp_path / "fraud.model")},
+                                 source={"type": "file", "path": "unused"},
+                                 serve={"allow_missing": allow})
+        svc = Service(settings, str(tmp_path / "fraud.model"), "fraud")
+        svc.load()
+        try:
+            got = svc.handle(b"POST", b"/v2/models/fraud/infer",
+                             {b"content-type": b"application/json"}, body)
+        finally:
+            svc.close()
+        assert got[0] == status, got
+        if allow:
+            X = np.array([[5000.0, np.nan, np.nan, np.nan]], np.float32)
+            score = json.loads(got[2])["outputs"][0]["data"][0]
+            assert score == pytest.approx(float(model.predict_proba(X)[0, 1]), rel=1e-12)
+
+
+# ---- what the attacker review of the contract found (each failed before its fix) ----------
+
+def test_arrow_unseen_categories_are_counted_apart_from_nulls(fraud):
+    """A categorical Arrow column with more nulls than unseen strings: the count went
+    negative and the metrics raised after the commit, every batch (a crash loop)."""
+    import pyarrow as pa
+
+    from worker.model.compiled import category_sets, unseen_categories
+
+    cats = category_sets({"c": ["US", "GB", "NG"]})["c"]
+    col = pa.DictionaryArray.from_arrays(pa.array([0, None, None, 1, 2, 3], pa.int32()),
+                                         pa.array(["US", "XX", None, "YY"]))
+    assert unseen_categories(col, cats) == 2  # XX, YY; the null index and null value: missing
+    _, model = fraud
+    table = pa.table({"txn_id": pa.array([1, 2, 3]),
+                      "amount": pa.array([1.0, 2.0, 3.0], pa.float32()),
+                      "hour": pa.array([1.0, 2.0, 3.0], pa.float32()),
+                      "country": pa.array(["US", None, None]).dictionary_encode(),
+                      "mcc": pa.array(["XX", None, "5411"]).dictionary_encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    pipe = _pipeline(model, {}, fmt="arrow")
+    msg = pipe.format.decode(sink.getvalue().to_pybytes())
+    assert msg.counts["unseen"].tolist() == [0, 0, 0, 1]
+    _, dead, stats = pipe.process([(Record("in", 0, 0, None, b"", 0, []), msg)])
+    assert not dead and stats.features[("missing", "country")] == 2
+    from worker.metrics import Metrics
+
+    Metrics().count_features(stats.features)  # (raised before)
+
+
+def test_an_avro_record_on_the_path_holding_only_a_null_feature_is_read(tmp_path):
+    from types import SimpleNamespace
+
+    inner = {"type": "record", "name": "A", "fields": [{"name": "x", "type": "null"}]}
+    for schema in ({"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": inner}, {"name": "b", "type": "int"}]},
+            {"type": "record", "name": "R", "fields": [{"name": "a", "type": inner}]}):
+        model = SimpleNamespace(feature_names=["x", "b"][:len(schema["fields"])],
+                                categories={})
+        where = tmp_path / str(len(schema["fields"]))
+        where.mkdir()
+        fmt = _avro_format(where, model, {1: schema}, {"x": "a.x"})
+        rec = {"a": {"x": None}, "b": 3}
+        m = fmt.decode(_wire(1, schema, rec))
+        assert np.isnan(m.data[0][0, 0]) and m.counts is None
+
+
+def test_reader_arguments_that_would_reach_native_code_unchecked_are_refused():
+    from worker import _eventread
+
+    for depth in (0, 2**62):
+        with pytest.raises(ValueError, match="max_depth"):
+            _eventread.JsonReader([["x"]], None, {}, ["x"], 0, 1 << 20, depth)
+    # an array whose items take no bytes yet are read (b = 2): no schema compiles to it
+    nodes = [[13, -1, 0, 1], [10, -1, 2, 2], [13, -1, 1, 0]]
+    with pytest.raises(ValueError, match="item kind"):
+        _eventread.AvroReader(nodes, [1], [], [], 1, 1 << 20)
+
+
+def test_cast_number_reads_a_long_decimal_as_json_reads_it():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(feature_names=["a"], categories={})
+    cast = input_format("json", model, None, None, 1 << 20, {"a": {"cast": "number"}})
+    text = "1." + "0" * 900 + "1"
+    got = cast.decode(json.dumps({"a": text}).encode()).data.X
+    want = input_format("json", model, None, None, 1 << 20).decode(
+        b'{"a": ' + text.encode() + b"}").data.X
+    assert got.tolist() == want.tolist() == [[1.0]]

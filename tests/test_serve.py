@@ -209,14 +209,20 @@ def test_scores_equal_predict_proba_on_hostile_rows(client, binary_in, binary_ou
 
 
 def test_one_input_per_feature_with_missing_features(server):
-    """Inputs named by the features (any order); a feature without one is missing."""
+    """Inputs named by the features (any order); a request that leaves a feature out is 400
+    naming it (before: scored with it missing in every row); null is a missing value."""
     xgb = pytest.importorskip("xgboost")
     booster = M.xgboost_models()["xgb-binary-logistic"]
     X = _hostile(booster, n=50, seed=3, inf=False)
-    X[:, 4] = np.nan  # feat_4 not sent
+    X[:, 4] = np.nan  # feat_4 sent as nulls
+    order = [6, *range(6), *range(7, len(NAMES))]
     inputs = [{"name": NAMES[j], "shape": [len(X)], "datatype": "FP64",
                "data": [None if np.isnan(v) else float(v) for v in X[:, j]]}
-              for j in (6, 0, 1, 2, 3, 5)]
+              for j in order]
+    left_out = [t for t in inputs if t["name"] != "feat_4"]
+    status, _, body = post(server, "/v2/models/binary/infer",
+                           json.dumps({"inputs": left_out}).encode())
+    assert status == 400 and "feat_4" in json.loads(body)["error"], body
     status, _, body = post(server, "/v2/models/binary/infer",
                            json.dumps({"inputs": inputs}).encode())
     assert status == 200, body

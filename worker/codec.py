@@ -15,6 +15,7 @@ from .model.compiled import (
     category_sets,
     feature_type_problem,
     is_category_type,
+    unseen_categories,
 )
 from .model.result import STOP_REASONS, ScoreResult
 
@@ -215,20 +216,17 @@ class Decoder:
 
     def _codes(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Dictionary-encoded strings of features with categories as float32 codes; the
-        strings the model does not know (NaN codes of values that are not null), per feature,
-        in ``unseen``."""
-        import pyarrow.compute as pc
-
+        strings the model does not know (values that are not null), per feature, in
+        ``unseen``."""
         self.unseen = {}
         for name, cats in self.categories.items():
             i = batch.schema.get_field_index(name)
             if i >= 0 and is_category_type(batch.schema.field(i).type):
                 col = batch.column(i)
-                codes = category_codes(col, cats)
-                unseen = int(pc.sum(pc.is_nan(codes)).as_py() or 0) - col.null_count
+                unseen = unseen_categories(col, cats)
                 if unseen:
                     self.unseen[name] = unseen
-                batch = batch.set_column(i, name, codes)
+                batch = batch.set_column(i, name, category_codes(col, cats))
         return batch
 
     def _plan(self, schema: pa.Schema) -> list[int]:

@@ -539,6 +539,10 @@ class ServeConfig(_Section):
     closed: slow clients)."""
     keepalive_timeout_ms: int = Field(30_000, ge=100, le=3_600_000)
     """An idle keep-alive connection is closed after this."""
+    allow_missing: bool = False
+    """Fail-open: a request that leaves features out is scored with them missing in every
+    row. By default it is answered 400 naming them (send null for a value that is
+    missing)."""
 
 
 class LoggingConfig(_Section):

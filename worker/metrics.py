@@ -115,6 +115,8 @@ class Metrics:
     def count_features(self, tally) -> None:
         """The input contract's per-feature counts of a batch (``BatchStats.features``)."""
         for (kind, feature), n in tally.items():
+            if n <= 0:  # (a count is never negative: nothing to add, nothing to raise)
+                continue
             if kind == "missing":
                 self.feature_missing.labels(feature).inc(n)
             elif kind == "absent":

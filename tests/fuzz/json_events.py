@@ -22,6 +22,8 @@ from .messages import pack, through
 
 FEATURES = demo.FEATURES
 ID = demo.ID_COLUMN
+# source.fields optional: true (an event may leave them out); the others are required
+OPTIONAL = frozenset(FEATURES[1::2])
 
 _EDGE_INTS = [0, -1, 1, 2**31 - 1, 2**31, -2**31, 2**32, 2**53 + 1, 2**63 - 1, -2**63, 2**63,
               2**64 - 1, 2**64, -2**63 - 1, 10**30]
@@ -42,7 +44,9 @@ _any = st.recursive(_scalar, lambda inner: st.one_of(st.lists(inner, max_size=3)
 @st.composite
 def _event(draw) -> dict:
     ev = {}
-    for name in draw(st.lists(st.sampled_from(FEATURES), unique=True)):
+    names = FEATURES if draw(st.booleans()) else \
+        draw(st.lists(st.sampled_from(FEATURES), unique=True))
+    for name in names:
         ev[name] = draw(st.one_of(_scalar, _scalar, _scalar, _any))
     if draw(st.booleans()):
         ev[ID] = draw(st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=6), st.none(),
@@ -138,6 +142,9 @@ def reference(value: bytes):
     if not isinstance(events, list) or not events or \
             not all(isinstance(e, dict) for e in events):
         raise ValueError("not an event or a non-empty array of events")
+    for e in events:  # absent is not missing: a required key absent refuses the message
+        if any(f not in e for f in FEATURES if f not in OPTIONAL):
+            raise ValueError("a required feature's key is absent")
     X = np.array([[_f32(e.get(f)) for f in FEATURES] for e in events], dtype=np.float32)
     ids = [e.get(ID) for e in events]
     for i in ids:
@@ -188,7 +195,8 @@ def check_factory(state):
     model = load_model(GOLDEN_MODEL)
     settings = load_settings(None, scoring={"id_column": ID, "threads": 1},
                              model={"path": str(GOLDEN_MODEL)},
-                             source={"type": "file", "path": "fuzz.arrows", "format": "json"},
+                             source={"type": "file", "path": "fuzz.arrows", "format": "json",
+                                     "fields": {f: {"optional": True} for f in OPTIONAL}},
                              sink={"type": "file", "path": "out.arrows", "format": "json"})
     pipeline = Pipeline(model, settings, "scores")
 

@@ -291,6 +291,8 @@ def reference(body: bytes, hlen: int | None, explainable: bool) -> tuple[np.ndar
             elif s[0] != n:
                 raise Refused(400, "rows differ")
             cols[t["name"]], pos = _values(t, n, binary, pos, s)
+        if len(cols) < F:  # every feature has its input (serve.allow_missing is off)
+            raise Refused(400, "missing features")
         X = np.full((n, F), np.nan, np.float32)
         for name, vals in cols.items():
             X[:, FEATURES.index(name)] = vals

@@ -151,7 +151,7 @@ class _Plan:
             kept = []
             for f in fields:
                 child = self.node(f["type"], path + (f["name"],), depth + 1)
-                if self.takes_bytes(child) or self.nodes[child][1] != -1:
+                if self.takes_bytes(child) or not self.inert(child):
                     kept.append(child)
                 else:  # a field that takes no bytes (null, an empty record) is not visited
                     del self.nodes[child:]
@@ -169,10 +169,13 @@ class _Plan:
             item = self.node(schema["items" if kind == "array" else "values"], path + ("[]",),
                              depth + 1)
             # b: 1, an item takes a byte at least (a map's key does): the block count is
-            # bounded by the bytes left; 0, it takes none and reads nothing: skipped by count;
-            # 2, else: bounded by the reader's count of empty items
+            # bounded by the bytes left; 0, it takes none: it reads nothing either (no path
+            # goes through an array), so items are skipped by count
             sized = kind == "map" or self.takes_bytes(item)
-            self.nodes[i][2:] = [item, 1 if sized else 0 if self.inert(item) else 2]
+            if not sized and not self.inert(item):
+                raise SchemaError("bad_schema", f"{'.'.join(path)}: items that take no bytes "
+                                  "are read")
+            self.nodes[i][2:] = [item, int(sized)]
         elif kind == "fixed":
             size = schema["size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:

@@ -113,11 +113,19 @@ class CompiledModel:
         return len(self.classes)
 
     # ---- inputs ------------------------------------------------------------------------
+    def by_name(self, X):
+        """A pandas DataFrame or a dict of columns as a pyarrow Table, so its features are
+        matched by name (never by position) and its category columns read by their names;
+        anything else as it is (numpy is positional: the model's feature order)."""
+        return named_table(X, self.feature_names,
+                           set(self.categories) | set(self.category_hashes))
+
     def hashed_rows(self, X):
         """Rows of a model with hashed categories (CatBoost's, model/cathash) from numpy (or
         anything numpy reads: a pandas frame, lists): float32 with each categorical value
         replaced by its code (strings and whole numbers hashed, as CatBoost does). Anything
         else, and every other model's input, is returned as it is."""
+        X = self.by_name(X)
         if not self.category_hashes or isinstance(X, _kernels.Columns) or (
                 hasattr(X, "schema") and hasattr(X, "column")):
             return X
@@ -322,6 +330,7 @@ class CompiledModel:
         """Scores, labels, decisions, work units and stop reasons (README: Python API).
         ``explain`` (``treeshap`` or ``path``): reason codes (``reasons``) for the rows
         scored at or above ``explain_min_score`` (default: the lowest threshold)."""
+        X = self.by_name(X)
         r = self._score_batch(X, lazy, thresholds, n_threads, **params)
         if explain is not None:
             low = min(thresholds) if explain_min_score is None else explain_min_score
@@ -350,6 +359,34 @@ class CompiledModel:
             score_lo=score.copy(),
             score_hi=score.copy(),
         )
+
+
+def named_table(X, feature_names: list[str], categorical: set[str]):
+    """``X`` as a pyarrow Table where it is a pandas DataFrame or a dict of columns (the
+    features found by name: ``arrow_columns`` refuses a frame that lacks one, naming it);
+    string columns of ``categorical`` features dictionary-encoded (what the category lookup
+    reads). Anything else is returned as it is."""
+    is_frame = type(X).__module__.split(".")[0] == "pandas" and hasattr(X, "dtypes")
+    if not is_frame and not isinstance(X, dict):
+        return X
+    import pyarrow as pa
+
+    if is_frame:
+        names = [str(c) for c in X.columns]
+        dup = sorted({n for n in names if names.count(n) > 1} & set(feature_names))
+        if dup:
+            raise ValueError(f"the frame names column(s) {', '.join(dup[:5])} more than once")
+        wanted = [c for c in X.columns if str(c) in set(feature_names)]
+        table = pa.Table.from_pandas(X[wanted], preserve_index=False)
+        table = table.rename_columns([str(c) for c in wanted])
+    else:
+        table = pa.table({str(k): v for k, v in X.items() if str(k) in set(feature_names)})
+    for name in categorical & set(table.column_names):
+        col = table.column(name)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            table = table.set_column(table.schema.get_field_index(name), name,
+                                     col.dictionary_encode())
+    return table
 
 
 def feature_type_problem(name: str, t, categorical: bool = False) -> str | None:
@@ -433,6 +470,21 @@ def category_codes(col, value_set):
     return codes.take(col.indices)
 
 
+def unseen_categories(col, value_set) -> int:
+    """How many values of a dictionary-encoded string column are strings that are not in
+    ``value_set`` (``category_sets``): a null (an index or a dictionary value) is missing,
+    not unseen."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        return sum(unseen_categories(c, value_set) for c in col.chunks)
+    words = col.dictionary.cast(pa.string())
+    not_known = pc.and_(pc.is_null(pc.index_in(words, value_set=value_set)),
+                        pc.is_valid(words))
+    return int(pc.sum(pc.fill_null(not_known.take(col.indices), False)).as_py() or 0)
+
+
 def float_rows(X, feature_names: list[str], categories: dict | None = None) -> np.ndarray:
     """Rows as C-contiguous float32, missing as NaN, from numpy or a pyarrow Table/RecordBatch
     (the conversions the kernels' stager makes: a C cast of each value to float; strings of a
@@ -442,6 +494,7 @@ def float_rows(X, feature_names: list[str], categories: dict | None = None) -> n
 
         cats = categories or {}
         cols = []
+        _require_columns(X, feature_names)
         for name in feature_names:
             col = X.column(name)
             if name in cats and maps_column(col.type, cats[name]):
@@ -467,6 +520,15 @@ def float_rows(X, feature_names: list[str], categories: dict | None = None) -> n
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
+def _require_columns(data, feature_names: list[str]) -> None:
+    """KeyError naming the features a table (or frame read as one) has no column for."""
+    schema_names = set(data.schema.names)
+    missing = [f for f in feature_names if f not in schema_names]
+    if missing:
+        raise KeyError(f"missing feature column(s): {', '.join(missing[:5])}"
+                       + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+
 def arrow_columns(data, feature_names: list[str], categories: dict | None = None):
     """Feature columns by name from a pyarrow Table/RecordBatch (one chunk each); a feature
     with categories (``category_sets``) may be dictionary-encoded strings
@@ -475,11 +537,7 @@ def arrow_columns(data, feature_names: list[str], categories: dict | None = None
 
     cats = categories or {}
     arrays = []
-    schema_names = set(data.schema.names)
-    missing = [f for f in feature_names if f not in schema_names]
-    if missing:
-        raise KeyError(f"missing feature column(s): {', '.join(missing[:5])}"
-                       + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    _require_columns(data, feature_names)
     for name in feature_names:
         col = data.column(name)
         # buffer sizes against lengths before pyarrow itself reads them (combine, cast), for

@@ -8,11 +8,15 @@ Nothing here does I/O or scoring: ``parse_infer`` turns bytes into a validated
 shape, a binary chunk, the JSON header's length) is checked against the body and the row
 limit before any array is made.
 
-Inputs take one of two forms (the metadata advertises the first):
+Inputs take one of two forms (the metadata advertises the one the model takes):
 - one tensor of shape ``[n, n_features]`` (any name but a feature's), the features in the
-  model's order;
-- one tensor per feature, named by the feature, of shape ``[n]`` or ``[n, 1]``; a feature
-  without its tensor is missing in every row; a name that is no feature is an error.
+  model's order (models without category names: a categorical feature's codes);
+- one tensor per feature, named by the feature, of shape ``[n]`` or ``[n, 1]``; every
+  feature must have one (a request that leaves one out is refused naming it, unless the
+  ``Contract`` allows missing ones: then they are missing in every row); a name that is no
+  feature is an error. A feature the model knows by category names takes BYTES (the names;
+  a name the model does not know is missing, as the libraries read an unseen category),
+  never codes: a code would mean another category once the model is retrained.
 Numbers become float32 as an Arrow cast would; JSON ``null`` is a missing value.
 """
 
@@ -87,10 +91,36 @@ def _default_outputs(classifier: bool, explain: bool) -> tuple[str, ...]:
         list(REASON_OUTPUTS) if explain else []))
 
 
-def parse_infer(body: bytes, header_length: int | None, feature_index: dict[str, int],
+@dataclass(frozen=True)
+class Contract:
+    """What a request must give: each feature's column (``index``), the category names of
+    the features known by them (column -> name -> code) and whether features may be left out
+    (``serve.allow_missing``)."""
+
+    index: dict[str, int]
+    categories: dict[int, dict[str, float]] = field(default_factory=dict)
+    allow_missing: bool = False
+
+    @classmethod
+    def of(cls, model, allow_missing: bool = False) -> Contract:
+        index = {f: j for j, f in enumerate(model.feature_names)}
+        cats = {}
+        for name, names in (model.categories or {}).items():
+            codes = {}
+            for code, c in enumerate(names):
+                codes.setdefault(str(c), float(code))  # the first of equal names
+            cats[index[name]] = codes
+        return cls(index, cats, allow_missing)
+
+
+def parse_infer(body: bytes, header_length: int | None, contract: Contract | dict,
                 max_rows: int, classifier: bool, explain_on: bool) -> InferRequest:
     """The request ``body`` (with the binary extension, ``header_length`` is the value of the
-    Inference-Header-Content-Length header: the JSON's bytes, the binary tensors after it)."""
+    Inference-Header-Content-Length header: the JSON's bytes, the binary tensors after it).
+    ``contract``: the model's ``Contract`` (a feature index alone: features may be left
+    out)."""
+    if not isinstance(contract, Contract):
+        contract = Contract(contract, {}, True)
     if header_length is None:
         header, binary = body, b""
     else:
@@ -110,7 +140,7 @@ def parse_infer(body: bytes, header_length: int | None, feature_index: dict[str,
         raise bad("inputs must be a non-empty list of tensors")
     if len(inputs) > MAX_TENSORS:
         raise bad(f"{len(inputs)} inputs: at most {MAX_TENSORS}")
-    X = _rows(inputs, binary, feature_index, max_rows)
+    X = _rows(inputs, binary, contract, max_rows)
     outputs, binary_out, explain = _outputs(doc.get("outputs"), params, classifier, explain_on)
     top_k = params.get("top_k")
     if top_k is not None and (type(top_k) is not int or not 1 <= top_k <= 64):
@@ -160,10 +190,10 @@ def _shape(t: dict, name: str) -> list[int]:
     return shape
 
 
-def _rows(inputs: list, binary: memoryview | bytes, index: dict[str, int],
+def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
           max_rows: int) -> np.ndarray:
-    """The row block from the inputs (the module docstring's two forms); ``index``: each
-    feature's name to its column."""
+    """The row block from the inputs (the module docstring's two forms)."""
+    index = contract.index
     n_features = len(index)
     tensors = []
     for i, t in enumerate(inputs):
@@ -173,6 +203,11 @@ def _rows(inputs: list, binary: memoryview | bytes, index: dict[str, int],
     pos = 0  # the next binary tensor's offset
     if len(tensors) == 1 and tensors[0][0] not in index:  # the matrix form
         name, t = tensors[0]
+        if contract.categories:
+            names = [f for f, j in index.items() if j in contract.categories]
+            raise bad(f"input {name!r}: the model knows {', '.join(names[:5])} by category "
+                      "names, which one matrix of numbers cannot carry: send one input per "
+                      "feature, those as BYTES (the metadata lists their categories)")
         shape = _shape(t, name)
         if len(shape) != 2 or shape[1] != n_features:
             raise bad(f"input {name!r}: shape {shape}, expected [n, {n_features}] (the "
@@ -202,13 +237,74 @@ def _rows(inputs: list, binary: memoryview | bytes, index: dict[str, int],
                                             f"serve.max_rows ({max_rows})")
             elif shape[0] != n:
                 raise bad(f"input {name!r}: {shape[0]} rows, the other inputs have {n}")
-            columns[j], pos = _values(t, name, n, binary, pos, shape)
+            codes = contract.categories.get(j)
+            if codes is not None:
+                columns[j], pos = _category_values(t, name, n, binary, pos, codes)
+            else:
+                columns[j], pos = _values(t, name, n, binary, pos, shape)
+        if not contract.allow_missing and len(columns) < n_features:
+            missing = [f for f, j in index.items() if j not in columns]
+            raise bad(f"{len(missing)} of the model's {n_features} features have no input: "
+                      f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''} (send "
+                      "null for a value that is missing)")
         X = np.full((n, n_features), np.nan, dtype=np.float32)
         for j, col in columns.items():
             X[:, j] = col
     if pos != len(binary):
         raise bad(f"{len(binary) - pos} bytes of binary data after the last binary input")
     return X
+
+
+def _category_values(t: dict, name: str, count: int, binary, pos: int,
+                     codes: dict[str, float]) -> tuple[np.ndarray, int]:
+    """A BYTES input of category names (JSON strings or null; binary: each a 4-byte
+    little-endian length and its bytes, as Triton writes them) as float32 codes: a name the
+    model does not know, and null, are missing. And the next binary offset."""
+    datatype = t.get("datatype")
+    if datatype != "BYTES":
+        raise bad(f"input {name!r}: datatype {datatype!r}; the model knows {name!r} by its "
+                  "category names: send them as BYTES (the metadata lists them), not codes")
+    params = _object(t.get("parameters"), f"input {name!r} parameters")
+    size = params.get("binary_data_size")
+    nan = math.nan
+    if size is not None:
+        if "data" in t:
+            raise bad(f"input {name!r}: both data and binary_data_size")
+        if type(size) is not int or not 0 <= size <= len(binary) - pos:
+            raise bad(f"input {name!r}: binary_data_size {size!r} is not within the "
+                      f"{len(binary) - pos} bytes of binary data left")
+        view = memoryview(binary)[pos:pos + size]
+        out = np.empty(count, np.float32)
+        at = 0
+        for i in range(count):
+            if size - at < 4:
+                raise bad(f"input {name!r}: {i} of {count} BYTES elements in "
+                          f"binary_data_size {size}")
+            n = int.from_bytes(view[at:at + 4], "little")
+            if n > size - at - 4:
+                raise bad(f"input {name!r}: element {i} claims {n} bytes, more than are left")
+            text = bytes(view[at + 4:at + 4 + n])
+            at += 4 + n
+            try:
+                out[i] = codes.get(text.decode("utf-8"), nan)
+            except UnicodeDecodeError:
+                raise bad(f"input {name!r}: element {i} is not UTF-8") from None
+        if at != size:
+            raise bad(f"input {name!r}: {size - at} bytes after its {count} BYTES elements")
+        return out, pos + size
+    data = t.get("data")
+    if not isinstance(data, list):
+        raise bad(f"input {name!r}: data must be a list (or binary_data_size given)")
+    if data and type(data[0]) is list:  # nested: one value a row
+        if any(type(row) is not list or len(row) != 1 for row in data):
+            raise bad(f"input {name!r}: nested data must be rows of one value")
+        data = [row[0] for row in data]
+    if len(data) != count:
+        raise bad(f"input {name!r}: {len(data)} values for {count} (its shape)")
+    if not all(v is None or type(v) is str for v in data):
+        raise bad(f"input {name!r}: BYTES values must be strings (category names) or null")
+    return np.fromiter((nan if v is None else codes.get(v, nan) for v in data),
+                       np.float32, count), pos
 
 
 def _values(t: dict, name: str, count: int, binary, pos: int, shape: list[int]

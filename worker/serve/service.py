@@ -99,7 +99,7 @@ class _Model:
     metadata: bytes
     stop_names: np.ndarray
     classifier: bool
-    index: dict  # feature name -> column
+    contract: oip.Contract  # each feature's column, category names, missing allowed
     id_header: list  # the response's model-id header
     explain_error: str | None  # why this model gives no reason codes (None: it does)
     id_name: bytes | None  # scoring.id_column, as a schema holds it
@@ -168,15 +168,22 @@ class Service:
         explain_on = self.scoring.explain is not None
         outputs = oip.output_specs(classifier) + (list(oip.REASON_OUTPUTS) if explain_on
                                                    else [])
+        cats = dict(model.categories or {})
+        # a model with category names takes one input a feature (those by name, as BYTES);
+        # one without, the matrix of its features in order
+        inputs = [{"name": f, "datatype": "BYTES" if f in cats else "FP32", "shape": [-1]}
+                  for f in model.feature_names] if cats else \
+            [{"name": oip.MATRIX_INPUT, "datatype": "FP32", "shape": [-1, model.n_features]}]
         meta = {
             "name": self.name, "versions": [model.model_id], "platform": "scoring-worker",
-            "inputs": [{"name": oip.MATRIX_INPUT, "datatype": "FP32",
-                        "shape": [-1, model.n_features]}],
+            "inputs": inputs,
             "outputs": [{"name": o.name, "datatype": o.datatype,
                          "shape": [-1, -1] if o.name.startswith("reason_") else [-1]}
                         for o in outputs],
             "parameters": {"model_id": model.model_id, "task": model.task,
                            "feature_names": list(model.feature_names),
+                           "categories": {f: [str(c) for c in v] for f, v in cats.items()},
+                           "allow_missing": self.serve.allow_missing,
                            "thresholds": list(self.scoring.thresholds),
                            "lazy": self.scoring.lazy.mode,
                            "explain": explain_on,
@@ -194,7 +201,7 @@ class Service:
             if self.scoring.explain is not None:  # asked for every request: cannot serve
                 raise ValueError(f"scoring.explain: {exc}") from None
         return _Model(model, pipeline, anonymous, orjson.dumps(meta), STOP_REASONS,
-                      classifier, {f: j for j, f in enumerate(model.feature_names)},
+                      classifier, oip.Contract.of(model, self.serve.allow_missing),
                       [(b"model-id", model.model_id.encode())], explain_error,
                       self.scoring.id_column.encode() if self.scoring.id_column else None)
 
@@ -336,7 +343,7 @@ class Service:
                 raise oip.RequestError(413, f"the JSON ({json_size} bytes) is larger than "
                                             f"serve.max_json_bytes ({self.serve.max_json_bytes})"
                                             ": send large requests as binary tensors or Arrow")
-            req = oip.parse_infer(body, length, m.index, self.serve.max_rows,
+            req = oip.parse_infer(body, length, m.contract, self.serve.max_rows,
                                   m.classifier, self.scoring.explain is not None)
             if req.explain and m.explain_error is not None:
                 raise oip.bad(f"reason codes: {m.explain_error}")
