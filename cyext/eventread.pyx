@@ -47,6 +47,7 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
         string detail
         int fail_slot
         const char* fail_kind
+        void release()
 
     cdef cppclass Reader:
         Reader(size_t max_depth) except +
@@ -208,9 +209,12 @@ cdef class JsonReader:
                 rc = self.reader.read(self.plan, data, n, self.out)
         finally:
             self.busy = False
-        if rc:
-            return _failure(self.out)
-        return _result(self.out, self.plan.has_id, self.any_hashed)
+        try:
+            if rc:
+                return _failure(self.out)
+            return _result(self.out, self.plan.has_id, self.any_hashed)
+        finally:
+            self.out.release()  # a large message's buffers (the counts stay)
 
     def counts(self):
         """The last read's (absent, unseen) per feature (int64 arrays), or None: none."""
@@ -359,9 +363,12 @@ cdef class AvroReader:
                 rc = self.reader.read(self.plan, data, n, self.out)
         finally:
             self.busy = False
-        if rc:
-            return _failure(self.out)
-        return _result(self.out, self.has_id, self.any_hashed)
+        try:
+            if rc:
+                return _failure(self.out)
+            return _result(self.out, self.has_id, self.any_hashed)
+        finally:
+            self.out.release()
 
     def counts(self):
         """The last read's (absent, unseen) per feature (int64 arrays), or None: none."""

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <malloc.h>  // malloc_trim (glibc)
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -129,6 +130,26 @@ struct Out {
             unseen.assign(n_features, 0);
             counted = false;
         }
+    }
+
+    // Give a large message's buffers back (vectors keep their capacity when cleared: one
+    // large message held its rows for the rest of the run), and the heap's free pages to the
+    // system (glibc keeps freed memory below its mmap threshold, which grows to 32 MB).
+    void release() {
+        constexpr size_t LARGE = 4 << 20;
+        size_t held = rows.capacity() * sizeof(float) + id_int.capacity() * 8 +
+                      id_kind.capacity() + id_offsets.capacity() * 4 + id_bytes.capacity() +
+                      cat_at.capacity() * 8 + cat_ends.capacity() * 4 + cat_bytes.capacity();
+        if (held <= LARGE) return;
+        std::vector<float>().swap(rows);
+        std::vector<int64_t>().swap(id_int);
+        std::vector<int8_t>().swap(id_kind);
+        std::vector<int32_t>(1, 0).swap(id_offsets);
+        std::string().swap(id_bytes);
+        std::vector<int64_t>().swap(cat_at);
+        std::vector<int32_t>().swap(cat_ends);
+        std::string().swap(cat_bytes);
+        malloc_trim(0);
     }
 
     void count_unseen(int slot) {
@@ -282,8 +303,13 @@ public:
             if (err) return json_error(out, err, "");
         }
         int rc = parse(plan, data, len, out);
-        if (parser_.capacity() > SHRINK_ABOVE) {  // give a large message's buffers back
+        if (parser_.capacity() > SHRINK_ABOVE) {
+            // give a large message's buffers back: all of them (allocate() shrinks the
+            // structural indexes but keeps the document's tape and strings and the padded
+            // copy, ten bytes a byte of the message, for the rest of the run)
+            parser_ = dom::parser();
             error_code err = parser_.allocate(1 << 16, max_depth_);
+            malloc_trim(0);
             if (err && !rc) return json_error(out, err, "");
         }
         return rc;

@@ -635,3 +635,56 @@ def test_cast_number_reads_a_long_decimal_as_json_reads_it():
     want = input_format("json", model, None, None, 1 << 20).decode(
         b'{"a": ' + text.encode() + b"}").data.X
     assert got.tolist() == want.tolist() == [[1.0]]
+
+
+# ---- a dry run before production -----------------------------------------------------------
+
+def test_check_reads_a_sample_through_the_real_decoder_and_names_what_would_fail(fraud,
+                                                                              tmp_path):
+    """`scoring-worker check --config C --sample S`: per feature its source and how often
+    the sample gives it; the messages that would be dead-lettered and why; exit 1 when a
+    required feature is never present (the typo), 0 once the config is right."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.test_serve import ROOT
+
+    _, model = fraud
+    model.save(tmp_path / "fraud.model")
+    events = _events(_frame(100, 11))
+    for e in events[::10]:
+        e["merchant"]["mcc"] = int(e["merchant"]["mcc"])
+    for e in events[::4]:
+        e["hour"] = None
+    (tmp_path / "s.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n{x\n")
+
+    def check(fields, *extra):
+        cfg = {"model": {"path": str(tmp_path / "fraud.model")},
+               "source": {"type": "file", "path": "x.arrows", "format": "json",
+                          "fields": fields}, "scoring": {"id_column": "txn_id"}}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+        return subprocess.run([sys.executable, "-m", "worker.cli", "check", "--config",
+                               str(tmp_path / "c.yaml"), *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    typo = check({**NESTED, "country": "merchant.countr"}, "--sample", str(tmp_path / "s.jsonl"))
+    assert typo.returncode == 1, typo.stdout + typo.stderr
+    out = typo.stdout
+    line = {ln.split()[0]: ln for ln in out.splitlines() if ln.split()}
+    assert "merchant.countr" in line["country"] and "100.0%" in line["country"]  # absent
+    assert "missing_field 90" in line["country"]
+    assert "bad_type 10" in line["mcc"]
+    assert "77.8%" in line["hour"] and "22.2%" in line["hour"]  # present, null (of 90 read)
+    assert "101 messages" in out and "bad_json: 1" in out
+    assert "required features never present: country" in out
+    fixed = check({**NESTED, "mcc": {"path": "merchant.mcc", "cast": "string"}},
+                  "--sample", str(tmp_path / "s.jsonl"))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "1 would be dead-lettered" in fixed.stdout  # the line that is not JSON
+    table = check(NESTED)
+    assert table.returncode == 0 and "merchant.mcc" in table.stdout
+    assert "category (5 names)" in table.stdout
+    bad = check({"nonesuch": "a.b"})
+    assert bad.returncode == 2 and "names no feature" in bad.stderr

@@ -1,4 +1,4 @@
-"""Commands: run (--config), compile, score, record, replay, serve."""
+"""Commands: run (--config), compile, score, record, replay, serve, check."""
 
 from __future__ import annotations
 
@@ -74,18 +74,90 @@ def _same_file(a, b) -> bool:
 @click.group(invoke_without_command=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="YAML config: run the worker until SIGTERM/SIGINT.")
+@click.option("--explain-config", is_flag=True,
+              help="Print where each feature the model reads comes from, and exit.")
 @click.version_option(__version__, prog_name="scoring-worker")
 @click.pass_context
-def main(ctx: click.Context, config_path: str | None) -> None:
+def main(ctx: click.Context, config_path: str | None, explain_config: bool) -> None:
     """Always-on scoring worker: Arrow record batches in, tree-ensemble scores out."""
     if ctx.invoked_subcommand is not None:
         return
     if not config_path:
         click.echo(ctx.get_help())
         ctx.exit(2)
+    if explain_config:
+        from . import contract
+
+        _exit_if_stopped()
+        settings, model = _settings_and_model(config_path, None)
+        click.echo(contract.table(_contract(model, settings)))
+        sys.exit(0)
     from .startup import run_from_config
 
     sys.exit(run_from_config(config_path))
+
+
+def _settings_and_model(config_path: str, model_path: str | None):
+    """The settings and the model they name (``model_path`` wins): exit 2 naming what is
+    wrong."""
+    from .config import ConfigError, load_settings
+    from .model.artifact import ArtifactError
+    from .model.compiled import load_model
+
+    over = {"model": {"path": model_path}} if model_path else {}
+    try:
+        settings = load_settings(config_path, **over)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    except FileNotFoundError:
+        _config_exit(f"{config_path} does not exist")
+    try:
+        return settings, load_model(settings.model.path)
+    except FileNotFoundError:
+        _config_exit(f"model.path: {settings.model.path} does not exist")
+    except ArtifactError as exc:
+        _config_exit(f"model.path: {exc}")
+
+
+def _contract(model, settings):
+    from . import contract
+
+    try:
+        return contract.rows(model, settings)
+    except ValueError as exc:
+        click.echo(f"config error: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command("check")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(exists=True, dir_okay=False), help="The worker's YAML config.")
+@click.option("--sample", "sample_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="Sample messages: a recorded topic (.arrows) or JSON lines "
+              "(.jsonl, one message a line).")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="Check this artifact instead of the config's model.path.")
+def check_cmd(config_path, sample_path, model_path) -> None:
+    """A dry run before production: each feature's source, kind and, with --sample, how
+    often the sample's messages give it (present, null, absent, unseen category, refused)
+    and the messages the worker would dead-letter, with why. Exit 1 where a required
+    feature is never present."""
+    from . import contract
+
+    _exit_if_stopped()
+    settings, model = _settings_and_model(config_path, model_path)
+    rows = _contract(model, settings)
+    if sample_path is None:
+        click.echo(contract.table(rows))
+        return
+    try:
+        records = contract.sample_values(sample_path)
+    except (OSError, ValueError) as exc:
+        _config_exit(f"--sample: {exc}")
+    text, rc = contract.report(rows, contract.dry_run(model, settings, records))
+    click.echo(text)
+    sys.exit(rc)
 
 
 @main.command("compile")

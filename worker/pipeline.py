@@ -194,12 +194,35 @@ class Pipeline:
         # the largest message (value, key, headers) the sink's topics take, if it says
         self.max_out_bytes = self.max_dead_bytes = self.max_shadow_bytes = None
         self.shadow: Shadow | None = None
+        self.row_cost = self._row_cost()
+
+    def _row_cost(self) -> int:
+        """What scoring a row and writing its output take beyond its decoded size (which the
+        format counts): the score result and its copies, the attributions of an explained
+        row (every output's, float64), and the output held twice while it is written (the
+        C or Arrow writer's buffer, then the value); and so again for a shadow model. A
+        message counts these against the message byte limit before it is scored."""
+        ex = self.scoring.explain
+        k = min(ex.top_k, self.model.n_features) if ex is not None else 0
+
+        def one(model, output) -> int:
+            work = 96 + 24 * int(model.n_outputs)
+            if k:
+                work += 8 * (model.n_features + 1) * int(model.n_outputs) + \
+                    4 * model.n_features + 8 * k + 16
+            return work + 2 * output.row_bytes(k)
+
+        cost = one(self.model, self.output)
+        if self.shadow is not None:
+            cost += one(self.shadow.model, self.shadow.output)
+        return cost
 
     def set_shadow(self, model: CompiledModel | None, topic: str | None) -> None:
         """Score ``model`` beside the live one (None: stop). It must read only features the
         live model reads (they are the columns decoded)."""
         if model is None:
             self.shadow = None
+            self.row_cost = self._row_cost()
             return
         missing = [f for f in model.feature_names if f not in set(self.model.feature_names)]
         if missing:
@@ -214,6 +237,7 @@ class Pipeline:
                               ("model_id", model.model_id.encode()), ("role", b"shadow")],
                              list(model.feature_names) == list(self.model.feature_names)
                              and not own, own)
+        self.row_cost = self._row_cost()
 
     def with_model(self, model: CompiledModel, settings: Settings) -> Pipeline:
         """The same pipeline around another model (a hot swap): what it learned of the
@@ -241,6 +265,18 @@ class Pipeline:
             return InvalidMessage(
                 "too_large", f"{msg.nbytes} bytes decoded, more than "
                 f"delivery.max_message_bytes ({self.max_message_bytes})")
+        # its scores and output count too, before they are made (the batch bounds with them)
+        msg.nbytes += msg.rows * self.row_cost
+        if msg.nbytes > self.max_message_bytes:
+            err = InvalidMessage(
+                "too_large", f"{msg.rows} rows: decoded, scored and written they take up to "
+                f"{msg.nbytes} bytes ({self.row_cost} a row beyond the input), more than "
+                f"delivery.max_message_bytes ({self.max_message_bytes})")
+            large = msg.rows * (4 * len(self.model.feature_names) + 8) > TRIM_ABOVE
+            del msg
+            if large:  # its rows were freed: their pages back to the system
+                trim_heap()
+            return err
         return msg
 
     # ---- the steps ---------------------------------------------------------------------
@@ -432,6 +468,29 @@ class Pipeline:
             code, "the broker refused this message's scores"
                   + (" (too large)" if code == "output_too_large" else ""))
         return self.dead_letter(rec, err, drop_value=dead_letter_refused)
+
+
+TRIM_ABOVE = 4 << 20  # decoded bytes of a refused message whose pages are given back
+
+
+def trim_heap() -> None:
+    """Return the heap's free pages to the system (glibc's malloc_trim; elsewhere nothing):
+    glibc keeps freed blocks below its mmap threshold (up to 32 MB), so a large refused
+    message left its memory resident for the rest of the run."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def missing_counts(g: Gathered, names: list[str]) -> np.ndarray:

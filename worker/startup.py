@@ -179,6 +179,22 @@ def run(settings: Settings, summary: bool = True) -> int:
                 _watchdog = None
 
 
+SHOWN_FEATURES = 64  # features the start-up log names one a line (more: a summary line)
+
+
+def _show_contract(rows) -> None:
+    """Where each feature comes from, in the log (``--explain-config`` prints the table)."""
+    if len(rows) <= SHOWN_FEATURES:
+        for r in rows:
+            log.info("input", feature=r.feature, source=r.source, kind=r.kind,
+                     required=r.required, cast=r.cast)
+        return
+    log.info("input contract", features=len(rows), required=sum(r.required for r in rows),
+             optional=[r.feature for r in rows if not r.required][:20],
+             casts={r.feature: r.cast for r in rows if r.cast},
+             listed_by="scoring-worker --config FILE --explain-config")
+
+
 def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
     from .lifecycle import identity
     from .model.artifact import ArtifactError
@@ -194,9 +210,9 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
         print(f"config error: model.path: {exc}", file=sys.stderr)
         return 2
     try:  # the events' fields as this model reads them (source.fields, scoring.id_column)
-        from .pipeline import reader_for
+        from . import contract
 
-        reader_for(model, settings)
+        _show_contract(contract.rows(model, settings))
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

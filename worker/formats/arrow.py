@@ -97,6 +97,13 @@ class ArrowOutput:
         self.classifier = model.task != "regression"
         self.feature_names = list(model.feature_names)
 
+    def row_bytes(self, top_k: int = 0) -> int:
+        """The most one row's output takes: its columns (an 8-byte id, the scores and
+        bounds, label, decision, work units, stop reason, validity) and ``top_k`` reason
+        codes (a name's dictionary index and an attribution each, list offsets, the bias);
+        the columns are built once and written once (twice the bytes)."""
+        return 2 * (48 + (16 + 8 * top_k if top_k else 0))
+
     def encode(self, gathered: Gathered, r, recs: list) -> list:
         # The one rule for the writer: the C writer (``_ipc.write_streams``) where the ids are
         # one numpy array and there are no reason columns; pyarrow otherwise (each message's

@@ -90,6 +90,9 @@ class OutputFormat(Protocol):
     name: str
     content_type: str
 
+    def row_bytes(self, top_k: int = 0) -> int:
+        """The most bytes one row's output takes (with ``top_k`` reason codes a row)."""
+
     def encode(self, gathered: Gathered, r, recs: list) -> list:
         """For message ``k`` of the group (rows ``gathered.offsets[k]:[k + 1]`` of the score
         result ``r``; ``recs[k]`` its input record): its output value (bytes), or the

@@ -203,6 +203,14 @@ class JsonOutput:
         self._encode_scores = _eventread.encode_scores
         self.stop_names = [str(x).encode() for x in STOP_REASONS]
 
+    def row_bytes(self, top_k: int = 0) -> int:
+        """The most one row's output takes (``top_k`` reason codes): its keys and values,
+        each number at most 24 characters, a string id counted in the message's decoded
+        size (``Pipeline.decode``)."""
+        names = max((len(json.dumps(f)) for f in self.feature_names), default=2)
+        base = len(self.id_key) + 120 + 6 * 24 + 4 * 11  # keys, doubles, integers
+        return base + (80 + top_k * (names + 26) if top_k else 0)
+
     def encode(self, gathered: Gathered, r, recs: list) -> list:
         g = gathered
         n_msg = len(g.offsets) - 1
