@@ -187,7 +187,7 @@ names = model.feature_names
 sc = {"id_column": "txn_id", "threads": 1}
 if sys.argv[2] == "1":
     sc["explain"] = {"method": "treeshap", "top_k": 3, "min_score": 0.0}
-fields = {f: {"optional": True} for f in names}
+fields = {f: {"optional": True} for f in [*names, "txn_id"]}
 try:
     settings = load_settings(None, scoring=sc, model={"path": sys.argv[1]},
                              delivery={"memory_budget_mb": 256},
@@ -218,7 +218,7 @@ from worker.config import load_settings
 from worker.io.records import Record
 from worker.pipeline import Pipeline
 model = worker.load_model(sys.argv[1])
-fields = {f: {"optional": True} for f in model.feature_names}
+fields = {f: {"optional": True} for f in [*model.feature_names, "txn_id"]}
 kw = dict(scoring={"id_column": "txn_id", "threads": 1}, model={"path": sys.argv[1]},
           sink={"type": "file", "path": "o", "format": "json"})
 try:

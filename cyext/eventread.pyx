@@ -27,6 +27,8 @@ cdef extern from "json_rows.h" namespace "swjson" nogil:
         size_t max_rows
         size_t max_bytes
         cbool has_id
+        cbool id_optional
+        string id_label
         cbool add(const vector[string]& keys, int slot, const string& dotted) except +
 
     cdef cppclass Out:
@@ -139,7 +141,7 @@ cdef class JsonReader:
 
     def __cinit__(self, list paths, id_path, dict categories, list feature_names,
                   size_t max_rows, size_t max_bytes, size_t max_depth=64, hashed=(),
-                  optional=(), casts=None):
+                  optional=(), casts=None, id_optional=False, id_name=None):
         cdef vector[string] keys
         cdef int j
         if not 1 <= max_depth <= 1024:  # simdjson's nesting bound (its buffers: a slot each)
@@ -179,6 +181,9 @@ cdef class JsonReader:
                 self.any_hashed = True
         if id_path is not None:
             self._add(id_path, -2)
+            self.plan.id_optional = bool(id_optional)
+            self.plan.id_label = (f"the id {id_name or id_path[-1]!r} "
+                                  f"({'.'.join(map(str, id_path))})").encode()
 
     cdef _add(self, list path, int slot):
         cdef vector[string] keys

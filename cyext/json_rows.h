@@ -50,6 +50,7 @@ struct Node {
     std::string path;  // the dotted path, for error details
     std::vector<int> covers;  // an inner node: the feature slots whose paths go through it
                               // (a null here is their missing value)
+    bool covers_id = false;   // an inner node on the id's path (a null here: a null id)
 };
 
 struct Plan {
@@ -67,6 +68,8 @@ struct Plan {
     size_t max_rows = 0;   // 0: no bound but max_bytes
     size_t max_bytes = 0;  // the decoded size bound: rows * (4 * n_features + 8) + id bytes
     bool has_id = false;
+    bool id_optional = false;  // an event may leave the id out (a null id); else missing_field
+    std::string id_label;      // "the id 'x' (a.b)", for error details
 
     Plan() { nodes.emplace_back(); }
 
@@ -76,6 +79,7 @@ struct Plan {
         for (size_t i = 0; i < keys.size(); i++) {
             if (nodes[at].slot != -1) return false;  // a leaf cannot have children
             if (at != 0 && slot >= 0) nodes[at].covers.push_back(slot);
+            if (at != 0 && slot == -2) nodes[at].covers_id = true;
             auto it = nodes[at].children.find(keys[i]);
             int next;
             if (it == nodes[at].children.end()) {
@@ -113,6 +117,7 @@ struct Out {
     std::vector<int64_t> absent;   // per slot: events without an optional feature
     std::vector<int64_t> unseen;   // per slot: category strings the model does not know
     bool counted = false;          // absent or unseen holds a count
+    bool id_reached = false;       // this event gave its id (a value, or a null on its way)
     size_t n_rows = 0;
     bool single = false;           // the message was one object (not an array)
     const char* code = "";         // the reason, when read() fails
@@ -378,9 +383,15 @@ private:
         out.id_offsets.push_back((int32_t)out.id_bytes.size());
         out.seen.assign(plan.nodes.size(), 0);
         out.reached.assign(f, 0);
+        out.id_reached = false;
         out.n_rows = n;
         int rc = object(plan, 0, obj, out, out.rows.data() + (n - 1) * f);
         if (rc) return rc;
+        if (plan.has_id && !out.id_reached && !plan.id_optional)
+            return fail(out, "missing_field", plan.id_label + " is absent " +
+                        (out.single ? std::string("from the event")
+                                    : "from event " + std::to_string(n - 1)) +
+                        " (check its path in source.fields; a null id is sent as null)");
         // absent is not missing: a required feature no key gave (and no null on its way)
         for (size_t s = 0; s < f; s++) {
             if (out.reached[s]) continue;
@@ -388,8 +399,8 @@ private:
                 return fail_at(out, "missing_field", (int)s, plan.labels[s] + " is absent " +
                                (out.single ? std::string("from the event")
                                            : "from event " + std::to_string(n - 1)) +
-                               " (mark it optional in source.fields if events may leave it "
-                               "out)");
+                               " (check its path in source.fields; if events may leave it "
+                               "out, mark it optional)");
             out.absent[s]++;
             out.counted = true;
         }
@@ -414,6 +425,7 @@ private:
                 rc = object(plan, it->second, dom::object(kv.value), out, row);
             } else if (kv.value.type() == dom::element_type::NULL_VALUE) {
                 for (int s : child.covers) out.reached[(size_t)s] = 1;  // missing, all
+                if (child.covers_id) out.id_reached = true;
                 rc = 0;
             } else {
                 rc = fail_at(out, "bad_type", child.covers.empty() ? -1 : child.covers[0],
@@ -536,6 +548,7 @@ private:
 
     int id(const Plan& plan, const Node& node, dom::element v, Out& out) {
         size_t r = out.n_rows - 1;
+        out.id_reached = true;
         switch (v.type()) {
         case dom::element_type::NULL_VALUE:
             return 0;

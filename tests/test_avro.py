@@ -57,6 +57,9 @@ def _fmt(tmp_path, schemas: dict[int, object], model=None, id_column="txn_id", f
     d.mkdir(exist_ok=True)
     for sid, schema in schemas.items():
         (d / f"{sid}.avsc").write_text(schema if isinstance(schema, str) else json.dumps(schema))
+    fields = dict(fields or {})
+    if id_column and id_column not in fields:  # records may leave the id out (a null id)
+        fields[id_column] = {"optional": True}
     return input_format("avro", model or _model(), id_column, None, max_bytes, fields,
                         schemas_dir=str(d))
 

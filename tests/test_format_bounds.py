@@ -39,7 +39,7 @@ from worker.pipeline import Pipeline
 
 model = worker.load_model(model_path)
 names = model.feature_names
-fields = {f: {"optional": True} for f in names} if fmt_in != "arrow" else {}
+fields = {f: {"optional": True} for f in [*names, "txn_id"]} if fmt_in != "arrow" else {}
 scoring = {"id_column": "txn_id", "threads": 1}
 if explain == "1":
     scoring["explain"] = {"method": "treeshap", "top_k": 3, "min_score": 0.0}
@@ -156,7 +156,8 @@ names = model.feature_names
 settings = load_settings(None, scoring={"id_column": "txn_id", "threads": 1},
                          model={"path": sys.argv[1]},
                          source={"type": "file", "path": "x.arrows", "format": "json",
-                                 "fields": {f: {"optional": True} for f in names}},
+                                 "fields": {f: {"optional": True}
+                                            for f in [*names, "txn_id"]}},
                          sink={"type": "file", "path": "o.arrows", "format": "json"})
 pipe = Pipeline(model, settings, "out")
 small = Record("in", 0, 0, None, b'{"txn_id": 1}', 0, [])

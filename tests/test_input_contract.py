@@ -183,7 +183,7 @@ def test_a_category_sent_as_a_number_is_bad_type_unless_cast_string(fraud):
         with pytest.raises(InvalidMessage) as e:
             cast.format.decode(json.dumps({**event, "merchant": {"country": "NG",
                                                                   "mcc": bad}}).encode())
-        assert (e.value.code, e.value.kind, e.value.feature) == ("bad_type", kind, "mcc"), bad
+        assert (e.value.code, e.value.kind, e.value.feature) == (kind, kind, "mcc"), bad
 
 
 CAST_BAD = ["", " 1", "1 ", "+1", "--1", "1.5.2", "0x10", "NaN", "nan", "inf", "Infinity",
@@ -198,7 +198,7 @@ def test_cast_number_refuses_what_is_not_one_json_number(text):
                        1 << 20, {"a": {"cast": "number"}})
     with pytest.raises(InvalidMessage) as e:
         fmt.decode(json.dumps({"a": text}).encode())
-    assert (e.value.code, e.value.kind, e.value.feature) == ("bad_type", "cast_failed", "a")
+    assert (e.value.code, e.value.kind, e.value.feature) == ("cast_failed", "cast_failed", "a")
 
 
 def test_without_a_cast_a_string_number_is_bad_type():
@@ -237,7 +237,7 @@ def test_cast_number_is_the_float32_the_same_json_number_gives(texts):
             assert exc.code == "bad_number", (text, exc)
             with pytest.raises(InvalidMessage) as e:
                 cast.decode(json.dumps({"a": text}).encode())
-            assert e.value.code in ("bad_number", "bad_type"), text
+            assert e.value.code in ("bad_number", "cast_failed"), text
             continue
         got = cast.decode(json.dumps({"a": text}).encode()).data.X
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), text
@@ -369,7 +369,7 @@ def test_avro_categories_and_casts(tmp_path, fraud):
     assert m.counts["unseen"].tolist() == [0, 0, 1, 1]
     with pytest.raises(InvalidMessage) as e:
         fmt.decode(_wire(4, ints, {**rec, "amount": "12,5"}))
-    assert (e.value.code, e.value.kind, e.value.feature) == ("bad_type", "cast_failed",
+    assert (e.value.code, e.value.kind, e.value.feature) == ("cast_failed", "cast_failed",
                                                              "amount")
 
 
@@ -607,7 +607,8 @@ def test_an_avro_record_on_the_path_holding_only_a_null_feature_is_read(tmp_path
                                 categories={})
         where = tmp_path / str(len(schema["fields"]))
         where.mkdir()
-        fmt = _avro_format(where, model, {1: schema}, {"x": "a.x"})
+        fmt = _avro_format(where, model, {1: schema},
+                           {"x": "a.x", "txn_id": {"optional": True}})
         rec = {"a": {"x": None}, "b": 3}
         m = fmt.decode(_wire(1, schema, rec))
         assert np.isnan(m.data[0][0, 0]) and m.counts is None
@@ -677,14 +678,48 @@ def test_check_reads_a_sample_through_the_real_decoder_and_names_what_would_fail
     assert "missing_field 90" in line["country"]
     assert "bad_type 10" in line["mcc"]
     assert "77.8%" in line["hour"] and "22.2%" in line["hour"]  # present, null (of 90 read)
-    assert "101 messages" in out and "bad_json: 1" in out
-    assert "required features never present: country" in out
+    assert "101 messages; the worker would dead-letter 101" in out and "bad_json: 1" in out
+    assert "required features never present: country (country: absent from every" in out
     fixed = check({**NESTED, "mcc": {"path": "merchant.mcc", "cast": "string"}},
                   "--sample", str(tmp_path / "s.jsonl"))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert "1 would be dead-lettered" in fixed.stdout  # the line that is not JSON
+    assert "the worker would dead-letter 1:" in fixed.stdout  # the line that is not JSON
+    # a typo in the id's path: every event refused (before: scored with null ids, silently)
+    id_typo = check({**NESTED, "mcc": {"path": "merchant.mcc", "cast": "string"},
+                     "txn_id": "txn.idd"}, "--sample", str(tmp_path / "s.jsonl"))
+    line = {ln.split()[0]: ln for ln in id_typo.stdout.splitlines() if ln.split()}
+    assert "missing_field 100" in line["txn_id"], id_typo.stdout
     table = check(NESTED)
     assert table.returncode == 0 and "merchant.mcc" in table.stdout
     assert "category (5 names)" in table.stdout
     bad = check({"nonesuch": "a.b"})
     assert bad.returncode == 2 and "names no feature" in bad.stderr
+
+
+def test_the_id_is_required_like_a_feature(fraud, tmp_path):
+    """A typo in the id's path (`txn_id: txn.idd`): before, every output came out with a null
+    id, exit 0, nothing logged. Now missing_field naming the id (JSON), schema_mismatch
+    (Avro); a null id is still a null id, and optional: true reads an absent one as null."""
+    _, model = fraud
+    ev = {"txn": {"id": "t-1"}, "amount": 5.0, "hour": 1,
+          "merchant": {"country": "US", "mcc": "5411"}}
+    typo = _pipeline(model, {**NESTED, "txn_id": "txn.idd"})
+    with pytest.raises(InvalidMessage, match="the id 'txn_id' .txn.idd. is absent") as e:
+        typo.format.decode(json.dumps(ev).encode())
+    assert e.value.code == "missing_field"
+    right = _pipeline(model, {**NESTED, "txn_id": "txn.id"})
+    assert right.format.decode(json.dumps(ev).encode()).data.ids.to_pylist() == ["t-1"]
+    null = right.format.decode(json.dumps({**ev, "txn": {"id": None}}).encode())
+    assert null.data.ids.to_pylist() == [None]
+    opt = _pipeline(model, {**NESTED, "txn_id": {"path": "txn.idd", "optional": True}})
+    assert opt.format.decode(json.dumps(ev).encode()).data.ids.to_pylist() == [None]
+    schema = {"type": "record", "name": "P", "fields": [
+        {"name": "txn_key", "type": "long"}, {"name": "amount", "type": "double"},
+        {"name": "hour", "type": "int"}, {"name": "country", "type": "string"},
+        {"name": "mcc", "type": "string"}]}
+    fmt = _avro_format(tmp_path, model, {1: schema}, {})
+    with pytest.raises(InvalidMessage, match="the id 'txn_id' .txn_id.: the record has no "
+                                             "field 'txn_id'") as e:
+        fmt.decode(_wire(1, schema, {"txn_key": 1, "amount": 1.0, "hour": 1,
+                                     "country": "US", "mcc": "5411"}))
+    assert e.value.code == "schema_mismatch"

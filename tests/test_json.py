@@ -32,6 +32,11 @@ def _model(categories=None, names=("a", "b", "c")):
 
 
 def _fmt(model=None, id_column="txn_id", max_rows=None, max_bytes=1 << 20, fields=None):
+    """A reader of ``model``; the id may be left out of an event (a null id) unless
+    ``fields`` says where it is."""
+    fields = dict(fields or {})
+    if id_column and id_column not in fields:
+        fields[id_column] = {"optional": True}
     return input_format("json", model or _model(), id_column, max_rows, max_bytes, fields)
 
 
@@ -101,9 +106,14 @@ def test_nested_fields_escaped_keys_and_unknown_fields():
     assert msg.data.ids.tolist() == [42] and msg.data.single
     # a null object on the way: its features missing (given, not absent); a number there:
     # bad_type
-    X = fmt.decode(b'{"card": null, "c": 1}').data.X
+    X = fmt.decode(b'{"card": null, "c": 1, "meta": null}').data.X
     assert np.isnan(X[0, :2]).all() and X[0, 2] == 1
     assert _reason(fmt, b'{"card": 5}') == "bad_type"
+    # the id is required where its path is mapped: absent (a typo) is missing_field, a null
+    # object on its way a null id
+    assert _reason(fmt, b'{"card": null, "c": 1, "meta": {"idd": 42}}') == "missing_field"
+    assert fmt.decode(b'{"card": null, "c": 1, "meta": {"id": null}}').data.ids.to_pylist() \
+        == [None]
 
 
 def test_ids():

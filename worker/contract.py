@@ -48,6 +48,11 @@ def rows(model, settings: Settings) -> list[Row]:
         else:
             spec = specs[f]
             out.append(Row(f, spec.dotted, kind, not spec.optional, spec.cast))
+    id_column = settings.scoring.id_column
+    if id_column:  # the id: not a feature, but required as one (a typo leaves it null)
+        spec = specs.get(id_column) if specs is not None else None
+        out.append(Row(f"{id_column} (id)", spec.dotted if spec else f"column {id_column!r}",
+                       "id", not (spec and spec.optional), None))
     return out
 
 
@@ -91,6 +96,9 @@ class Stats:
         self.missing, self.absent, self.unseen = (np.zeros(n, np.int64) for _ in range(3))
 
     def rates(self, feature: str) -> list[str]:
+        if feature not in self.names:  # the id: only its refusals
+            n = self.refused.get((None, "missing_field"), 0)
+            return ["-", "-", "-", "-", f"missing_field {n}" if n else "-"]
         j = self.names.index(feature)
         if not self.rows:
             present = null = absent = unseen = "-"
@@ -104,10 +112,15 @@ class Stats:
         return [present, null, absent, unseen, refused]
 
     def never_present(self, contract: list[Row]) -> list[str]:
-        """The required features no row read gave a value (or every message refused)."""
+        """The required features that no row read gave a value (rows were read)."""
         j = {f: i for i, f in enumerate(self.names)}
-        return [r.feature for r in contract if r.required and
-                (not self.rows or self.missing[j[r.feature]] >= self.rows)]
+        return [r.feature for r in contract if r.required and r.feature in j and
+                self.rows and self.missing[j[r.feature]] >= self.rows]
+
+    def never_given(self, contract: list[Row]) -> list[str]:
+        """Of those, the ones absent from every row: a path (or column) no message has."""
+        j = {f: i for i, f in enumerate(self.names)}
+        return [f for f in self.never_present(contract) if self.absent[j[f]] >= self.rows]
 
 
 def _pct(n: int, of: int) -> str:
@@ -139,13 +152,10 @@ def dry_run(model, settings: Settings, records: list[Record]) -> Stats:
     strict = Pipeline(model, settings, "check")
     lenient = strict
     if settings.source.format in ("json", "avro"):
-        fields = {}
-        for name, spec in strict.format.fields.items():
-            if name in model.feature_names:
-                fields[name] = {"path": ".".join(spec.path), "optional": True,
-                                "cast": spec.cast}
-            elif spec.path != (name,):  # the id's own mapping
-                fields[name] = ".".join(spec.path)
+        from .formats.base import Field
+
+        fields = {name: Field(spec.path, True, spec.cast)
+                  for name, spec in strict.format.fields.items()}
         lenient = Pipeline(model, settings.model_copy(update={
             "source": settings.source.model_copy(update={"fields": fields})}), "check")
     stats = Stats(list(model.feature_names))
@@ -154,8 +164,8 @@ def dry_run(model, settings: Settings, records: list[Record]) -> Stats:
         got = strict.decode(rec)
         if isinstance(got, InvalidMessage):
             stats.dead[got.code] += 1
-            if got.feature:
-                stats.refused[(got.feature, got.kind)] += 1
+            if got.feature or got.code in ("missing_field", "schema_mismatch"):
+                stats.refused[(got.feature, got.kind)] += 1  # (None: the id)
             seen = stats.examples.setdefault(got.code, [])
             if len(seen) < MAX_EXAMPLES:
                 seen.append((rec.offset, got.detail[:200]))
@@ -176,14 +186,19 @@ def report(contract: list[Row], stats: Stats) -> tuple[str, int]:
     (the worker would score none of it, or dead-letter every message)."""
     out = [table(contract, stats), ""]
     dead = sum(stats.dead.values())
-    out.append(f"{stats.messages} messages, {stats.rows} rows read; {dead} would be "
-               f"dead-lettered" + (":" if dead else "."))
+    out.append(f"{stats.messages} messages; the worker would dead-letter {dead}"
+               + (":" if dead else "."))
     for code, n in stats.dead.most_common():
         out.append(f"  {code}: {n}")
         for offset, detail in stats.examples.get(code, []):
             out.append(f"    message {offset}: {detail}")
-    never = stats.never_present(contract)
-    if never:
-        out.append(f"required features never present: {', '.join(never[:20])} (a path or "
-                   "column name that no message has: check source.fields)")
-    return "\n".join(out), 1 if never or not stats.messages else 0
+    out.append(f"(the rates above: {stats.rows} rows of the {stats.messages - stats.unread} "
+               "messages read with every feature optional and the same casts)")
+    never, gone = stats.never_present(contract), stats.never_given(contract)
+    if not stats.rows:
+        out.append("no message could be read at all: see the reasons above")
+    elif never:
+        out.append(f"required features never present: {', '.join(never[:20])}"
+                   + (f" ({', '.join(gone[:20])}: absent from every message: is the path "
+                      "in source.fields right?)" if gone else ""))
+    return "\n".join(out), 1 if never or not stats.rows else 0

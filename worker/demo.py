@@ -397,7 +397,8 @@ def json_messages(records: Iterable[Record]) -> Iterator[Record]:
     """The demo topic's messages as a JSON producer sends them: each message an array of its
     transactions (missing values as null), one object where a message holds one; the
     message that is not Arrow in the Arrow topic is a truncated JSON event here, the one
-    without a column lacks that key (a missing value in JSON), the empty one is ``[]``."""
+    without a column lacks that key (dead-lettered missing_field, as the Arrow one is
+    missing_column), the empty one is ``[]``."""
     for rec in records:
         ctype = dict(rec.headers).get("content-type")
         if ctype == b"application/json":  # the deliberately malformed one: cut short

@@ -236,7 +236,8 @@ def check_factory(state):
                              source={"type": "file", "path": "fuzz.arrows", "format": "avro",
                                      "schemas_dir": str(schemas),
                                      # schema 3 holds the others only
-                                     "fields": {f: {"optional": True} for f in FEATURES[1::2]}},
+                                     "fields": {f: {"optional": True}
+                                                for f in [*FEATURES[1::2], ID]}},
                              sink={"type": "file", "path": "out.arrows", "format": "json"})
     pipeline = Pipeline(model, settings, "scores")
 

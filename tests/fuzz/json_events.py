@@ -196,7 +196,8 @@ def check_factory(state):
     settings = load_settings(None, scoring={"id_column": ID, "threads": 1},
                              model={"path": str(GOLDEN_MODEL)},
                              source={"type": "file", "path": "fuzz.arrows", "format": "json",
-                                     "fields": {f: {"optional": True} for f in OPTIONAL}},
+                                     "fields": {f: {"optional": True}
+                                                for f in OPTIONAL | {ID}}},
                              sink={"type": "file", "path": "out.arrows", "format": "json"})
     pipeline = Pipeline(model, settings, "scores")
 

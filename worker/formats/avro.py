@@ -61,7 +61,8 @@ class _Plan:
 
     def __init__(self, schema, paths: dict[tuple, int], categories: dict[int, list],
                  hashed: frozenset = frozenset(), casts: dict[int, str] | None = None,
-                 labels: list[str] | None = None, required: tuple = ()):
+                 labels: list[str] | None = None, required: tuple = (),
+                 id_label: str = "the id"):
         self.paths, self.categories, self.hashed = paths, categories, hashed
         self.casts = casts or {}
         self.nodes: list[list[int]] = []
@@ -76,13 +77,14 @@ class _Plan:
         self.node(schema, (), 0)
         if self.nodes[0][0] != KINDS["record"]:
             raise SchemaError("bad_schema", "the schema is not a record")
-        by_slot = {j: path for path, j in paths.items() if j >= 0}
-        for j in required:  # after the whole schema: its named types are known
+        by_slot = {j: path for path, j in paths.items()}
+        for j in required:  # after the whole schema: its named types are known (-2: the id)
             problem = self.reach(schema, by_slot[j], (), 0)
             if problem:
-                who = labels[j] if labels else f"feature {j}"
-                raise SchemaError("schema_mismatch", f"{who}: {problem} (mark it optional "
-                                  "in source.fields if records may leave it out)", j)
+                who = id_label if j == -2 else labels[j] if labels else f"feature {j}"
+                raise SchemaError("schema_mismatch", f"{who}: {problem} (check its path in "
+                                  "source.fields; if records may leave it out, mark it "
+                                  "optional)", j)
 
     def reach(self, schema, path: tuple, where: tuple, depth: int) -> str | None:
         """Why ``schema`` (at ``where``) cannot reach ``path`` in every record (None: it
@@ -288,6 +290,10 @@ class AvroFormat:
                       if specs[f].cast}
         self.optional = [j for j, f in enumerate(self.feature_names) if specs[f].optional]
         self.labels = [f"feature {f!r} ({specs[f].dotted})" for f in self.feature_names]
+        # the id is required too, unless optional (a record without it: a null id)
+        self.id_required = bool(id_column) and not specs[id_column].optional
+        self.id_label = f"the id {id_column!r} ({specs[id_column].dotted})" if id_column \
+            else "the id"
         for path, j in self.paths.items():  # else no schema could hold it: missing always
             bad = next((p for p in path if not AVRO_NAME.fullmatch(p)), None)
             if bad is not None:
@@ -372,9 +378,10 @@ class AvroFormat:
         try:
             parsed = fastavro.parse_schema(json.loads(text))
             required = tuple(j for j in range(len(self.feature_names))
-                             if j not in set(self.optional))
+                             if j not in set(self.optional)) + ((-2,) if self.id_required
+                                                                else ())
             plan = _Plan(parsed, self.paths, self.categories, frozenset(self.hashed),
-                         self.casts, self.labels, required)
+                         self.casts, self.labels, required, self.id_label)
             if plan.nodes[0][0] != KINDS["record"]:
                 raise SchemaError("bad_schema", "the schema is not a record")
             return _eventread.AvroReader(plan.nodes, plan.children, plan.enum_codes,
@@ -399,7 +406,8 @@ class AvroFormat:
         reader = self._reader(int.from_bytes(value[1:5], "big"))
         if isinstance(reader, SchemaError):
             raise InvalidMessage(reader.code, str(reader),
-                                 self.feature_names[reader.slot] if reader.slot >= 0 else None)
+                                 self.feature_names[reader.slot] if reader.slot >= 0 else None,
+                                 reader.code)
         got = reader.read(memoryview(value)[5:])
         if type(got[0]) is str:
             raise failure(got, self.feature_names)

@@ -150,6 +150,9 @@ def field_specs(model, id_column: str | None, fields: dict | None,
     out: dict[str, Field] = {}
     for name in names + ([id_column] if id_column else []):
         spec = fields.get(name)
+        if isinstance(spec, Field):  # already resolved (the dry run's lenient reader)
+            out[name] = spec
+            continue
         if spec is None or isinstance(spec, str):
             path, optional, cast = spec, False, None
         elif isinstance(spec, dict):
@@ -159,9 +162,9 @@ def field_specs(model, id_column: str | None, fields: dict | None,
         if cast not in CAST_CODES:
             raise ValueError(f"source.fields.{name}.cast: {cast!r} is not number or string")
         is_id = name == id_column and name not in names
-        if is_id and (cast or optional):
-            raise ValueError(f"source.fields.{name}: the id column takes no cast and is not "
-                             "optional (an event without an id has a null id)")
+        if is_id and cast:
+            raise ValueError(f"source.fields.{name}: the id column takes no cast (ids are "
+                             "integers or strings as they are)")
         if cast == "string" and name not in categorical and name not in hashed:
             raise ValueError(f"source.fields.{name}.cast: string reads a number as a "
                              "category's text, and the model has no categories for "

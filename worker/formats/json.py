@@ -60,7 +60,8 @@ class JsonFormat:
             paths, id_path, dict(model.categories or {}), self.feature_names,
             int(max_rows or 0), int(max_bytes), MAX_DEPTH, hashed,
             {f for f in self.feature_names if specs[f].optional},
-            [CAST_CODES[specs[f].cast] for f in self.feature_names])
+            [CAST_CODES[specs[f].cast] for f in self.feature_names],
+            bool(id_column and specs[id_column].optional), id_column)
         # CatBoost's categorical features (model/cathash.py): the C reader keeps each value
         # as the text CatBoost hashes (json_rows.h append_cat), and a group's rows go to the
         # kernels as an Arrow batch whose categorical columns are those strings, hashed once
@@ -126,6 +127,8 @@ def failure(got: tuple, feature_names: list[str]) -> InvalidMessage:
     the feature's slot or -1, what went wrong with it)."""
     code, detail, slot, kind = got
     feature = feature_names[slot] if 0 <= slot < len(feature_names) else None
+    if kind == "cast_failed":  # a declared cast that cannot read the value: its own code
+        code = kind
     return InvalidMessage(code, detail, feature, kind)
 
 
