@@ -59,6 +59,18 @@ limit = settings.message_byte_limit
 n = limit // (4 * len(names) + 8 + pipe.row_cost) - 4  # the most rows the limit admits
 if case == "empty-events":  # the issue's message: a sixteenth of the limit of {}
     value = b"[" + b"{}," * ((limit // 16 - 4) // 3) + b"{}]"
+elif case in ("long-id", "dict-id"):  # string ids the JSON output escapes, or repeats
+    n = 1 if case == "long-id" else 4000
+    if case == "long-id":  # one id of control characters: six bytes each, escaped
+        ids = pa.array(["\x01" * (limit - 4 * len(names) - 4096)])
+    else:  # every row points at one 100 kB dictionary value
+        ids = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                             pa.array(["i" * 100_000]))
+    t = pa.table({"txn_id": ids, **{f: pa.array(np.zeros(n, np.float32)) for f in names}})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    value = sink.getvalue().to_pybytes()
 elif fmt_in == "json":
     ev = b'{"txn_id":123456789012},'
     n = min(n, (limit // 16 - 4) // len(ev))
@@ -129,6 +141,19 @@ def test_the_largest_admitted_message_is_scored_within_the_budget(models, fmt_in
     assert got["peak_kb"] < BUDGET_MB << 10, got
     # the measure means something: the message took a share of the budget
     assert got["peak_kb"] - got["before_kb"] > 8 << 10 or fmt_in == "avro", got
+
+
+@pytest.mark.parametrize("case", ["long-id", "dict-id"])
+@pytest.mark.parametrize("fmt_out", ["json", "arrow"])
+def test_string_ids_count_as_the_output_repeats_them(models, case, fmt_out):
+    """The attacker review of the bound: one 32 MB id of control characters (escaped six
+    bytes each in JSON) took 713 MB under a 256 MB budget and was scored; a dictionary id
+    repeats its value in every row of a JSON output. Now the ids count as written: refused
+    (too_large) or scored within the budget."""
+    got = _child("arrow", fmt_out, 0, models[8], case)
+    assert got["peak_kb"] < BUDGET_MB << 10, got
+    if fmt_out == "json":
+        assert got["dead"] == ["too_large"], got
 
 
 @pytest.mark.parametrize("explain", [0, 1], ids=["scores", "reasons"])

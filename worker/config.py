@@ -58,7 +58,8 @@ class SourceConfig(_Section):
     topic: str | None = None
     """Kafka: topic to consume (comma-separated for several)."""
     path: str | None = None
-    """File: recorded topic (.arrows)."""
+    """File: recorded topic (.arrows), or for JSON events JSON lines (.jsonl: one message a
+    line)."""
     format: Literal["arrow", "json", "avro"] = "arrow"
     """The messages' format: an Arrow IPC stream, JSON (one event, an object, or an array
     of events), or Avro in Confluent's wire format (one record)."""
@@ -96,6 +97,10 @@ class SourceConfig(_Section):
             raise ValueError("source.topic is required when source.type is kafka")
         if self.type == "file" and not self.path:
             raise ValueError("source.path is required when source.type is file")
+        if self.type == "file" and Path(self.path).suffix in (".jsonl", ".ndjson") and \
+                self.format != "json":
+            raise ValueError(f"source.path: {self.path} holds JSON lines: set source.format "
+                             "to json")
         return self
 
 

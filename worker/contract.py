@@ -131,17 +131,9 @@ def sample_values(path: str | Path) -> list[Record]:
     """The sample's messages: a recorded topic (``.arrows``, as ``scoring-worker record``
     writes it) or JSON lines (``.jsonl``/``.ndjson``: one message a line, an event or an
     array of events)."""
-    path = Path(path)
-    if path.suffix in (".jsonl", ".ndjson"):
-        out = []
-        with open(path, "rb") as f:
-            for i, line in enumerate(f):
-                if line.strip():
-                    out.append(Record(path.name, 0, i, None, line.rstrip(b"\r\n"), 0, []))
-        return out
-    from .io.records import read_records
+    from .io.records import read_messages
 
-    return list(read_records(path))
+    return list(read_messages(path))
 
 
 def dry_run(model, settings: Settings, records: list[Record]) -> Stats:

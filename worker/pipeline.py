@@ -213,8 +213,10 @@ class Pipeline:
             return work + 2 * output.row_bytes(k)
 
         cost = one(self.model, self.output)
+        self.id_factor = self.output.id_factor  # bytes a byte of string ids (Message.id_bytes)
         if self.shadow is not None:
             cost += one(self.shadow.model, self.shadow.output)
+            self.id_factor += self.shadow.output.id_factor
         return cost
 
     def set_shadow(self, model: CompiledModel | None, topic: str | None) -> None:
@@ -266,7 +268,7 @@ class Pipeline:
                 "too_large", f"{msg.nbytes} bytes decoded, more than "
                 f"delivery.max_message_bytes ({self.max_message_bytes})")
         # its scores and output count too, before they are made (the batch bounds with them)
-        msg.nbytes += msg.rows * self.row_cost
+        msg.nbytes += msg.rows * self.row_cost + msg.id_bytes * self.id_factor
         if msg.nbytes > self.max_message_bytes:
             err = InvalidMessage(
                 "too_large", f"{msg.rows} rows: decoded, scored and written they take up to "

@@ -39,7 +39,28 @@ class ArrowFormat:
             for name, n in self.decoder.unseen.items():
                 unseen[self.feature_names.index(name)] = n
             counts = {"unseen": unseen}
-        return Message(batch.num_rows, self._decoded_bytes(batch), key, batch, counts)
+        return Message(batch.num_rows, self._decoded_bytes(batch), key, batch, counts,
+                       self._id_text_bytes(batch))
+
+    def _id_text_bytes(self, batch: pa.RecordBatch) -> int:
+        """The bytes of string (or binary) ids as one a row repeats them: a dictionary's
+        value counts for every row that points at it (Message.id_bytes)."""
+        if not self.id_column:
+            return 0
+        import pyarrow.compute as pc
+
+        col = batch.column(self.id_column)
+        t = col.type
+        words = col.dictionary if pa.types.is_dictionary(t) else col
+        wt = words.type
+        if not (pa.types.is_string(wt) or pa.types.is_large_string(wt) or
+                pa.types.is_binary(wt) or pa.types.is_large_binary(wt) or
+                pa.types.is_string_view(wt) or pa.types.is_binary_view(wt)):
+            return 0
+        lengths = pc.binary_length(words)
+        if pa.types.is_dictionary(t):
+            lengths = lengths.take(col.indices)
+        return int(pc.sum(lengths).as_py() or 0)
 
     def _decoded_bytes(self, batch: pa.RecordBatch) -> int:
         """The decoded size, at the width the gather writes: a float32 a feature a row, plus
@@ -91,6 +112,7 @@ class ArrowOutput:
 
     name = "arrow"
     content_type = codec.CONTENT_TYPE
+    id_factor = 4  # a string id copied into the output batch, then into its stream
 
     def __init__(self, model, **metadata):
         self.stream = codec.StreamEncoder(codec.output_metadata(model, **metadata))

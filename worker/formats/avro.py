@@ -428,7 +428,8 @@ class AvroFormat:
         if kinds[0] == 1:
             return Message(1, size + 8, ("avro", "int"), (X, ints, *more), counts)
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
-        return Message(1, size + ids.nbytes, ("avro", "own"), (X, ids, *more), counts)
+        return Message(1, size + ids.nbytes, ("avro", "own"), (X, ids, *more), counts,
+                       len(strings))
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)

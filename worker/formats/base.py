@@ -42,6 +42,9 @@ class Message:
     # reads as missing: {"absent": optional fields absent, "unseen": category strings the
     # model does not know}; None: nothing
     counts: dict | None = None
+    # the bytes of its string ids as the output repeats them, one a row (a dictionary's
+    # value once a row that points at it): what writing them takes grows with it
+    id_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -91,7 +94,10 @@ class OutputFormat(Protocol):
     content_type: str
 
     def row_bytes(self, top_k: int = 0) -> int:
-        """The most bytes one row's output takes (with ``top_k`` reason codes a row)."""
+        """The most bytes one row's output takes (with ``top_k`` reason codes a row), but
+        for the text of string ids: ``id_factor`` bytes a byte of them."""
+
+    id_factor: int
 
     def encode(self, gathered: Gathered, r, recs: list) -> list:
         """For message ``k`` of the group (rows ``gathered.offsets[k]:[k + 1]`` of the score

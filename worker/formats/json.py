@@ -94,7 +94,7 @@ class JsonFormat:
                            _Event(X, ints, single, hashed), counts)
         ids = _arrow_ids(kinds, ints, offsets, strings, self.id_column)
         return Message(n, size + ids.nbytes, ("json", "own"),
-                       _Event(X, ids, single, hashed), counts)
+                       _Event(X, ids, single, hashed), counts, len(strings))
 
     def gather(self, messages: list[Message]) -> Gathered:
         offsets = offsets_of(m.rows for m in messages)
@@ -194,6 +194,10 @@ class JsonOutput:
 
     name = "json"
     content_type = "application/json"
+    # a string id's text: escaped for JSON (a control character takes six bytes), as the
+    # Python text, its bytes, the writer's buffer and the value (measured: a 32 MB id of
+    # control characters took 22 times its size)
+    id_factor = 24
 
     def __init__(self, model, id_column: str | None = None, **metadata):
         self.classifier = model.task != "regression"
@@ -211,7 +215,8 @@ class JsonOutput:
         each number at most 24 characters, a string id counted in the message's decoded
         size (``Pipeline.decode``)."""
         names = max((len(json.dumps(f)) for f in self.feature_names), default=2)
-        base = len(self.id_key) + 120 + 6 * 24 + 4 * 11  # keys, doubles, integers
+        # keys, doubles, integers, an id that is not a string (a timestamp's text, say)
+        base = len(self.id_key) + 120 + 6 * 24 + 4 * 11 + 64
         return base + (80 + top_k * (names + 26) if top_k else 0)
 
     def encode(self, gathered: Gathered, r, recs: list) -> list:

@@ -7,16 +7,33 @@ from pathlib import Path
 import pyarrow as pa
 
 from .base import StartupError
-from .records import RECORD_SCHEMA, Record, RecordWriter, read_records
+from .records import (
+    JSON_LINES,
+    RECORD_SCHEMA,
+    Record,
+    RecordWriter,
+    read_json_lines,
+    read_messages,
+)
 
 
 class FileSource:
-    """Replays a recorded topic (.arrows) as if consumed; ends when the file does."""
+    """Replays a recorded topic (.arrows), or JSON lines (.jsonl: one message a line), as if
+    consumed; ends when the file does."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
             raise StartupError("source.path", f"{self.path} does not exist")
+        if self.path.suffix in JSON_LINES:
+            try:
+                self.total = sum(1 for _ in read_json_lines(self.path))
+            except OSError as exc:
+                raise StartupError("source.path", f"cannot read {self.path}: {exc}") from None
+            self._it = read_messages(self.path)
+            self.exhausted = False
+            self._read = self._committed = 0
+            return
         try:
             with pa.memory_map(str(self.path)) as src:
                 reader = pa.ipc.open_stream(src)
@@ -26,9 +43,10 @@ class FileSource:
                                        f"(no {sorted(missing)} columns)")
                 self.total = sum(b.num_rows for b in reader)  # reads it whole: not truncated
         except (OSError, pa.ArrowException) as exc:
-            raise StartupError("source.path", f"{self.path} is not a readable recorded topic: "
+            raise StartupError("source.path", f"{self.path} is not a readable recorded topic "
+                               "(or name JSON lines .jsonl): "
                                f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
-        self._it = read_records(self.path)
+        self._it = read_messages(self.path)
         self.exhausted = False
         self._read = self._committed = 0  # messages read; messages delivered
 
@@ -59,7 +77,7 @@ class FileSource:
         """Back to the first message not delivered (a replay to a topic whose delivery
         failed reads that batch again)."""
         self._it.close()
-        self._it = read_records(self.path)
+        self._it = read_messages(self.path)
         for _ in range(self._committed):
             next(self._it)
         self._read = self._committed

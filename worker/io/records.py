@@ -132,6 +132,27 @@ def read_records(path: str | Path) -> Iterator[Record]:
             yield from map(Record, *cols, _headers(batch.column("headers")))
 
 
+JSON_LINES = (".jsonl", ".ndjson")  # one JSON message a line (a file source of JSON events)
+
+
+def read_json_lines(path: str | Path) -> Iterator[Record]:
+    """A file of JSON lines as the messages of a topic: one message a line (an event or an
+    array of events), blank lines skipped, offsets the line numbers."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        for i, line in enumerate(f):
+            value = line.rstrip(b"\r\n")
+            if value.strip():
+                yield Record(path.stem, 0, i, None, value, 0, [])
+
+
+def read_messages(path: str | Path) -> Iterator[Record]:
+    """A recorded topic (.arrows), or JSON lines (``JSON_LINES``)."""
+    if Path(path).suffix in JSON_LINES:
+        return read_json_lines(path)
+    return read_records(path)
+
+
 def _headers(col: pa.ListArray) -> list[list[tuple[str, bytes]]]:
     """Each row's headers as (key, value) pairs, from the flat key and value columns."""
     offsets = col.offsets.to_pylist()

@@ -117,8 +117,8 @@ class CompiledModel:
         """A pandas DataFrame or a dict of columns as a pyarrow Table, so its features are
         matched by name (never by position) and its category columns read by their names;
         anything else as it is (numpy is positional: the model's feature order)."""
-        return named_table(X, self.feature_names,
-                           set(self.categories) | set(self.category_hashes))
+        return named_table(X, self.feature_names, set(self.categories),
+                           frozenset(self.category_hashes))
 
     def hashed_rows(self, X):
         """Rows of a model with hashed categories (CatBoost's, model/cathash) from numpy (or
@@ -361,31 +361,60 @@ class CompiledModel:
         )
 
 
-def named_table(X, feature_names: list[str], categorical: set[str]):
-    """``X`` as a pyarrow Table where it is a pandas DataFrame or a dict of columns (the
-    features found by name: ``arrow_columns`` refuses a frame that lacks one, naming it);
-    string columns of ``categorical`` features dictionary-encoded (what the category lookup
-    reads). Anything else is returned as it is."""
-    is_frame = type(X).__module__.split(".")[0] == "pandas" and hasattr(X, "dtypes")
+def named_table(X, feature_names: list[str], categorical: set[str], hashed=frozenset()):
+    """``X`` matched to the features by name where it is a pandas DataFrame or a dict of
+    columns (anything else is returned as it is: numpy is positional). A pyarrow Table,
+    category columns as dictionary-encoded strings of their category names (pandas'
+    categories of numbers or booleans as Python writes them, the way the loaders keep a
+    model's names); for a model with hashed categories (CatBoost's) the frame's own columns
+    in the model's order (strings and numbers are hashed as CatBoost hashes them). Refused
+    (KeyError, TypeError) naming the column: a frame without a feature, a feature named
+    twice, a number for a feature the model knows by category names (a code means another
+    category once the model is retrained)."""
+    module = type(X).__module__.split(".")[0]
+    if module == "pandas" and not hasattr(X, "columns"):
+        raise TypeError(f"a {type(X).__name__} is not rows: pass a DataFrame (or numpy rows)")
+    is_frame = module == "pandas" and hasattr(X, "dtypes")
     if not is_frame and not isinstance(X, dict):
         return X
     import pyarrow as pa
 
+    names = [str(c) for c in (X.columns if is_frame else X)]
+    wanted = set(feature_names)
+    dup = sorted({n for n in names if names.count(n) > 1} & wanted)
+    if dup:
+        raise ValueError(f"the frame names column(s) {', '.join(dup[:5])} more than once")
+    missing = [f for f in feature_names if f not in set(names)]
+    if missing:
+        hint = "" if set(names) & wanted else (
+            f" (its columns {', '.join(names[:3])}{'...' if len(names) > 3 else ''} name none "
+            "of the model's features: name them, or pass numpy rows in the model's order)")
+        raise KeyError(f"missing feature column(s): {', '.join(missing[:5])}"
+                       + (f" and {len(missing) - 5} more" if len(missing) > 5 else "") + hint)
+    if is_frame and hashed:  # CatBoost's: its values as numpy reads them, in the model's order
+        return X[[c for f in feature_names for c in X.columns if str(c) == f]]
     if is_frame:
-        names = [str(c) for c in X.columns]
-        dup = sorted({n for n in names if names.count(n) > 1} & set(feature_names))
-        if dup:
-            raise ValueError(f"the frame names column(s) {', '.join(dup[:5])} more than once")
-        wanted = [c for c in X.columns if str(c) in set(feature_names)]
-        table = pa.Table.from_pandas(X[wanted], preserve_index=False)
-        table = table.rename_columns([str(c) for c in wanted])
+        by_name = {str(c): c for c in X.columns}
+        table = pa.Table.from_pandas(X[[by_name[f] for f in feature_names]],
+                                     preserve_index=False).rename_columns(feature_names)
     else:
-        table = pa.table({str(k): v for k, v in X.items() if str(k) in set(feature_names)})
-    for name in categorical & set(table.column_names):
-        col = table.column(name)
-        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-            table = table.set_column(table.schema.get_field_index(name), name,
-                                     col.dictionary_encode())
+        table = pa.table({f: X[next(k for k in X if str(k) == f)] for f in feature_names})
+    for name in categorical:
+        i = table.schema.get_field_index(name)
+        col = table.column(i).combine_chunks()
+        t = col.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            col = col.dictionary_encode()
+        elif pa.types.is_dictionary(t) and not (pa.types.is_string(t.value_type) or
+                                                pa.types.is_large_string(t.value_type)):
+            words = pa.array([None if v is None else str(v)
+                              for v in col.dictionary.to_pylist()], pa.string())
+            col = pa.DictionaryArray.from_arrays(col.indices, words)
+        elif not pa.types.is_dictionary(t) and not pa.types.is_null(t):
+            raise TypeError(f"feature {name!r} is {t}; the model knows it by its category "
+                            "names: pass them (strings or a pandas category column), not "
+                            "codes")
+        table = table.set_column(i, name, col)
     return table
 
 
@@ -497,6 +526,8 @@ def float_rows(X, feature_names: list[str], categories: dict | None = None) -> n
         _require_columns(X, feature_names)
         for name in feature_names:
             col = X.column(name)
+            if name in cats and _is_plain_string(col.type):
+                col = col.dictionary_encode()
             if name in cats and maps_column(col.type, cats[name]):
                 col = category_codes(col, cats[name])
             col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -518,6 +549,12 @@ def float_rows(X, feature_names: list[str], categories: dict | None = None) -> n
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features); got shape {X.shape}")
     return np.ascontiguousarray(X, dtype=np.float32)
+
+
+def _is_plain_string(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _require_columns(data, feature_names: list[str]) -> None:
@@ -543,6 +580,8 @@ def arrow_columns(data, feature_names: list[str], categories: dict | None = None
         # buffer sizes against lengths before pyarrow itself reads them (combine, cast), for
         # tables that did not come through codec.decode (the Python API)
         col.validate()
+        if name in cats and _is_plain_string(col.type):  # a Parquet file's strings, say
+            col = col.dictionary_encode()
         if name in cats and maps_column(col.type, cats[name]):
             col = category_codes(col, cats[name])
         if isinstance(col, pa.ChunkedArray):

@@ -70,6 +70,7 @@ class InferRequest:
     binary: set[str] = field(default_factory=set)  # of those, the ones sent as binary
     explain: bool = False  # reason codes asked for (the reason outputs)
     top_k: int | None = None
+    unseen: dict = field(default_factory=dict)  # column -> category names the model lacks
 
 
 def output_specs(classifier: bool) -> list[OutputSpec]:
@@ -140,12 +141,13 @@ def parse_infer(body: bytes, header_length: int | None, contract: Contract | dic
         raise bad("inputs must be a non-empty list of tensors")
     if len(inputs) > MAX_TENSORS:
         raise bad(f"{len(inputs)} inputs: at most {MAX_TENSORS}")
-    X = _rows(inputs, binary, contract, max_rows)
+    unseen: dict[int, int] = {}
+    X = _rows(inputs, binary, contract, max_rows, unseen)
     outputs, binary_out, explain = _outputs(doc.get("outputs"), params, classifier, explain_on)
     top_k = params.get("top_k")
     if top_k is not None and (type(top_k) is not int or not 1 <= top_k <= 64):
         raise bad("parameters.top_k must be an integer from 1 to 64")
-    return InferRequest(req_id, X, outputs, binary_out, explain, top_k)
+    return InferRequest(req_id, X, outputs, binary_out, explain, top_k, unseen)
 
 
 def _loads(header) -> object:
@@ -191,8 +193,9 @@ def _shape(t: dict, name: str) -> list[int]:
 
 
 def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
-          max_rows: int) -> np.ndarray:
-    """The row block from the inputs (the module docstring's two forms)."""
+          max_rows: int, unseen: dict | None = None) -> np.ndarray:
+    """The row block from the inputs (the module docstring's two forms); ``unseen``: each
+    categorical column's count of names the model does not know, added to."""
     index = contract.index
     n_features = len(index)
     tensors = []
@@ -239,12 +242,15 @@ def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
                 raise bad(f"input {name!r}: {shape[0]} rows, the other inputs have {n}")
             codes = contract.categories.get(j)
             if codes is not None:
-                columns[j], pos = _category_values(t, name, n, binary, pos, codes)
+                columns[j], pos, new = _category_values(t, name, n, binary, pos, codes)
+                if new and unseen is not None:
+                    unseen[j] = new
             else:
                 columns[j], pos = _values(t, name, n, binary, pos, shape)
         if not contract.allow_missing and len(columns) < n_features:
             missing = [f for f, j in index.items() if j not in columns]
-            raise bad(f"{len(missing)} of the model's {n_features} features have no input: "
+            raise bad(f"{len(missing)} of the model's {n_features} features "
+                      f"{'has' if len(missing) == 1 else 'have'} no input: "
                       f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''} (send "
                       "null for a value that is missing)")
         X = np.full((n, n_features), np.nan, dtype=np.float32)
@@ -256,10 +262,11 @@ def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
 
 
 def _category_values(t: dict, name: str, count: int, binary, pos: int,
-                     codes: dict[str, float]) -> tuple[np.ndarray, int]:
+                     codes: dict[str, float]) -> tuple[np.ndarray, int, int]:
     """A BYTES input of category names (JSON strings or null; binary: each a 4-byte
     little-endian length and its bytes, as Triton writes them) as float32 codes: a name the
-    model does not know, and null, are missing. And the next binary offset."""
+    model does not know, and null, are missing. And the next binary offset, and how many
+    names the model does not know."""
     datatype = t.get("datatype")
     if datatype != "BYTES":
         raise bad(f"input {name!r}: datatype {datatype!r}; the model knows {name!r} by its "
@@ -291,7 +298,7 @@ def _category_values(t: dict, name: str, count: int, binary, pos: int,
                 raise bad(f"input {name!r}: element {i} is not UTF-8") from None
         if at != size:
             raise bad(f"input {name!r}: {size - at} bytes after its {count} BYTES elements")
-        return out, pos + size
+        return out, pos + size, int(np.count_nonzero(np.isnan(out)))
     data = t.get("data")
     if not isinstance(data, list):
         raise bad(f"input {name!r}: data must be a list (or binary_data_size given)")
@@ -303,8 +310,9 @@ def _category_values(t: dict, name: str, count: int, binary, pos: int,
         raise bad(f"input {name!r}: {len(data)} values for {count} (its shape)")
     if not all(v is None or type(v) is str for v in data):
         raise bad(f"input {name!r}: BYTES values must be strings (category names) or null")
-    return np.fromiter((nan if v is None else codes.get(v, nan) for v in data),
-                       np.float32, count), pos
+    out = np.fromiter((nan if v is None else codes.get(v, nan) for v in data), np.float32,
+                      count)
+    return out, pos, int(np.count_nonzero(np.isnan(out))) - data.count(None)
 
 
 def _values(t: dict, name: str, count: int, binary, pos: int, shape: list[int]

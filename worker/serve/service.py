@@ -72,6 +72,14 @@ class ServeMetrics:
         self.connections_refused = Counter("serve_connections_refused", "Connections closed "
                                            "at once: serve.max_connections were open",
                                            registry=r)
+        # the input contract, by feature (labels bounded by the model's features)
+        self.feature_missing = Counter("serve_feature_missing", "Values scored as missing "
+                                       "(null, a category name the model does not know; "
+                                       "with serve.allow_missing a feature given no input), "
+                                       "by feature", ["feature"], registry=r)
+        self.feature_unseen = Counter("serve_feature_unseen_categories", "Category names the "
+                                      "model does not know (scored as missing), by feature",
+                                      ["feature"], registry=r)
         self.exposition = r
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
@@ -81,6 +89,16 @@ class ServeMetrics:
         # the seconds histogram's children, looked up once
         self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow")}
         self._counts: dict[tuple[str, int], object] = {}
+
+    def count_features(self, names: list[str], X: np.ndarray, unseen: dict) -> None:
+        """A request's missing values and unknown category names, by feature."""
+        if X.size and np.isnan(X).any():
+            counts = np.count_nonzero(np.isnan(X), axis=0)
+            for j in np.flatnonzero(counts).tolist():
+                self.feature_missing.labels(names[j]).inc(int(counts[j]))
+        for j, n in unseen.items():
+            if n > 0:
+                self.feature_unseen.labels(names[j]).inc(n)
 
     def answered(self, route: str, status: int) -> None:
         c = self._counts.get((route, status))
@@ -347,6 +365,7 @@ class Service:
                                   m.classifier, self.scoring.explain is not None)
             if req.explain and m.explain_error is not None:
                 raise oip.bad(f"reason codes: {m.explain_error}")
+            self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
             r = self._score(m, req)
             arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
             out, head = oip.encode_response(self.name, m.model.model_id, req, arrays)
