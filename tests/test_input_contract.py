@@ -804,3 +804,34 @@ def test_the_worker_reads_json_lines_from_a_file(fraud, tmp_path):
                           str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "set source.format to json" in bad.stderr
+
+
+def test_score_reads_a_parquet_files_categories_by_name_and_refuses_codes(fraud, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from worker.cli import main
+
+    clf, model = fraud
+    model.save(tmp_path / "fraud.model")
+    df = _frame(100, 14)
+    names = pa.table({"amount": df.amount.to_numpy(), "hour": df.hour.to_numpy(),
+                      "country": df.country.astype(str).tolist(),
+                      "mcc": df.mcc.astype(str).tolist()})
+    pq.write_table(names, tmp_path / "names.parquet")
+    pq.write_table(names.set_column(3, "mcc", pa.array(df.mcc.cat.codes.to_numpy())),
+                   tmp_path / "codes.parquet")
+    run = CliRunner().invoke(main, ["score", "--model", str(tmp_path / "fraud.model"),
+                                    "--input", str(tmp_path / "names.parquet"), "--output",
+                                    str(tmp_path / "o.arrow")])
+    assert run.exit_code == 0, run.output
+    got = pa.ipc.open_file(str(tmp_path / "o.arrow")).read_all() \
+        if (tmp_path / "o.arrow").read_bytes()[:6] == b"ARROW1" else \
+        pa.ipc.open_stream(str(tmp_path / "o.arrow")).read_all()
+    np.testing.assert_allclose(got.column("score").to_numpy(), clf.predict_proba(df)[:, 1],
+                               rtol=1e-12)
+    run = CliRunner().invoke(main, ["score", "--model", str(tmp_path / "fraud.model"),
+                                    "--input", str(tmp_path / "codes.parquet"), "--output",
+                                    str(tmp_path / "o2.arrow")])
+    assert run.exit_code != 0 and "knows it by its category names" in run.output

@@ -251,6 +251,9 @@ def score_cmd(model_path, input_path, output_path, lazy, thresholds, id_column, 
             kw[key] = value
     t0 = time.perf_counter()
     try:
+        from .model.compiled import refuse_codes
+
+        refuse_codes(table, set(model.categories or {}))  # names, as the stream reads them
         r = model.score_batch(table, lazy=lazy, thresholds=list(thresholds), n_threads=threads,
                               explain=explain, top_k=top_k, explain_min_score=explain_min_score,
                               **kw)

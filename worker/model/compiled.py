@@ -410,12 +410,26 @@ def named_table(X, feature_names: list[str], categorical: set[str], hashed=froze
             words = pa.array([None if v is None else str(v)
                               for v in col.dictionary.to_pylist()], pa.string())
             col = pa.DictionaryArray.from_arrays(col.indices, words)
-        elif not pa.types.is_dictionary(t) and not pa.types.is_null(t):
-            raise TypeError(f"feature {name!r} is {t}; the model knows it by its category "
-                            "names: pass them (strings or a pandas category column), not "
-                            "codes")
         table = table.set_column(i, name, col)
+    refuse_codes(table, categorical)
     return table
+
+
+def refuse_codes(table, categorical) -> None:
+    """TypeError naming a column of numbers for a feature the model knows by its category
+    names (``categorical``): a code means another category once the model is retrained
+    (the Python API's frames and dicts, the ``score`` command's files; a pyarrow table given
+    to the Python API is read as the stream's decoded batches are: codes)."""
+    import pyarrow as pa
+
+    for name in categorical:
+        if name not in table.column_names:
+            continue
+        t = table.schema.field(name).type
+        if not (pa.types.is_dictionary(t) or _is_plain_string(t) or pa.types.is_null(t)):
+            raise TypeError(f"feature {name!r} is {t}; the model knows it by its category "
+                            "names: pass them (strings, dictionary-encoded strings or a "
+                            "pandas category column), not codes")
 
 
 def feature_type_problem(name: str, t, categorical: bool = False) -> str | None:
