@@ -251,3 +251,35 @@ def test_avro_items_that_take_no_bytes_are_skipped_by_count(tmp_path):
             with pytest.raises(InvalidMessage) as e:
                 fmt.decode(value)
             assert e.value.code == "bad_avro"
+
+
+def test_the_row_bound_admits_the_limit_and_refuses_one_row_past_it():
+    """The message bound at its edge: the most rows whose decoded size, scores and output fit
+    the message byte limit are admitted, one row more is too_large (and says why)."""
+    import pyarrow as pa
+
+    from tests import models as M
+    from worker.config import load_settings
+    from worker.io.records import Record
+    from worker.pipeline import Pipeline
+
+    model = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    settings = load_settings(None, scoring={"id_column": "txn_id", "threads": 1},
+                             model={"path": "unused"}, delivery={"memory_budget_mb": 256},
+                             source={"type": "file", "path": "x.arrows"},
+                             sink={"type": "file", "path": "o.arrows", "format": "json"})
+    pipe = Pipeline(model, settings, "out")
+    per = 4 * model.n_features + 8 + pipe.row_cost
+    most = settings.message_byte_limit // per
+
+    def message(n):
+        t = pa.table({"txn_id": pa.array(np.arange(n, dtype=np.int64)),
+                      **{f: pa.array(np.zeros(n, np.float32)) for f in model.feature_names}})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        return Record("in", 0, 0, None, sink.getvalue().to_pybytes(), 0, [])
+
+    assert pipe.decode(message(most)).rows == most
+    over = pipe.decode(message(most + 1))
+    assert over.code == "too_large" and f"{most + 1} rows" in over.detail
