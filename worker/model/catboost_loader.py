@@ -178,6 +178,14 @@ def _to_ir(d: dict) -> Ensemble:
         classes = [0, 1]
     sb = d.get("scale_and_bias", [1.0, [0.0] * G])
     scale = _float(sb[0], "scale_and_bias")
+    if scale != 1.0:
+        # CatBoost multiplies the trees' sum by it; scaling each leaf instead rounds
+        # differently (up to ~1,900 ulp on the margin, measured): refused, not approximated
+        raise UnsupportedModelError(
+            f"scale {scale!r} (set_scale_and_bias): CatBoost multiplies the trees' sum by it, "
+            "which the kernels do not reproduce to the bit. Compile the model with scale 1 "
+            "(model.set_scale_and_bias(1.0, bias)) and apply the scale to its raw score, "
+            "or keep the model unscaled")
     bias = np.asarray([_float(b, "scale_and_bias") for b in sb[1]], dtype=np.float64)
     if bias.size == 0:
         bias = np.zeros(G)

@@ -43,12 +43,22 @@ def load_booster(source):
     return booster
 
 
-def _base_margin(raw: str, how: str, n_outputs: int) -> np.ndarray:
+RT_EPS = np.float32(1e-6)  # XGBoost's kRtEps: a logistic base_score is clamped into it
+
+
+def _base_margin(raw: str, how: str, n_outputs: int, notes: list | None = None) -> np.ndarray:
     values = np.atleast_1d(
         np.asarray(json.loads(raw) if raw.startswith("[") else float(raw), dtype=np.float32)
     )
     if how == "logit":
         one = np.float32(1.0)
+        # XGBoost clamps a probability base_score into [kRtEps, 1 - kRtEps] (float32) before
+        # it takes the logit: 1e-7 scores as 1e-6 does
+        clamped = np.clip(values, RT_EPS, one - RT_EPS).astype(np.float32)
+        if notes is not None and not np.array_equal(clamped, values):
+            notes.append(f"base_score {values.tolist()} clamped into [1e-6, 1 - 1e-6] as "
+                         f"XGBoost does: {clamped.tolist()}")
+        values = clamped
         # XGBoost: -std::log(1.0f / base_score - 1.0f); numpy's float32 log is not glibc's
         # logf, so take the float32 quotient, a float64 log, and round once to float32
         with np.errstate(divide="ignore"):
@@ -134,9 +144,56 @@ def _categories(gbm: dict, names: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def _missing_of(source) -> float:
+    """The value an XGBoost estimator reads as missing (``XGBModel(missing=...)``); NaN for a
+    Booster or a file, which do not keep it (the wrappers that load a file read NaN)."""
+    import xgboost as xgb
+
+    if isinstance(source, xgb.XGBModel):
+        m = source.missing
+        return float("nan") if m is None else float(m)
+    return float("nan")
+
+
+def rounds_used(source, learner: dict, rounds: int) -> tuple[int, str | None]:
+    """How many boosting rounds the user's predict uses, and why where not all: the
+    scikit-learn wrapper (an XGBModel, or a file it saved: its ``scikit_learn`` attribute)
+    predicts with the rounds up to ``best_iteration`` after early stopping; a Booster with
+    every round (``best_iteration`` kept, not applied: slice it to compile the best)."""
+    import xgboost as xgb
+
+    attrs = learner.get("attributes") or {}
+    best = attrs.get("best_iteration")
+    if best is None:
+        return rounds, None
+    try:
+        best = int(best)
+    except ValueError:
+        raise UnsupportedModelError(f"best_iteration {best!r} is not an integer") from None
+    if not 0 <= best < rounds:
+        raise UnsupportedModelError(f"best_iteration {best} is outside the model's {rounds} "
+                                    "rounds")
+    wrapper = isinstance(source, xgb.XGBModel) or (
+        not isinstance(source, xgb.Booster) and "scikit_learn" in attrs)
+    if wrapper:
+        return best + 1, (f"early stopping: the first {best + 1} of {rounds} rounds "
+                          f"(best_iteration {best}), as the scikit-learn wrapper's predict "
+                          "uses")
+    return rounds, (f"best_iteration {best} recorded, but Booster.predict uses all {rounds} "
+                    f"rounds: compiled all (compile booster[:{best + 1}] for the early-stopped "
+                    "model)")
+
+
 def to_ir(source) -> Ensemble:
     import xgboost as xgb
 
+    missing = _missing_of(source)
+    if not np.isnan(missing):
+        raise UnsupportedModelError(
+            f"the estimator reads {missing:g} as missing (XGBModel(missing={missing:g})): the "
+            "kernels read only NaN (null) as missing. Send that value as null and compile an "
+            "estimator with missing=NaN (set est.missing = float('nan'): the trees are the "
+            "same), or retrain on data with NaN for missing values")
     booster = load_booster(source)
     model = json.loads(booster.save_raw("json"))
     learner = model["learner"]
@@ -166,6 +223,13 @@ def to_ir(source) -> Ensemble:
     if indptr is None:
         per_round = n_outputs * int(gbm["gbtree_model_param"].get("num_parallel_tree", "1"))
         indptr = list(range(0, len(trees) + 1, per_round))
+    notes: list[str] = []
+    rounds, why = rounds_used(source, learner, len(indptr) - 1)
+    if why:
+        notes.append(why)
+    if rounds < len(indptr) - 1:  # early stopping: the trees of the rounds used
+        indptr = list(indptr[:rounds + 1])
+        trees, tree_group = trees[:indptr[-1]], tree_group[:indptr[-1]]
     n_features = int(param["num_feature"])
     names = list(learner.get("feature_names") or [f"f{i}" for i in range(n_features)])
     if len(names) != n_features:
@@ -182,7 +246,7 @@ def to_ir(source) -> Ensemble:
         tree_group=tree_group,
         unit_ptr=np.asarray(indptr, dtype=np.int64),
         n_outputs=n_outputs,
-        base=_base_margin(param["base_score"], base_how, n_outputs).astype(np.float64),
+        base=_base_margin(param["base_score"], base_how, n_outputs, notes).astype(np.float64),
         divisor=1.0,
         link=link,
         task=task,
@@ -194,13 +258,19 @@ def to_ir(source) -> Ensemble:
         objective=objective,
         source=f"xgboost {xgb.__version__}",
         kind="Booster",
+        notes=notes,
     )
 
 
 def reference_margin(source, X: np.ndarray) -> np.ndarray:
-    """XGBoost's own raw margin for X (used to verify a compiled model)."""
+    """XGBoost's own raw margin for X as the user's predict gives it (the estimator's
+    ``predict(output_margin=True)``: early stopping; a file saved by the scikit-learn wrapper
+    as that wrapper loads it; a Booster's every round), to verify a compiled model."""
     booster = load_booster(source)
-    out = booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32), predict_type="margin")
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    learner = json.loads(booster.save_raw("json"))["learner"]
+    rounds, _ = rounds_used(source, learner, booster.num_boosted_rounds())
+    out = booster.inplace_predict(X, predict_type="margin", iteration_range=(0, rounds))
     return np.asarray(out, dtype=np.float64).reshape(X.shape[0], -1)
 
 
