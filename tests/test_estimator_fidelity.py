@@ -174,3 +174,30 @@ def test_verify_holds_xgboost_to_the_bit(monkeypatch):
     with pytest.raises(UnsupportedModelError, match="promised bit for bit"):
         worker.compile_model(booster)
     assert json.loads(booster.save_raw("json"))  # (the booster itself is untouched)
+
+
+def test_histgradientboosting_categorical_skops_files_compile(tmp_path):
+    """scikit-learn 1.9's HistGradientBoosting with categorical_features saves a
+    functools.partial(check_array) that the allow-list refused (every such .skops file); a
+    partial of any other function is still refused by that function's name."""
+    import functools
+    import subprocess as sp
+
+    sio = pytest.importorskip("skops.io")
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 3))
+    X[:, 2] = rng.integers(0, 6, 600)
+    y = (X[:, 0] + (X[:, 2] == 3) > 0.5).astype(int)
+    est = HistGradientBoostingClassifier(max_iter=15, categorical_features=[2]).fit(X, y)
+    sio.dump(est, tmp_path / "hgb.skops")
+    model = worker.compile_model(tmp_path / "hgb.skops")
+    Xt = X.astype(np.float32)
+    Xt[::7, 2] = np.nan
+    np.testing.assert_allclose(model.predict_proba(Xt), est.predict_proba(Xt), rtol=0,
+                               atol=1e-12)
+    est.evil = functools.partial(sp.call, ["true"])
+    sio.dump(est, tmp_path / "evil.skops")
+    with pytest.raises(UnsupportedModelError, match="subprocess.call"):
+        worker.compile_model(tmp_path / "evil.skops")

@@ -25,6 +25,11 @@ from .ir import Ensemble, UnsupportedModelError
 SKOPS_TRUSTED = (
     "sklearn.tree._tree.Tree",
     "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
+    # HistGradientBoosting with categorical_features (scikit-learn 1.9): its preprocessor
+    # holds functools.partial(check_array, ...); skops names every function a partial holds,
+    # so a partial of anything else is still refused by that function's name
+    "functools.partial",
+    "sklearn.utils.validation.check_array",
 )
 
 
