@@ -201,3 +201,25 @@ def test_histgradientboosting_categorical_skops_files_compile(tmp_path):
     sio.dump(est, tmp_path / "evil.skops")
     with pytest.raises(UnsupportedModelError, match="subprocess.call"):
         worker.compile_model(tmp_path / "evil.skops")
+
+
+def test_certified_bounds_hold_a_float32_vote_above_one(tmp_path):
+    """A 30-tree ExtraTrees export to ONNX: the full vote, a float32 sum of 30 leaves of
+    1/30, is 1.0000003576 where every tree votes one class; score_hi was clipped to 1.0, so
+    2,286 of 20,000 rows stood above their bound (no decision changed)."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.ensemble import ExtraTreesClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 6)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(int)
+    est = ExtraTreesClassifier(n_estimators=30, random_state=0).fit(X, y)
+    onx = skl2onnx.to_onnx(est, X[:1], options={"zipmap": False})
+    (tmp_path / "et.onnx").write_bytes(onx.SerializeToString())
+    model = worker.compile_model(tmp_path / "et.onnx")
+    H = rng.normal(size=(20000, 6)).astype(np.float32)
+    full = model.score_batch(H, lazy="off", thresholds=[0.5])
+    assert full.score.max() > 1.0  # the case: a vote above one
+    r = model.score_batch(H, lazy="certified", thresholds=[0.5])
+    assert (r.score_lo <= full.score).all() and (full.score <= r.score_hi).all()
+    assert (r.decision == full.decision).all()

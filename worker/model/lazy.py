@@ -468,7 +468,9 @@ def score_lazy(target: Target, cols, lazy: str, thresholds=(0.5,), n_threads=Non
     lo, hi = score.copy(), score.copy()  # every unit ran: the bounds are the score itself
     if stopped.any():
         s_lo, s_hi = score_bounds(target, raw_lo[stopped], raw_hi[stopped])
-        prob = target.task != "regression" and target.link != "identity"
+        # a probability from a link lies in [0, 1]; a vote summed in float32 (an ONNX
+        # forest: 1.0000003576 seen) may pass 1, and a bound clipped there would not hold it
+        prob = target.task != "regression" and target.link not in ("identity", "vote")
         lo[stopped], hi[stopped] = _widen(s_lo, s_hi, prob)
     if lazy == "certified":  # the midpoint is inside the bounds up to link rounding
         score = np.where(stopped, np.clip(score, lo, hi), score)
