@@ -223,3 +223,14 @@ def test_certified_bounds_hold_a_float32_vote_above_one(tmp_path):
     r = model.score_batch(H, lazy="certified", thresholds=[0.5])
     assert (r.score_lo <= full.score).all() and (full.score <= r.score_hi).all()
     assert (r.decision == full.decision).all()
+
+
+def test_a_summed_catboost_model_is_refused_saying_why():
+    catboost = pytest.importorskip("catboost")
+    X, y = _data(seed=6)
+    X = np.nan_to_num(X)
+    a, b = (catboost.CatBoostClassifier(iterations=5, verbose=0, random_seed=s,
+                                        allow_writing_files=False).fit(X, y) for s in (1, 2))
+    with pytest.raises(UnsupportedModelError, match="records no loss_function .catboost"
+                                                    ".sum_models drops it."):
+        worker.compile_model(catboost.sum_models([a, b]))

@@ -165,6 +165,11 @@ def _to_ir(d: dict) -> Ensemble:
         raise UnsupportedModelError("a feature name twice")
     params = d.get("model_info", {}).get("params", {})
     loss = (params.get("loss_function", {}) or {}).get("type")
+    if loss is None:
+        raise UnsupportedModelError(
+            "the CatBoost model records no loss_function (catboost.sum_models drops it), so "
+            "the link that turns its sum into a score is unknown: refused rather than "
+            "guessed (compile the models apart, or a model trained whole)")
     if loss not in _OBJECTIVES:
         raise UnsupportedModelError(f"CatBoost loss_function {loss!r} is not supported "
                                     f"({', '.join(_OBJECTIVES)})")
