@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <malloc.h>  // malloc_trim (glibc)
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -31,7 +30,19 @@
 
 #include "simdjson.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim
+#endif
+
 namespace swjson {
+
+// The heap's free pages back to the system (glibc keeps freed memory below its mmap
+// threshold, which grows to 32 MB); nothing elsewhere.
+inline void trim_heap() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 using simdjson::error_code;
 namespace dom = simdjson::dom;
@@ -154,7 +165,7 @@ struct Out {
         std::vector<int64_t>().swap(cat_at);
         std::vector<int32_t>().swap(cat_ends);
         std::string().swap(cat_bytes);
-        malloc_trim(0);
+        trim_heap();
     }
 
     void count_unseen(int slot) {
@@ -314,7 +325,7 @@ public:
             // copy, ten bytes a byte of the message, for the rest of the run)
             parser_ = dom::parser();
             error_code err = parser_.allocate(1 << 16, max_depth_);
-            malloc_trim(0);
+            trim_heap();
             if (err && !rc) return json_error(out, err, "");
         }
         return rc;

@@ -194,14 +194,15 @@ class Pipeline:
         # the largest message (value, key, headers) the sink's topics take, if it says
         self.max_out_bytes = self.max_dead_bytes = self.max_shadow_bytes = None
         self.shadow: Shadow | None = None
-        self.row_cost = self._row_cost()
+        self.row_cost, self.id_factor = self._costs()
 
-    def _row_cost(self) -> int:
+    def _costs(self) -> tuple[int, int]:
         """What scoring a row and writing its output take beyond its decoded size (which the
         format counts): the score result and its copies, the attributions of an explained
         row (every output's, float64), and the output held twice while it is written (the
         C or Arrow writer's buffer, then the value); and so again for a shadow model. A
-        message counts these against the message byte limit before it is scored."""
+        message counts these against the message byte limit before it is scored. And the
+        bytes written a byte of string ids (``Message.id_bytes``)."""
         ex = self.scoring.explain
         k = min(ex.top_k, self.model.n_features) if ex is not None else 0
 
@@ -212,19 +213,18 @@ class Pipeline:
                     4 * model.n_features + 8 * k + 16
             return work + 2 * output.row_bytes(k)
 
-        cost = one(self.model, self.output)
-        self.id_factor = self.output.id_factor  # bytes a byte of string ids (Message.id_bytes)
+        cost, ids = one(self.model, self.output), self.output.id_factor
         if self.shadow is not None:
             cost += one(self.shadow.model, self.shadow.output)
-            self.id_factor += self.shadow.output.id_factor
-        return cost
+            ids += self.shadow.output.id_factor
+        return cost, ids
 
     def set_shadow(self, model: CompiledModel | None, topic: str | None) -> None:
         """Score ``model`` beside the live one (None: stop). It must read only features the
         live model reads (they are the columns decoded)."""
         if model is None:
             self.shadow = None
-            self.row_cost = self._row_cost()
+            self.row_cost, self.id_factor = self._costs()
             return
         missing = [f for f in model.feature_names if f not in set(self.model.feature_names)]
         if missing:
@@ -239,7 +239,7 @@ class Pipeline:
                               ("model_id", model.model_id.encode()), ("role", b"shadow")],
                              list(model.feature_names) == list(self.model.feature_names)
                              and not own, own)
-        self.row_cost = self._row_cost()
+        self.row_cost, self.id_factor = self._costs()
 
     def with_model(self, model: CompiledModel, settings: Settings) -> Pipeline:
         """The same pipeline around another model (a hot swap): what it learned of the
@@ -417,7 +417,7 @@ class Pipeline:
     def _dead(self, out: _Batch, rec: Record, err: InvalidMessage) -> None:
         out.dead.append(self.dead_letter(rec, err))
         out.stats.dead[err.code] += 1
-        if getattr(err, "feature", None):
+        if err.feature:
             out.stats.features[(f"refused:{err.kind}", err.feature)] += 1
 
     def _record(self, rec: Record, value: bytes) -> Record | InvalidMessage:
