@@ -172,7 +172,9 @@ def case_serve(clf, model):
     return f"serve, only amount of 4 features: {status} ({what})"
 
 
-_PEAK = r'''
+# both children: the process's memory, and a JSON pipeline whose features (and id) an event
+# may leave out (a version without optional fields read absent keys as missing anyway)
+_CHILD_HEAD = r'''
 import sys
 def kb(field):
     for line in open("/proc/self/status"):
@@ -183,23 +185,21 @@ from worker.config import load_settings
 from worker.io.records import Record
 from worker.pipeline import Pipeline
 model = worker.load_model(sys.argv[1])
-names = model.feature_names
 sc = {"id_column": "txn_id", "threads": 1}
 if sys.argv[2] == "1":
     sc["explain"] = {"method": "treeshap", "top_k": 3, "min_score": 0.0}
-fields = {f: {"optional": True} for f in [*names, "txn_id"]}
+kw = dict(scoring=sc, model={"path": sys.argv[1]}, delivery={"memory_budget_mb": int(sys.argv[3])},
+          sink={"type": "file", "path": "o", "format": "json"})
+fields = {f: {"optional": True} for f in [*model.feature_names, "txn_id"]}
 try:
-    settings = load_settings(None, scoring=sc, model={"path": sys.argv[1]},
-                             delivery={"memory_budget_mb": 256},
-                             source={"type": "file", "path": "x", "format": "json",
-                                     "fields": fields},
-                             sink={"type": "file", "path": "o", "format": "json"})
-except Exception:  # a version without optional fields: absent keys were missing anyway
-    settings = load_settings(None, scoring=sc, model={"path": sys.argv[1]},
-                             delivery={"memory_budget_mb": 256},
-                             source={"type": "file", "path": "x", "format": "json"},
-                             sink={"type": "file", "path": "o", "format": "json"})
+    settings = load_settings(None, source={"type": "file", "path": "x", "format": "json",
+                                           "fields": fields}, **kw)
+except Exception:
+    settings = load_settings(None, source={"type": "file", "path": "x", "format": "json"}, **kw)
 pipe = Pipeline(model, settings, "out")
+'''
+
+_PEAK = _CHILD_HEAD + r'''
 value = b"[" + b"{}," * 699_049 + b"{}]"
 rec = Record("in", 0, 0, None, value, 0, [])
 outs, dead, _ = pipe.process([(rec, pipe.decode(rec))])
@@ -207,26 +207,7 @@ print(len(outs), [dict(d.headers)["error_code"].decode() for d in dead],
       (kb("VmHWM:") - kb("RssFile:")) >> 10)
 '''
 
-_RESIDENT = r'''
-import sys
-def kb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1])
-import worker
-from worker.config import load_settings
-from worker.io.records import Record
-from worker.pipeline import Pipeline
-model = worker.load_model(sys.argv[1])
-fields = {f: {"optional": True} for f in [*model.feature_names, "txn_id"]}
-kw = dict(scoring={"id_column": "txn_id", "threads": 1}, model={"path": sys.argv[1]},
-          sink={"type": "file", "path": "o", "format": "json"})
-try:
-    settings = load_settings(None, source={"type": "file", "path": "x", "format": "json",
-                                           "fields": fields}, **kw)
-except Exception:
-    settings = load_settings(None, source={"type": "file", "path": "x", "format": "json"}, **kw)
-pipe = Pipeline(model, settings, "out")
+_RESIDENT = _CHILD_HEAD + r'''
 small = Record("in", 0, 0, None, b'{"txn_id": 1}', 0, [])
 for _ in range(3):
     pipe.process([(small, pipe.decode(small))])
@@ -245,11 +226,13 @@ def case_memory(clf, model):
     model.save(d / "fraud.model")
     out = []
     for explain in ("0", "1"):
-        got = subprocess.run([sys.executable, "-c", _PEAK, str(d / "fraud.model"), explain],
+        got = subprocess.run([sys.executable, "-c", _PEAK, str(d / "fraud.model"), explain,
+                              "256"],
                              capture_output=True, text=True, check=True).stdout.split()
         out.append(f"{'with' if explain == '1' else 'without'} reason codes: "
                    f"{' '.join(got[:-1])} peak {got[-1]} MB")
-    got = subprocess.run([sys.executable, "-c", _RESIDENT, str(d / "fraud.model")],
+    got = subprocess.run([sys.executable, "-c", _RESIDENT, str(d / "fraud.model"), "0",
+                          "1024"],
                          capture_output=True, text=True, check=True).stdout.split()
     return ("2 MB JSON message of 699,050 {} under a 256 MB budget (outputs, dead letters, "
             "peak anonymous memory): " + "; ".join(out) +
