@@ -835,3 +835,26 @@ def test_score_reads_a_parquet_files_categories_by_name_and_refuses_codes(fraud,
                                     "--input", str(tmp_path / "codes.parquet"), "--output",
                                     str(tmp_path / "o2.arrow")])
     assert run.exit_code != 0 and "knows it by its category names" in run.output
+
+
+def test_the_native_bounds_at_their_edges():
+    """cast: number reads up to CAST_MAX (1,024) characters and refuses one more; a JSON
+    reader's max_depth is 1 to 1,024 (simdjson's buffers take a slot a level)."""
+    from types import SimpleNamespace
+
+    from worker import _eventread
+
+    model = SimpleNamespace(feature_names=["a"], categories={})
+    cast = input_format("json", model, None, None, 1 << 20, {"a": {"cast": "number"}})
+    at = "1." + "0" * 1021 + "1"
+    assert len(at) == 1024
+    assert cast.decode(json.dumps({"a": at}).encode()).data.X.tolist() == [[1.0]]
+    with pytest.raises(InvalidMessage) as e:
+        cast.decode(json.dumps({"a": at + "0"}).encode())
+    assert e.value.code == "cast_failed"
+    for depth, ok in ((1, True), (1024, True), (1025, False)):
+        if ok:
+            _eventread.JsonReader([["a"]], None, {}, ["a"], 0, 1 << 20, depth)
+        else:
+            with pytest.raises(ValueError, match="max_depth"):
+                _eventread.JsonReader([["a"]], None, {}, ["a"], 0, 1 << 20, depth)
