@@ -451,13 +451,142 @@ def test_a_node_that_reads_past_the_input_is_refused():
         worker.compile_model(m)
 
 
-def test_a_tree_with_a_cycle_or_two_parents_is_refused():
+def test_a_tree_with_a_cycle_is_refused():
     m = _node_model(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT"], (0, 0, 0), [0.5, -1.25, 1e-3])
     for a in m.graph.node[0].attribute:
         if a.name == "nodes_falsenodeids":
-            a.ints[1] = 3  # node 3 reached from both sides of node 1
-    with pytest.raises(UnsupportedModelError, match="two parents|not one tree"):
+            a.ints[1] = 0  # node 1's false side leads back to the root
+    with pytest.raises(UnsupportedModelError, match="node 0 is on a cycle"):
         worker.compile_model(m)
+
+
+def _one_tree(rows, leaves):
+    """A regressor of one tree on two features: ``rows`` (id, mode, feature, value, true id,
+    false id, tracks) and ``leaves`` (id, weight)."""
+    ids, modes, feats, vals, true_ids, false_ids, trk = (list(c) for c in zip(*rows,
+                                                                              strict=True))
+    node = helper.make_node(
+        "TreeEnsembleRegressor", ["X"], ["y"], domain="ai.onnx.ml", n_targets=1,
+        nodes_treeids=[0] * len(ids), nodes_nodeids=ids, nodes_featureids=feats,
+        nodes_modes=modes, nodes_values=vals, nodes_truenodeids=true_ids,
+        nodes_falsenodeids=false_ids, nodes_missing_value_tracks_true=trk,
+        target_treeids=[0] * len(leaves), target_nodeids=[n for n, _ in leaves],
+        target_ids=[0] * len(leaves), target_weights=[w for _, w in leaves])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3),
+                                                helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("mode", ["BRANCH_LT", "BRANCH_EQ", "BRANCH_NEQ"])
+def test_a_node_with_two_parents_is_emitted_once_per_path_as_onnx_runtime_reads_it(mode):
+    from worker.model import onnx_loader
+
+    # leaf 2 is the true side of the root and of node 1 (ONNX Runtime shares true sides only)
+    m = _one_tree([(0, "BRANCH_LEQ", 0, 0.5, 2, 1, 1), (1, mode, 1, -1.25, 2, 3, 0),
+                   (2, "LEAF", 0, 0.0, 0, 0, 0), (3, "LEAF", 0, 0.0, 0, 0, 0)],
+                  [(2, 0.25), (3, -1.5)])
+    compiled = worker.compile_model(m)
+    X = _hostile_2([0.5, -1.25])
+    got = compiled.raw(X, n_threads=1).astype(np.float32)
+    np.testing.assert_array_equal(got, onnx_loader.reference(m, X).astype(np.float32))
+    assert len(np.unique(got)) == 2
+
+
+def _eq_chain_model(values, tracks, true_leaf=0.75, tail=None):
+    """One tree: BRANCH_EQ on feature 0 at each of ``values`` in a chain (each false side the
+    next test), every true side the same leaf (onnxmltools' LightGBM categorical export); the
+    chain's end splits feature 1 at 0.5 (or is a leaf: ``tail``)."""
+    k = len(values)
+    rows = [(j, "BRANCH_EQ", 0, float(v), k, j + 1, int(t))
+            for j, (v, t) in enumerate(zip(values, tracks, strict=True))]
+    rows[-1] = rows[-1][:5] + (k + 1, rows[-1][6])
+    rows.append((k, "LEAF", 0, 0.0, 0, 0, 0))
+    leaves = [(k, true_leaf)]
+    if tail is None:  # node k + 1: x1 <= 0.5 -> k + 2 (-1.0), else k + 3 (2.0)
+        rows += [(k + 1, "BRANCH_LEQ", 1, 0.5, k + 2, k + 3, 0),
+                 (k + 2, "LEAF", 0, 0.0, 0, 0, 0), (k + 3, "LEAF", 0, 0.0, 0, 0, 0)]
+        leaves += [(k + 2, -1.0), (k + 3, 2.0)]
+    else:
+        rows.append((k + 1, "LEAF", 0, 0.0, 0, 0, 0))
+        leaves.append((k + 1, tail))
+    return _one_tree(rows, leaves)
+
+
+@pytest.mark.parametrize("values,tracks", [
+    ([1.0, 3.0, 7.0, 9.0], (0, 0, 0, 0)),
+    ([1.0, 3.0, 7.0, 9.0], (0, 0, 1, 0)),  # one merged run: only its first test's track
+    ([1.0, 3.0, 7.0, 9.0], (1, 0, 0, 0)),
+    ([0.0, 20.0, 21.0, 10.0, 31.0], (0, 1, 0, 1, 1)),  # 0 stands alone; the run from 20
+    ([5.0, 100.0, 7.0, 40.0], (0, 0, 1, 0)),  # 100 breaks the run: 7 starts another
+    ([18.0, 32.0, 33.0], (0, 1, 1)),  # 32 merges, 33 does not
+    ([9.0, 0.0, 2.0, 1.0, 3.0], (1, 0, 0, 0, 0)),  # unsorted, adjacent, zero
+    ([0.1, 0.5, 2.0], (0, 0, 0)),  # 0.1 is a float32 value here (the float attribute)
+    ([3.0, 3.0, -2.5, np.inf], (0, 0, 0, 1)),  # a repeated value, a negative one, +inf
+])
+def test_a_chain_of_equality_tests_sharing_one_subtree_matches_onnx_runtime(values, tracks):
+    from worker.model import onnx_loader
+
+    m = _eq_chain_model(values, tracks)
+    compiled = worker.compile_model(m)
+    X = _hostile_2(values + [0.5, 0.25, 12.0, 1.5, -0.0, 32.0, 64.0, 2.0 ** 31, 2.0 ** 32])
+    got = compiled.raw(X, n_threads=1).astype(np.float32)
+    want = onnx_loader.reference(m, X).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(want)) >= 3  # the rows reach every side
+
+
+def test_a_long_equality_chain_unfolds_in_linear_size():
+    from worker.model import onnx_loader
+
+    values = [float(v) for v in range(0, 400, 3)]  # 134 categories, one subtree each side
+    m = _eq_chain_model(values, [0] * len(values))
+    ens = onnx_loader.to_ir(m)
+    assert ens.trees[0].feature.size < 16 * len(values)  # two EQ nodes a value would be 2^134
+    compiled = worker.compile_model(m)
+    X = _hostile_2(values[:40] + [0.5, 1.0, 401.0])
+    np.testing.assert_array_equal(compiled.raw(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference(m, X).astype(np.float32))
+
+
+def test_onnxmltools_lightgbm_categorical_export_matches_lightgbm_and_onnx_runtime(tmp_path):
+    """onnxmltools writes a LightGBM categorical split as a chain of BRANCH_EQ nodes whose
+    true sides share one subtree (refused as "node 3 has two parents" before)."""
+    import lightgbm as lgb
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    rng = np.random.default_rng(3)
+    n = 4000
+    X = rng.normal(size=(n, 3)).astype(np.float32)
+    X[:, 2] = rng.integers(0, 12, n)
+    y = ((X[:, 0] > 0) ^ np.isin(X[:, 2], [1, 3, 7, 9])).astype(int)
+    clf = lgb.LGBMClassifier(n_estimators=20, num_leaves=8, verbose=-1, min_child_samples=5)
+    clf.fit(X, y, categorical_feature=[2])
+    onx = onnxmltools.convert_lightgbm(clf, initial_types=[("X", FloatTensorType([None, 3]))],
+                                       zipmap=False)
+    path = tmp_path / "lgb-categorical.onnx"
+    path.write_bytes(onx.SerializeToString())
+    compiled = worker.compile_model(path)
+    cats = np.arange(-1, 14, dtype=np.float32)
+    near = np.concatenate([cats, np.nextafter(cats, np.float32(np.inf)),
+                           np.nextafter(cats, np.float32(-np.inf)), [np.nan, 0.5, 1e9]])
+    Xh = np.repeat(X[:200], len(near), axis=0)
+    Xh[:, 2] = np.tile(near, 200).astype(np.float32)
+    Xh[::7, 0] = np.nan
+    from worker.model import onnx_loader
+
+    # margins bit for bit, probabilities within ONNX Runtime's float32 logistic (README)
+    np.testing.assert_array_equal(
+        compiled.raw(Xh, n_threads=1).ravel().astype(np.float32),
+        onnx_loader.reference(onx, Xh, raw=True).ravel().astype(np.float32))
+    got = compiled.predict_proba(Xh, n_threads=1)
+    np.testing.assert_allclose(got, _ort_full(onx, Xh), rtol=0, atol=3e-7)
+    whole = np.isin(Xh[:, 2], np.arange(0, 12)) & ~np.isnan(Xh[:, 0])
+    np.testing.assert_allclose(got[whole, 1], clf.predict_proba(Xh[whole])[:, 1], atol=1e-6)
 
 
 # ---- the command line: ONNX compiled; files it does not read named for what they are ----
