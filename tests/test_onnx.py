@@ -257,7 +257,8 @@ def test_aggregations_transforms_and_base_values_match_onnx_runtime(options):
         for a in m.graph.node[0].attribute:
             if a.name == "class_weights":
                 a.floats[:] = [abs(w) for w in a.floats]
-    compiled = worker.compile_model(m)
+    # a double model with a threshold between float32s (1e-3): scored for float32 inputs
+    compiled = worker.compile_model(m, float32_inputs=options.get("double", False))
     X = _hostile_2(values)
     ours = compiled.predict_proba(X, n_threads=1) if compiled.task != "regression" \
         else compiled.predict(X, n_threads=1).reshape(-1, 1)
@@ -354,7 +355,7 @@ def test_min_and_max_with_base_values_and_double_attributes_match_onnx_runtime(a
     for base in (None, [0.1]):
         m = _node_model(("BRANCH_LEQ", "BRANCH_EQ", "BRANCH_GT"), (0, 1, 0), values,
                         aggregate=agg, base=base, double=double)
-        compiled = worker.compile_model(m)
+        compiled = worker.compile_model(m, float32_inputs=double)
         X = _hostile_2(values)
         ref = onnx_loader.reference(m, X).reshape(-1)
         np.testing.assert_array_equal(compiled.predict(X, n_threads=1).astype(np.float32),
@@ -587,6 +588,60 @@ def test_onnxmltools_lightgbm_categorical_export_matches_lightgbm_and_onnx_runti
     np.testing.assert_allclose(got, _ort_full(onx, Xh), rtol=0, atol=3e-7)
     whole = np.isin(Xh[:, 2], np.arange(0, 12)) & ~np.isnan(Xh[:, 0])
     np.testing.assert_allclose(got[whole, 1], clf.predict_proba(Xh[whole])[:, 1], atol=1e-6)
+
+
+def _double(m, values=(0.1, -1.25)):
+    """``m`` (from _one_tree) on a double input, its thresholds double tensors (as written)."""
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    node = m.graph.node[0]
+    old = next(a for a in node.attribute if a.name == "nodes_values")
+    vals = [values[0] if v == np.float32(values[0]) else values[1] if
+            v == np.float32(values[1]) else float(v) for v in old.floats]
+    node.attribute.remove(old)
+    node.attribute.append(helper.make_attribute("nodes_values_as_tensor", helper.make_tensor(
+        "nodes_values", TensorProto.DOUBLE, [len(vals)], vals)))
+
+
+def test_a_double_input_with_thresholds_between_float32s_is_refused_naming_the_way_out(tmp_path):
+    """Issue 49: a threshold of 0.1 on a double input: ONNX Runtime sends 0.1 and
+    0.09999999999 left, 0.1000000001 right; staged as float32 all three went right. Refused
+    by name; accepted with float32_inputs (exact for inputs that are float32 values)."""
+    from worker.model import onnx_loader
+
+    m = _one_tree([(0, "BRANCH_LEQ", 0, 0.1, 1, 2, 0), (1, "LEAF", 0, 0.0, 0, 0, 0),
+                   (2, "LEAF", 0, 0.0, 0, 0, 0)], [(1, -1.0), (2, 1.0)])
+    _double(m)
+    rows = np.array([[0.1, 0.0], [0.1000000001, 0.0], [0.09999999999, 0.0]])
+    assert _ort_full(m, rows).ravel().tolist() == [-1.0, 1.0, -1.0]
+    with pytest.raises(UnsupportedModelError, match=r"1 of 1 thresholds between two float32 "
+                       r"values \(e.g. 0.1\).*FloatTensorType.*--float32-inputs"):
+        worker.compile_model(m)
+    path = tmp_path / "double.onnx"
+    path.write_bytes(m.SerializeToString())
+    refused = _cli("compile", path, "-o", tmp_path / "double.model")
+    assert refused.returncode == 1 and "--float32-inputs" in refused.stderr
+    took = _cli("compile", path, "-o", tmp_path / "double.model", "--float32-inputs")
+    assert took.returncode == 0, took.stderr
+    compiled = worker.load_model(tmp_path / "double.model")
+    assert any("between two float32 values" in n for n in compiled.meta["notes"])
+    X = _hostile_2([0.1])
+    np.testing.assert_array_equal(compiled.predict(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference_full(m, X).ravel().astype(np.float32))
+
+
+def test_a_double_input_whose_thresholds_are_float32_values_compiles_as_is():
+    from worker.model import onnx_loader
+
+    m = _one_tree([(0, "BRANCH_LEQ", 0, float(np.float32(0.1)), 1, 2, 0),
+                   (1, "BRANCH_LT", 1, -1.25, 3, 4, 1), (2, "LEAF", 0, 0.0, 0, 0, 0),
+                   (3, "LEAF", 0, 0.0, 0, 0, 0), (4, "LEAF", 0, 0.0, 0, 0, 0)],
+                  [(2, 1.0), (3, -1.0), (4, 0.5)])
+    _double(m, (float(np.float32(0.1)), -1.25))
+    compiled = worker.compile_model(m)
+    assert any("every threshold a float32 value" in n for n in compiled.meta["notes"])
+    X = _hostile_2([np.float32(0.1), -1.25])
+    np.testing.assert_array_equal(compiled.predict(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference_full(m, X).ravel().astype(np.float32))
 
 
 # ---- the command line: ONNX compiled; files it does not read named for what they are ----

@@ -255,7 +255,7 @@ def test_double_thresholds_and_members_on_a_double_input(tmp_path):
     model = _member_model(sets, (1, 0), double=True, extra_leq=0.1)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    compiled = worker.compile_model(path)
+    compiled = worker.compile_model(path, float32_inputs=True)  # 0.1: rows are float32s
     X = _member_rows(sets, n=800, seed=3)
     np.testing.assert_array_equal(_ours(compiled, X), _ort(model, X.astype(np.float64)))
 
@@ -388,8 +388,11 @@ def test_crafted_opset_5_attributes_are_refused_or_exact(tmp_path):
         except UnsupportedModelError:
             return
         ref = _ort(model, X)
-        np.testing.assert_array_equal(_ours(compiled, X).astype(np.float32)[:, :ref.shape[1]],
-                                      ref.astype(np.float32))
+        ours = _ours(compiled, X)[:, :ref.shape[1]]
+        if compiled.task == "multiclass":  # softmax: within ONNX Runtime's float32 (README)
+            np.testing.assert_allclose(ours, ref, rtol=0, atol=3e-7)
+        else:
+            np.testing.assert_array_equal(ours.astype(np.float32), ref.astype(np.float32))
 
     run()
 

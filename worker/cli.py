@@ -172,7 +172,12 @@ def check_cmd(config_path, sample_path, model_path) -> None:
               help="Full-evaluation kernel; auto: measured with the layout.")
 @click.option("--trust-pickle", is_flag=True,
               help="Allow a joblib/pickle source: loading one runs code from the file.")
-def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle: bool) -> None:
+@click.option("--float32-inputs", is_flag=True,
+              help="Accept an ONNX model with a double input whose thresholds are not float32 "
+                   "values: exact for inputs that are float32 values (the worker stages "
+                   "float32).")
+def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle: bool,
+                float32_inputs: bool) -> None:
     """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb) or a
     scikit-learn estimator file (.skops, read with an allow-list of tree-ensemble types;
     joblib/pickle only with --trust-pickle) into a data-only model artifact."""
@@ -186,7 +191,8 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
         click.echo(f"warning: --trust-pickle: loading {source} runs code from the file",
                    err=True)
     try:
-        model = compile_model(source, layout=layout, trust_pickle=trust_pickle, kernel=kernel)
+        model = compile_model(source, layout=layout, trust_pickle=trust_pickle, kernel=kernel,
+                              float32_inputs=float32_inputs)
     except UnsupportedModelError as exc:
         raise click.ClickException(f"cannot compile {source}: {exc}") from None
     except ValueError as exc:  # e.g. a forced layout or kernel the model cannot take

@@ -106,7 +106,7 @@ def _library_source(source) -> bool:
         lightgbm_loader.is_lightgbm_source(source) or onnx_loader.is_onnx_source(source)
 
 
-def to_ir(source, trust_pickle: bool = False) -> Ensemble:
+def to_ir(source, trust_pickle: bool = False, float32_inputs: bool = False) -> Ensemble:
     if catboost_loader.is_catboost_source(source):  # before XGBoost: both export .json
         ens = catboost_loader.to_ir(source)
     elif xgboost_loader.is_xgboost_source(source):
@@ -114,7 +114,7 @@ def to_ir(source, trust_pickle: bool = False) -> Ensemble:
     elif lightgbm_loader.is_lightgbm_source(source):
         ens = lightgbm_loader.to_ir(source)
     elif onnx_loader.is_onnx_source(source):
-        ens = onnx_loader.to_ir(source)
+        ens = onnx_loader.to_ir(source, float32_inputs)
     elif isinstance(source, (str, Path)):
         path = Path(source)
         if not path.exists():
@@ -217,10 +217,14 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512,
 
 
 def compile_model(source, layout: str = "auto", check: bool = True,
-                  trust_pickle: bool = False, kernel: str = "auto") -> CompiledModel:
+                  trust_pickle: bool = False, kernel: str = "auto",
+                  float32_inputs: bool = False) -> CompiledModel:
     """XGBoost Booster/XGBModel/.json/.ubj, LightGBM Booster/LGBMModel/model text file (.txt,
     .lgb), a fitted scikit-learn estimator, or a file of one (.skops; joblib/pickle only with
     ``trust_pickle``: loading those runs code).
+
+    ``float32_inputs``: accept an ONNX model with a double input whose thresholds are not
+    float32 values, exact for inputs that are float32 values (onnx_loader._double_input).
 
     ``layout`` (auto, padded, compact) and ``kernel`` (auto, walk, quickscorer): "auto" times
     every candidate the model allows on probe rows and keeps the fastest (worker/model/
@@ -231,7 +235,7 @@ def compile_model(source, layout: str = "auto", check: bool = True,
         if not path.exists():
             raise FileNotFoundError(f"model source {path} does not exist")
         source = _read_estimator(path, trust_pickle)  # read once, verified against itself
-    ens = to_ir(source)
+    ens = to_ir(source, float32_inputs=float32_inputs)
     model = chosen(ens, layout, kernel)
     probe = threshold_rows(ens) if check else None
     if check and verify(model, source, probe=probe) != 0.0 and ens.accumulate == "float32":

@@ -487,11 +487,14 @@ def _int_array(attrs: dict, key: str, n: int | None = None) -> np.ndarray:
     return v
 
 
-def to_ir(source) -> Ensemble:
+def to_ir(source, float32_inputs: bool = False) -> Ensemble:
+    """``float32_inputs``: accept a model with a double input whose thresholds are not all
+    float32 values, scored as ONNX Runtime scores inputs that are float32 values (the worker
+    stages every value as float32); refused without it (``_double_input``)."""
     model = read(source)
     node = tree_node(model)
     try:
-        return _to_ir(model, node)
+        return _to_ir(model, node, float32_inputs)
     except UnsupportedModelError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
@@ -501,7 +504,7 @@ def to_ir(source) -> Ensemble:
                                     "process's memory") from None
 
 
-def _to_ir(model, node) -> Ensemble:
+def _to_ir(model, node, float32_inputs: bool = False) -> Ensemble:
     if node.op_type == "TreeEnsemble":
         a, classifier, labels5, members = _from_opset5(node)
     else:
@@ -679,6 +682,9 @@ def _to_ir(model, node) -> Ensemble:
     double_input = _input_type(model, node) == TensorProto.DOUBLE
     if a["_double"] and not double_input:
         raise UnsupportedModelError("double attributes (*_as_tensor) with a float input")
+    notes = [f"exported by {model.producer_name} {model.producer_version}".strip()]
+    if double_input:
+        notes.append(_double_input(modes, values, float32_inputs))
     return Ensemble(
         trees=trees,
         tree_group=np.asarray(groups, dtype=np.int32),
@@ -696,8 +702,35 @@ def _to_ir(model, node) -> Ensemble:
         objective=f"{agg.lower()}/{post.lower()}",
         source=f"onnx {node.op_type} (ai.onnx.ml opset {opset})",
         kind=node.op_type,
-        notes=[f"exported by {model.producer_name} {model.producer_version}".strip()],
+        notes=notes,
     )
+
+
+def _double_input(modes, values, float32_inputs: bool) -> str:
+    """A double input: ONNX Runtime compares the double value with the double threshold, and
+    the worker stages every value as float32. Where every threshold is a float32 value the
+    two agree on every float32 input and on a double one unless it lies within half a float32
+    step above a threshold; a threshold between two float32 values (skl2onnx's
+    DoubleTensorType export of scikit-learn's midpoints) sends the inputs equal to it, and
+    the doubles just above it, the other way: refused by name unless ``float32_inputs``."""
+    thr = np.asarray([v for m, v in zip(modes, values, strict=True)
+                      if m not in ("LEAF", "BRANCH_MEMBER")], dtype=np.float64)
+    with np.errstate(over="ignore"):
+        off = thr[np.isfinite(thr) & (thr.astype(np.float32).astype(np.float64) != thr)]
+    if off.size and not float32_inputs:
+        raise UnsupportedModelError(
+            f"a double input with {off.size} of {thr.size} thresholds between two float32 "
+            f"values (e.g. {float(off[0])!r}): ONNX Runtime compares the double input with them, "
+            "the worker stages every input as float32, so an input equal to such a threshold "
+            "goes the other way. Export with a float input (skl2onnx's FloatTensorType, its "
+            "default: the trees scikit-learn itself predicts with), or compile with "
+            "--float32-inputs (Python: float32_inputs=True) to accept ONNX Runtime's scores "
+            "for inputs that are float32 values")
+    return (f"double input staged as float32: {off.size} of {thr.size} thresholds between "
+            "two float32 values (accepted with float32_inputs), exact for inputs that are "
+            "float32 values" if off.size else
+            "double input staged as float32: every threshold a float32 value, exact for "
+            "float32 inputs and for doubles not within half a float32 step above a threshold")
 
 
 def _check_min_max(agg: str, modes, tree_ids, node_ids, weights: dict) -> None:
