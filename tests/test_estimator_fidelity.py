@@ -234,3 +234,44 @@ def test_a_summed_catboost_model_is_refused_saying_why():
     with pytest.raises(UnsupportedModelError, match="records no loss_function .catboost"
                                                     ".sum_models drops it."):
         worker.compile_model(catboost.sum_models([a, b]))
+
+
+# ---- verify holds each library to what the README promises (not an absolute 1e-5) -------------
+
+def _nudged(model, rel):
+    """``model`` with every leaf value moved by ``rel`` of itself (a compile bug's size)."""
+    arrays = dict(model.arrays)
+    for key in ("leaves", "leaf_min", "leaf_max"):  # the bounds scale with the leaves
+        arrays[key] = model.arrays[key] * (1.0 + rel)
+    return worker.CompiledModel(model.meta, arrays, kernel=model.kernel)
+
+
+def test_verify_holds_lightgbm_to_the_bit_and_scales_with_the_output():
+    import lightgbm as lgb
+
+    from worker.model.compile import verify
+
+    X, y = _data()
+    booster = lgb.LGBMRegressor(n_estimators=20, verbose=-1).fit(X, y * 1e6).booster_
+    model = worker.compile_model(booster)
+    assert verify(model, booster) == 0.0
+    # one part in 1e12 of outputs near 1e6: 1e-6 absolute, inside the old 1e-5, now refused
+    with pytest.raises(UnsupportedModelError, match="promised bit for bit"):
+        verify(_nudged(model, 1e-12), booster)
+
+
+def test_verify_holds_catboost_and_scikit_learn_to_float64_ulps():
+    catboost = pytest.importorskip("catboost")
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    from worker.model.compile import verify
+
+    X, y = _data()
+    X = np.nan_to_num(X)
+    cb = catboost.CatBoostRegressor(iterations=20, depth=4, verbose=0).fit(X, y)
+    gb = GradientBoostingRegressor(n_estimators=20).fit(X, y)
+    for est, promise in ((cb, "16 float64 ulps"), (gb, "16 float64 ulps")):
+        model = worker.compile_model(est)
+        assert verify(model, est) <= 2.0 ** -44
+        with pytest.raises(UnsupportedModelError, match=promise):
+            verify(_nudged(model, 1e-9), est)
