@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain \
+.PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain fidelity \
 	bench-categorical bench-tls bench-serve bench-runtimes golden clean \
 	broker-start \
 	broker-stop fuzz soak chaos
@@ -127,3 +127,8 @@ broker-stop:
 
 clean:
 	rm -rf build $(VENV) cyext/*.c worker/*.so *.egg-info
+
+# the differential matrix (issue 49): every library's models in many configurations against
+# the library's own predict on hostile rows -> bench/FIDELITY.md (make test runs --quick)
+fidelity: build
+	$(PY) bench/fidelity.py
