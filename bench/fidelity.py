@@ -57,20 +57,20 @@ def hostile(ens, n=3000, seed=1, nan=True, inf=True) -> np.ndarray:
 
 
 def ulps(a: np.ndarray, b: np.ndarray) -> int:
-    """The largest difference in units in the last place at the outputs' scale (the ulp of
-    the largest finite output, at least 1: what verify holds each library to), of float32
-    when both are float32 values, else of float64; NaN equal to NaN, inf to the same inf."""
+    """The largest difference in units in the last place, each output against the ulp of
+    its own magnitude (at least 1: what verify holds each library to), of float32 when both
+    are float32 values, else of float64; NaN equal to NaN, inf to the same inf."""
     a, b = np.asarray(a), np.asarray(b)
     t = np.float32 if a.dtype == np.float32 and b.dtype == np.float32 else np.float64
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     if same.all():
         return 0
-    if not np.isfinite(a[~same]).all() or not np.isfinite(b[~same]).all():
+    a, b = a[~same], b[~same]
+    if not np.isfinite(a).all() or not np.isfinite(b).all():
         return 1 << 62  # NaN or inf against a number
-    finite = np.abs(b[np.isfinite(b)])
-    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
-    return int(np.ceil(np.max(np.abs(a[~same] - b[~same])) / float(np.spacing(t(scale)))))
+    unit = np.spacing(np.maximum(1.0, np.abs(b)).astype(t)).astype(np.float64)
+    return int(np.ceil(np.max(np.abs(a - b) / unit)))
 
 
 # ---- configurations: (library, name, build) -> build() returns (source, reference(X)) ------
@@ -440,8 +440,8 @@ def main() -> int:
             "estimator, or the file it saved), then scored beside the library's own predict "
             "on hostile rows: thresholds and their float32 neighbours, zeros, +-inf, NaN "
             "(scikit-learn refuses +-inf: +-FLT_MAX for it; GradientBoosting refuses NaN). "
-            "max ulp: the largest difference in units in the last place of the largest "
-            "output (at least 1), of float64 (float32 for ONNX Runtime's outputs), the "
+            "max ulp: the largest difference in units in the last place of each output's "
+            "magnitude (at least 1), of float64 (float32 for ONNX Runtime's outputs), the "
             "scale verify holds each library to.\n\n"
             + table(rows) + "\n")
     args.out.write_text(text)

@@ -553,6 +553,64 @@ def test_a_long_equality_chain_unfolds_in_linear_size():
                                   onnx_loader.reference(m, X).astype(np.float32))
 
 
+@pytest.mark.parametrize("values,tracks", [
+    ([40.0, 41.0], (0, 1)),  # merged on a double input (64-bit set), apart on a float one
+    ([33.0, 34.0, 70.0], (0, 1, 1)),
+    ([64.0, 2.0], (0, 1)),
+    ([65.0, 66.0], (0, 1)),  # past 64: apart on both
+])
+def test_a_double_inputs_equality_chain_routes_nan_as_onnx_runtimes_64_bit_set(values, tracks):
+    """ONNX Runtime merges a BRANCH_EQ run into a bit set as wide as its threshold type: whole
+    numbers in [1, 64] on a double input (a hostile review found 40, 41 routed as [1, 32])."""
+    from worker.model import onnx_loader
+
+    m = _eq_chain_model(values, tracks)
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    compiled = worker.compile_model(m)
+    X = _hostile_2(values + [0.5, 7.0])
+    np.testing.assert_array_equal(compiled.raw(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference(m, X).astype(np.float32))
+
+
+def test_a_large_output_elsewhere_does_not_loosen_verify():
+    """verify holds each output to its own magnitude: a second tree worth 1e7 on some rows
+    hid a 1.75 difference on rows scoring about 1 (tolerance scaled by the largest output)."""
+    from worker.model import compile as C
+    from worker.model import onnx_loader
+
+    m = _one_tree([(0, "BRANCH_LEQ", 1, 100.0, 1, 2, 0), (1, "LEAF", 0, 0.0, 0, 0, 0),
+                   (2, "LEAF", 0, 0.0, 0, 0, 0)], [(1, 0.75), (2, 1e7)])
+    model = worker.compile_model(m)
+    arrays = dict(model.arrays)
+    leaves = arrays["leaves"].copy()
+    leaves[leaves == 0.75] = 0.75 + 1.75  # a compile bug on the small rows
+    arrays["leaves"] = leaves
+    arrays["leaf_max"] = np.maximum(arrays["leaf_max"], leaves.max())
+    wrong = worker.CompiledModel(model.meta, arrays, kernel=model.kernel)
+    X = np.array([[0.0, 0.0], [0.0, 1000.0]], np.float32)
+    assert onnx_loader.reference(m, X).ravel().tolist() == [0.75, 1e7]
+    with pytest.raises(UnsupportedModelError, match="by 1.75 on probe rows \\(an output of "
+                       "0.75\\)"):
+        C.verify(wrong, m, probe=X)
+
+
+def test_shared_nodes_that_unfold_past_the_budget_are_refused_before_emitting(tmp_path):
+    """A 'diamond stack' (each level's two sides meet again below) doubles the paths per
+    level: 2.3 kB unfolded to 2^21 nodes (8 s, 490 MB) before its refusal named equality
+    splits it does not have. Counted on the graph first: refused at once, naming the cause."""
+    levels = 40
+    rows = []
+    for i in range(levels):  # node 2i: x0 <= i -> 2i + 2, else 2i + 1; node 2i + 1 -> 2i + 2
+        rows.append((2 * i, "BRANCH_LEQ", 0, float(i), 2 * i + 2, 2 * i + 1, 0))
+        rows.append((2 * i + 1, "BRANCH_LEQ", 1, float(i), 2 * i + 2, 2 * i + 2, 0))
+    rows.append((2 * levels, "LEAF", 0, 0.0, 0, 0, 0))
+    m = _one_tree(rows, [(2 * levels, 1.0)])
+    # only the count on the graph says this (the emission's own budget names the splits)
+    with pytest.raises(UnsupportedModelError, match="shared nodes \\(several parents\\) "
+                       "unfold to more than"):
+        worker.compile_model(m)
+
+
 def test_onnxmltools_lightgbm_categorical_export_matches_lightgbm_and_onnx_runtime(tmp_path):
     """onnxmltools writes a LightGBM categorical split as a chain of BRANCH_EQ nodes whose
     true sides share one subtree (refused as "node 3 has two parents" before)."""

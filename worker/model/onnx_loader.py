@@ -37,6 +37,7 @@ import numpy as np
 from .ir import Ensemble, Tree, UnsupportedModelError, float32_at_or_below, float32_below
 
 ML = "ai.onnx.ml"
+_DOUBLE = 11  # onnx.TensorProto.DOUBLE
 TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier", "TreeEnsemble")
 # nodes that pass a tree ensemble's outputs on unchanged
 PASS_THROUGH = ("ZipMap", "Cast", "Identity")
@@ -619,7 +620,10 @@ def _to_ir(model, node, float32_inputs: bool = False) -> Ensemble:
     # (nodes x outputs) twice the file's (at least 2^23): a file of a few hundred bytes could
     # otherwise unfold to gigabytes
     budget = {"nodes": max(4 * n, 1 << 20),
-              "values": min(MAX_LEAF_VALUES, max(2 * n * G, 1 << 23))}
+              "values": min(MAX_LEAF_VALUES, max(2 * n * G, 1 << 23)),
+              # ONNX Runtime merges BRANCH_EQ runs into a bit set as wide as its threshold
+              # type: 32 values for float, 64 for double (_chain_nan_true)
+              "merge": 64 if _input_type(model, node) == _DOUBLE else 32}
     for t in order:
         tree, group = _tree(t, by_tree[t], node_ids, modes, features, values, tracks, true_ids,
                             false_ids, weights, G, col, members, budget,
@@ -769,16 +773,25 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
     state = {root: 1}  # 1: on the current path, 2: done
     path = [(root, _children(pos[root], modes, true_ids, false_ids))]
     longest: dict[int, int] = {}  # the deepest path down from each node (children first)
+    unfolded: dict[int, int] = {}
+    cap = min(MAX_TREE_NODES, budget["nodes"]) + 1
     while path:
         nid, kids = path[-1]
         if not kids:
             state[nid] = 2
             path.pop()
             k = pos[nid]
-            longest[nid] = 0 if modes[k] == "LEAF" else 1 + max(
-                longest[c] for c in _children(k, modes, true_ids, false_ids))
+            kids_k = _children(k, modes, true_ids, false_ids)
+            longest[nid] = 0 if not kids_k else 1 + max(longest[c] for c in kids_k)
             if longest[nid] > MAX_DEPTH:
                 raise UnsupportedModelError(f"{where}: deeper than {MAX_DEPTH}")
+            # the nodes this one unfolds to, each shared node once per path (at least: an
+            # equality split adds more); counted before anything is emitted, capped
+            unfolded[nid] = min(cap, 1 + sum(unfolded[c] for c in kids_k))
+            if unfolded[nid] >= cap:
+                raise UnsupportedModelError(
+                    f"{where}: its shared nodes (several parents) unfold to more than "
+                    f"{cap - 1} nodes, emitted once per path")
             continue
         child = kids.pop()
         if child not in pos:
@@ -816,7 +829,7 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
             raise UnsupportedModelError(f"{where}: more than {MAX_TREE_NODES} nodes in a tree, "
                                         "or four times the file's nodes in all (twice its "
                                         "leaf values), once the BRANCH_EQ, NEQ and MEMBER "
-                                        "splits are unfolded")
+                                        "splits and the shared nodes are unfolded")
         return len(feature) - 1
 
     def split(i: int, f: int, thr, to_left: int, to_right: int, nan_left: bool) -> None:
@@ -840,7 +853,8 @@ def _tree(t, rows, node_ids, modes, features, values, tracks, true_ids, false_id
                 # x == v: only a float32 value can equal it; the float32 in (below(v), v]
                 spans = [(float(_below(v)), v) for v in sorted(set(vs))
                          if float(np.float32(v)) == v]
-                _emit_spans(i, int(features[k]), spans, _chain_nan_true(chain, vs, tracks),
+                _emit_spans(i, int(features[k]), spans,
+                            _chain_nan_true(chain, vs, tracks, budget["merge"]),
                             int(true_ids[k]), int(false_ids[chain[-1]]), new, split, stack,
                             f"{where} node {nid}: a chain of {len(chain)} BRANCH_EQ nodes")
                 continue
@@ -957,13 +971,15 @@ def _children(k: int, modes, true_ids, false_ids) -> list[int]:
     return [] if modes[k] == "LEAF" else [int(false_ids[k]), int(true_ids[k])]
 
 
-def _chain_nan_true(chain: list[int], vs: list[float], tracks) -> bool:
+def _chain_nan_true(chain: list[int], vs: list[float], tracks, width: int = 32) -> bool:
     """Where ONNX Runtime (1.32, measured on 1,500 random chains) sends NaN down a BRANCH_EQ
-    chain: it merges each run of consecutive tests whose values are whole numbers in [1, 32]
-    into one set test that keeps the run's first ``missing_value_tracks_true``, so a NaN goes
-    to the true side when a test standing alone, or the first of a run, tracks it."""
+    chain: it merges each run of consecutive tests whose values are whole numbers in [1,
+    ``width``] (32 for a float input, 64 for a double one: its bit set is as wide as the
+    threshold type) into one set test that keeps the run's first
+    ``missing_value_tracks_true``, so a NaN goes to the true side when a test standing alone,
+    or the first of a run, tracks it."""
     def merges(v: float) -> bool:
-        return float(v).is_integer() and 1 <= v <= 32
+        return float(v).is_integer() and 1 <= v <= width
 
     return any(bool(tracks[c]) for j, c in enumerate(chain)
                if not (j and merges(vs[j]) and merges(vs[j - 1])))
