@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -417,6 +418,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few configurations of each library")
@@ -434,7 +444,7 @@ def main() -> int:
                 f"{onnxruntime.__version__}")
     text = (f"# Fidelity matrix\n\n`python bench/fidelity.py{' --quick' if args.quick else ''}`"
             f" (`make fidelity`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{platform.machine()} {platform.processor() or ''}, Python "
+            f"{_cpu()}, {os.cpu_count()} CPUs, Python "
             f"{platform.python_version()}; {versions}.\n\n"
             "Each configuration trained here, compiled as a user compiles it (the fitted "
             "estimator, or the file it saved), then scored beside the library's own predict "
