@@ -324,3 +324,18 @@ def alias_buffers(data: bytes, k: int = 1) -> bytes:
         struct.pack_into("<qq", out, p, placed[h], ln)
     struct.pack_into("<q", out, body_at, len(body))
     return bytes(out) + bytes(body) + data[body0 + body_len:]
+
+
+def body_buffers(data: bytes, k: int = 1) -> list[tuple[int, int]]:
+    """(absolute start, length) in ``data`` of each body buffer of message ``k`` (its
+    RecordBatch's field 2, offsets relative to the body after the metadata)."""
+    meta, n = messages(data)[k]
+    msg = meta + _u32(data, meta)
+    hdr = _field(data, msg, 2)
+    rb = hdr + _u32(data, hdr)
+    buffers = _field(data, rb, 2)
+    vec = buffers + _u32(data, buffers)
+    count = _u32(data, vec)
+    body = meta + n
+    return [(body + struct.unpack_from("<q", data, vec + 4 + 16 * j)[0],
+             struct.unpack_from("<q", data, vec + 12 + 16 * j)[0]) for j in range(count)]

@@ -54,17 +54,38 @@ def test_integer_edges_are_read_as_pyarrow_reads_them_or_refused(edge, what):
                    "null_counts": {j: 1 for j in range(1, 15)}},
           "nulls": {"null_counts": {3: edge, 4: edge}}}[what]
     forged = F.lie(second, **kw)
+    _read_as_pyarrow_reads_it_or_refused(first, forged)
+
+
+def _read_as_pyarrow_reads_it_or_refused(first: bytes, forged: bytes, must_read=False):
+    """The decoder refuses ``forged`` only where pyarrow cannot read and validate it
+    either (no over-refusal), and reads what it reads row for row."""
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_rows=100_000)
     dec.decode_keyed(first)  # the schema's plan: the second message is read in C
     try:
         got = dec.decode(forged)
-    except codec.InvalidMessage:
-        return  # dead-lettered
+    except codec.InvalidMessage as exc:
+        assert not must_read, exc
+        with pytest.raises(Exception):  # noqa: B017 (whatever pyarrow raises: it cannot)
+            pa.ipc.open_stream(forged).read_all().validate(full=True)
+        return  # dead-lettered, as it must be
     alone = pa.ipc.open_stream(forged).read_all()  # pyarrow reads it: the same rows
     alone.validate(full=True)
     assert got.num_rows == alone.num_rows
     for name in demo.FEATURES:
         assert got.column(name).equals(alone.column(name).combine_chunks())
+
+
+@pytest.mark.parametrize("kw", [{"length": 50}, {"node_lengths": 50},
+                                {"length": 49, "node_lengths": 49},
+                                {"null_counts": {3: 0, 4: 0}}],
+                         ids=["length", "nodes", "both-49", "nulls-0"])
+def test_counts_pyarrow_reads_are_read_alike(kw):
+    """The other half of the edge test (issue 55: every edge there is refused, so the
+    "read as pyarrow reads them" branch never ran): counts a valid message can carry, one
+    row fewer among them, are read row for row."""
+    first, second = _pair()
+    _read_as_pyarrow_reads_it_or_refused(first, F.lie(second, **kw), must_read=True)
 
 
 def test_input_headers_never_take_the_workers_names(tmp_path):
@@ -225,10 +246,18 @@ def test_a_lying_size_prefix_is_refused_before_anything_is_decompressed():
 
 
 def test_an_unread_compressed_column_is_never_decompressed():
-    # a large column the model does not read: only the columns read are decompressed
+    # a column the model does not read whose compressed buffer is garbage: decompressing it
+    # would fail (invalid_arrow), so reading the message proves it never was (issue 55: the
+    # old check, "blob" absent from the output, held whether or not it was decompressed)
     t = _bomb_table(1000).append_column("blob", pa.array(np.zeros(1000, np.float64)))
+    data = bytearray(_compressed(t))
+    blob = F.body_buffers(bytes(data))[-1]  # the last column's values (compressed)
+    assert blob[1] > 8
+    data[blob[0] + 8:blob[0] + blob[1]] = b"\xa5" * (blob[1] - 8)  # the frame after its size
+    with pytest.raises(Exception):  # noqa: B017 (pyarrow, reading every column, cannot)
+        pa.ipc.open_stream(bytes(data)).read_all().validate(full=True)
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
-    got = dec.decode(_compressed(t))
+    got = dec.decode(bytes(data))
     assert got.num_rows == 1000 and "blob" not in got.schema.names
 
 

@@ -191,9 +191,16 @@ def test_a_failed_offset_commit_is_logged_not_raised():
         def commit(self, **kw):
             raise KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS, "rebalancing"))
 
+    from structlog.testing import capture_logs
+
     src = KafkaSource.__new__(KafkaSource)
     src.consumer = Consumer()
-    src.commit([Record("t", 0, 5, b"k", b"v")])  # the file sink calls this after writing
+    with capture_logs() as logs:
+        src.commit([Record("t", 0, 5, b"k", b"v")])  # the file sink calls this after writing
+    # the warning is the guarantee (README): the next owner reads those messages again
+    failed = [e for e in logs if e["event"].startswith("offset commit failed")]
+    assert len(failed) == 1 and failed[0]["log_level"] == "warning", logs
+    assert "rebalancing" in failed[0]["error"]
 
 
 def test_lazy_parameters_out_of_range_exit_2(tmp_path):

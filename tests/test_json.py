@@ -171,6 +171,22 @@ def test_hostile_messages_are_refused_with_their_reason(value, code):
     assert _reason(_fmt(max_bytes=256 << 20), value) == code
 
 
+def test_nesting_at_the_documented_depth_limit():
+    """README: messages nest at most 64 deep (objects and arrays, as simdjson counts them).
+    An event of depth 64 is read (its extra field ignored), 65 is too_deep; so is an array
+    of such events one level deeper (issue 55: MAX_DEPTH = 4096 passed every test, which
+    only tried 100,000 levels)."""
+    fmt = _fmt(_model(names=["a"]))
+
+    def event(depth):  # the event object is level 1; "x" holds depth - 1 nested arrays
+        return b'{"a": 1.5, "x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+    assert fmt.decode(event(64)).data.X[0, 0] == np.float32(1.5)
+    assert _reason(fmt, event(65)) == "too_deep"
+    assert fmt.decode(b"[" + event(63) + b"]").rows == 1
+    assert _reason(fmt, b"[" + event(64) + b"]") == "too_deep"
+
+
 def test_bounds_on_rows_and_decoded_bytes():
     fmt = _optional(max_rows=3)
     assert fmt.decode(b"[{}, {}, {}]").rows == 3

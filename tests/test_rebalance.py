@@ -43,22 +43,30 @@ class Msg:
 
 
 class CallbackConsumer:
-    """consume() runs the next step of the script: rebalance callbacks, then messages."""
+    """consume() behaves as librdkafka's does for the script: fetched messages wait in a
+    queue and each call delivers at most ``num_messages`` of them (none dropped); once the
+    queue is empty, a call runs the next step: its rebalance callbacks, then its messages
+    join the queue (issue 55: a fake that returned ``msgs[:num_messages]`` and dropped the
+    rest never delivered a revoked partition's record, so the revocation rule went
+    untested)."""
 
     def __init__(self, steps):
         self.steps = list(steps)
         self.assigned = []
+        self.queue = []
 
     def subscribe(self, topics, on_assign, on_revoke, on_lost):
         self.cb = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
 
     def consume(self, num_messages, timeout):
-        if not self.steps:
-            return []
-        events, msgs = self.steps.pop(0)
-        for kind, parts in events:
-            self.cb[kind](self, [TopicPartition("in", p) for p in parts])
-        return msgs[:num_messages]
+        assert num_messages >= 1
+        if not self.queue and self.steps:
+            events, msgs = self.steps.pop(0)
+            for kind, parts in events:
+                self.cb[kind](self, [TopicPartition("in", p) for p in parts])
+            self.queue += msgs
+        out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
+        return out
 
     def committed(self, partitions, timeout):
         return [TopicPartition(tp.topic, tp.partition, 0) for tp in partitions]

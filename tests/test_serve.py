@@ -302,6 +302,62 @@ def test_reason_codes_when_asked(server):
                                r.reason_value, rtol=1e-6)
 
 
+def test_reason_codes_name_the_features_xgboost_attributes_most(server):
+    """The reason codes' names and values against XGBoost's own TreeSHAP (pred_contribs):
+    each row's top features by absolute contribution, in order (issue 55: names shifted by
+    one feature passed a check that each name is one of the model's)."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = np.random.default_rng(5).normal(size=(40, M.N_FEATURES)).astype(np.float32)
+    X[::5, 2] = np.nan
+    body = {"inputs": [{"name": "x", "shape": list(X.shape), "datatype": "FP32",
+                        "data": [None if np.isnan(v) else float(v) for v in X.ravel()]}],
+            "outputs": [{"name": "reason_feature"}, {"name": "reason_value"}],
+            "parameters": {"top_k": 3}}
+    status, _, out = post(server, "/v2/models/binary/infer", json.dumps(body).encode())
+    assert status == 200, out
+    got = {o["name"]: o for o in json.loads(out)["outputs"]}
+    names = np.array(got["reason_feature"]["data"]).reshape(len(X), 3)
+    values = np.array(got["reason_value"]["data"], dtype=np.float64).reshape(len(X), 3)
+    contribs = booster.predict(xgb.DMatrix(X, feature_names=NAMES), pred_contribs=True)[:, :-1]
+    order = np.argsort(-np.abs(contribs), axis=1, kind="stable")[:, :3]
+    top = np.take_along_axis(contribs, order, axis=1)
+    gaps = np.abs(np.abs(top[:, :-1]) - np.abs(top[:, 1:]))
+    clear = (gaps > 1e-4).all(axis=1)  # rows whose order a float rounding cannot change
+    assert clear.sum() >= 30
+    assert (names[clear] == np.array(NAMES)[order[clear]]).all()
+    np.testing.assert_allclose(values, top, rtol=0, atol=1e-5)
+
+
+def test_serve_max_rows_at_its_edge(server):
+    """serve.max_rows (5,000 here): 5,000 rows scored, 5,001 refused with 413 naming it."""
+    for rows, want in ((5000, 200), (5001, 413)):
+        X = np.ones((rows, M.N_FEATURES), np.float32).tobytes()
+        head = json.dumps({"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES],
+                                       "datatype": "FP32",
+                                       "parameters": {"binary_data_size": len(X)}}]}).encode()
+        status, _, out = post(server, "/v2/models/binary/infer", head + X,
+                              {"Inference-Header-Content-Length": str(len(head)),
+                               "Content-Type": "application/octet-stream"})
+        assert status == want, (rows, out[:200])
+        if want == 413:
+            assert b"max_rows" in out, out
+
+
+def test_content_length_at_the_body_limit(server):
+    """serve.max_body_bytes (1 MiB here): a body of exactly that many bytes is read (and
+    answered for what it is), one byte more is refused with 413 before it is read."""
+    limit = 1 << 20
+    pad = b'{"inputs": []}'
+    body = pad + b" " * (limit - len(pad))
+    status, _, out = post(server, "/v2/models/binary/infer", body)
+    assert status == 400 and b"inputs" in out, (status, out[:200])  # read, then judged
+    out = raw_http(server, b"POST /v2/models/binary/infer HTTP/1.1\r\nHost: x\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                   % (limit + 1), timeout=5)
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+
+
 # ---- hostile requests --------------------------------------------------------------------------
 
 BAD_BODIES = {
