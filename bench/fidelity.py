@@ -1,10 +1,12 @@
-"""The differential matrix (issue 49): each library's models, trained here in many
-configurations, compiled as a user compiles them (the fitted estimator, or the file it saved),
-then scored on hostile rows (every threshold and its float32 neighbours, zeros, +-inf, NaN)
-beside the library's own predict: the output the README promises (XGBoost's margins,
-LightGBM's raw scores, CatBoost's RawFormulaVal, scikit-learn's predict_proba / predict, ONNX
-Runtime's outputs). Each row: the largest difference in ulps of the output's type, and a
-verdict: "bit for bit", "within N ulp", "refused: <why>" or DIFFERS (a failure).
+"""The differential matrix: each library's models against its own predict on hostile rows.
+
+Issue 49. Each library's models, trained here in many configurations, compiled as a user
+compiles them (the fitted estimator, or the file it saved), then scored on hostile rows
+(every threshold and its float32 neighbours, zeros, +-inf, NaN) beside the library's own
+predict: the output the README promises (XGBoost's margins, LightGBM's raw scores,
+CatBoost's RawFormulaVal, scikit-learn's predict_proba / predict, ONNX Runtime's outputs).
+Each row: the largest difference in ulps of each output's magnitude, and a verdict: "bit
+for bit", "within N ulp", "refused: <why>" or DIFFERS (a failure).
 
     python bench/fidelity.py              # the broad matrix -> bench/FIDELITY.md (make fidelity)
     python bench/fidelity.py --quick      # a few configurations of each library (make test)
@@ -393,10 +395,11 @@ def run_one(library: str, name: str, build) -> dict:
             ok = bool(np.nanmax(np.abs(got.astype(np.float64) - want)) <= 3e-7) \
                 if u else True
             verdict = "bit for bit" if u == 0 else \
-                (f"within {u} ulp (promise: 3e-7)" if ok else f"DIFFERS ({u} ulp)")
+                (f"within {u} ulp (promise: 3e-7 absolute)" if ok else f"DIFFERS ({u} ulp)")
         else:
             verdict = "bit for bit" if u == 0 else (
-                f"within {u} ulp (promise: {limit})" if u <= limit else f"DIFFERS ({u} ulp)")
+                f"within {u} ulp (promise: {limit} ulp)" if u <= limit
+                else f"DIFFERS ({u} ulp)")
         return {"library": library, "configuration": name, "output": what, "ulp": u,
                 "verdict": verdict, "rows": int(X.shape[0]), "notes": model.meta.get("notes"),
                 "seconds": time.perf_counter() - t0}
@@ -430,7 +433,9 @@ def _cpu() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few configurations of each library")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "FIDELITY.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "FIDELITY.md",
+                    help="the table (Markdown) to write, and beside it its .json with the full "
+                         "refusal texts (default: bench/FIDELITY.md)")
     args = ap.parse_args()
     rows = matrix(QUICK if args.quick else BROAD)
     import catboost

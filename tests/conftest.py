@@ -41,3 +41,44 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
         if item.path.name in _SERIAL:
             item.add_marker(pytest.mark.serial)
+
+
+# ---- no silent skips (issue 55) -------------------------------------------------------------
+# With SW_NO_SKIPS=1 (tests/run.sh sets it: make test, .ci/run) a skipped test fails the run,
+# unless its reason is one of these, which a machine can truly lack: the test dependencies are
+# all in the `test` extra, so a missing one (pytest.importorskip) is a broken setup, not a
+# pass. Each allowed skip is still listed in the summary (-ra).
+ALLOWED_SKIPS = (
+    "this CPU has no AVX-512",  # test_explain.py, test_partition_walk.py: the CPU's features
+    "helm not found",  # test_deploy.py: helm is built by .ci/run where Go is (README)
+    "restarts the local broker",  # test_chaos.py: a broker named by the environment is not ours
+)
+
+
+def _strict() -> bool:
+    return os.environ.get("SW_NO_SKIPS") == "1"
+
+
+def _refuse_skip(report) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if not any(allowed in reason for allowed in ALLOWED_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = (f"skipped, and SW_NO_SKIPS=1 counts a skip as a failure: {reason} "
+                           "(install the test extra: pip install -e '.[test]'; a skip a "
+                           "machine can truly need goes in tests/conftest.py ALLOWED_SKIPS)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _strict() and report.skipped and not hasattr(report, "wasxfail"):
+        _refuse_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if _strict() and report.outcome == "skipped":  # a module-level importorskip
+        _refuse_skip(report)

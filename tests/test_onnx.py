@@ -680,6 +680,7 @@ def test_a_double_input_with_thresholds_between_float32s_is_refused_naming_the_w
     assert refused.returncode == 1 and "--float32-inputs" in refused.stderr
     took = _cli("compile", path, "-o", tmp_path / "double.model", "--float32-inputs")
     assert took.returncode == 0, took.stderr
+    assert "note: double input staged as float32: 1 of 1 thresholds" in took.stdout
     compiled = worker.load_model(tmp_path / "double.model")
     assert any("between two float32 values" in n for n in compiled.meta["notes"])
     X = _hostile_2([0.1])

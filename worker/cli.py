@@ -166,7 +166,7 @@ def check_cmd(config_path, sample_path, model_path) -> None:
               help="Where to write the compiled model artifact.")
 @click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto",
               help="Node layout; auto times every layout the model allows on probe rows and "
-                   "keeps the fastest (stored in the artifact).")
+                   "keeps the default unless another is 15% faster (stored in the artifact).")
 @click.option("--kernel", type=click.Choice(["auto", "walk", "quickscorer", "oblivious"]),
               default="auto",
               help="Full-evaluation kernel; auto: measured with the layout.")
@@ -178,9 +178,11 @@ def check_cmd(config_path, sample_path, model_path) -> None:
                    "float32).")
 def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle: bool,
                 float32_inputs: bool) -> None:
-    """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb) or a
-    scikit-learn estimator file (.skops, read with an allow-list of tree-ensemble types;
-    joblib/pickle only with --trust-pickle) into a data-only model artifact."""
+    """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb), a CatBoost
+    model (.cbm or its .json export), an ONNX tree ensemble (.onnx) or a scikit-learn
+    estimator file (.skops, read with an allow-list of tree-ensemble types; joblib/pickle only
+    with --trust-pickle) into a data-only model artifact, checked against the library's own
+    predictions first. Its notes (early stopping, inputs) are printed after the summary."""
     from .model.compile import compile_model
     from .model.ir import UnsupportedModelError
 
@@ -204,6 +206,8 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
                f"{model.n_trees} trees, {model.work_total} work units, {model.n_features} "
                f"features, layout {model.layout}, kernel {model.kernel} ({c['by']}"
                + (f"; per probe row: {timed}" if timed else "") + f"), model id {model_id}")
+    for note in model.meta.get("notes") or []:  # what the compile chose that scores differ by
+        click.echo(f"  note: {note}")
 
 
 @main.command("score")

@@ -160,9 +160,10 @@ def threshold_rows(ens: Ensemble, n: int = 512, seed: int = 1) -> np.ndarray:
         step = rng.integers(-1, 3, n)  # the threshold, one below, one and two above
         for k, direction in ((-1, -np.inf), (1, np.inf), (2, np.inf)):
             at = step == k
-            col[at] = np.nextafter(col[at], np.float32(direction))
-            if k == 2:
-                col[at] = np.nextafter(col[at], np.float32(np.inf))
+            with np.errstate(over="ignore"):  # FLT_MAX steps to inf: a probe row too
+                col[at] = np.nextafter(col[at], np.float32(direction))
+                if k == 2:
+                    col[at] = np.nextafter(col[at], np.float32(np.inf))
         X[:, f] = col
     X[rng.random(X.shape) < 0.1] = np.nan
     return X

@@ -686,7 +686,8 @@ def _to_ir(model, node, float32_inputs: bool = False) -> Ensemble:
     double_input = _input_type(model, node) == TensorProto.DOUBLE
     if a["_double"] and not double_input:
         raise UnsupportedModelError("double attributes (*_as_tensor) with a float input")
-    notes = [f"exported by {model.producer_name} {model.producer_version}".strip()]
+    producer = f"{model.producer_name} {model.producer_version}".strip()
+    notes = [f"exported by {producer}"] if producer else []
     if double_input:
         notes.append(_double_input(modes, values, float32_inputs))
     return Ensemble(
