@@ -466,6 +466,20 @@ def test_malformed_http_and_huge_headers(server):
     assert get(server, "/v2/health/live")[0] == 200
 
 
+def test_headers_at_serve_max_header_bytes(server):
+    """serve.max_header_bytes (16 KiB, its default): the request line's target and each
+    header's name and value plus 4 (": " and CRLF) count; at the limit the request is
+    answered, one byte past it 431."""
+    limit = 16 << 10
+    url, host = b"/v2/health/live", (b"Host", b"x")
+    close = (b"Connection", b"close")
+    fixed = len(url) + sum(len(k) + len(v) + 4 for k, v in (host, close)) + len(b"X") + 4
+    for n, want in ((limit - fixed, b"HTTP/1.1 200"), (limit - fixed + 1, b"HTTP/1.1 431")):
+        out = raw_http(server, b"GET " + url + b" HTTP/1.1\r\nHost: x\r\nConnection: close"
+                       b"\r\nX: " + b"a" * n + b"\r\n\r\n", timeout=5)
+        assert out.startswith(want), (n, out[:200])
+
+
 def test_slow_and_idle_clients_are_bounded(server):
     """A request that trickles in past serve.request_timeout_ms gets 408 and is closed; idle
     connections beyond serve.max_connections are closed as they arrive; service goes on."""

@@ -156,18 +156,77 @@ def reference(value: bytes):
     return X, ids
 
 
-# refusals that Python's json cannot tell: the worker is stricter there (nesting, sizes; every
-# number of the message, read or not, inside the double range and 64 bits for an integer)
-_STRICTER = {"too_deep", "too_large", "bad_utf8", "bad_json", "bad_number"}
+# refusals that Python's json cannot tell, each only where its cause is in the message
+# (issue 55: any of these codes was accepted for a message Python reads, so an over-refusal
+# was invisible): nesting past the README's 64, a message past the byte or row bounds, a lone
+# surrogate (\\ud800: Python reads it, it is no UTF-8), a number outside the double range or
+# an integer beyond 64 bits anywhere in the message, read or not
+MAX_DEPTH = 64  # README, worker/formats/json.py
 
 
-def check(pipeline, data: bytes, i: int) -> str:
+def _depth(doc) -> int:
+    """Nesting of objects and arrays, as simdjson counts it (a scalar message is 0)."""
+    if isinstance(doc, dict):
+        return 1 + max((_depth(v) for v in doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max((_depth(v) for v in doc), default=0)
+    return 0
+
+
+def _walk(doc):
+    yield doc
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield k
+            yield from _walk(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from _walk(v)
+
+
+def _surrogate(s: str) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in s)
+
+
+def _justified(code: str, value: bytes, limits) -> str | None:
+    """Why the worker may refuse ``value`` with ``code`` though Python reads it (None: it may
+    not: an over-refusal)."""
+    try:
+        doc = json.loads(value.decode("utf-8"), parse_constant=_reject)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return "unreadable as plain JSON"
+    if code == "too_deep":
+        return "nested past 64" if _depth(doc) > MAX_DEPTH else None
+    if code == "too_large":
+        events = doc if isinstance(doc, list) else [doc]
+        max_rows, max_bytes = limits
+        if len(events) > max_rows or len(value) * 16 > max_bytes:
+            return "past the row or byte bound"
+        return None
+    if code == "bad_utf8":
+        return "a lone surrogate" if any(isinstance(x, str) and _surrogate(x)
+                                         for x in _walk(doc)) else None
+    if code == "bad_number":
+        for x in _walk(doc):
+            if isinstance(x, bool):
+                continue
+            if isinstance(x, int) and not -2**63 <= x < 2**64:
+                return "an integer beyond 64 bits"
+            if isinstance(x, float) and not math.isfinite(x):
+                return "a number outside the double range"
+        return None
+    return None
+
+
+def check(pipeline, data: bytes, i: int, max_rows: int = 1_000_000) -> str:
+    limits = (max_rows, pipeline.max_message_bytes)  # delivery.max_message_rows, bytes
+
     def refused(value: bytes, code: str, _why: str) -> None:
         try:
             reference(value)
         except (ValueError, UnicodeDecodeError, RecursionError):
             return
-        assert code in _STRICTER, \
+        assert _justified(code, value, limits), \
             f"refused ({code}) a message Python reads as events: {value[:200]!r}"
 
     def scored(value: bytes, output) -> None:
@@ -202,6 +261,6 @@ def check_factory(state):
     pipeline = Pipeline(model, settings, "scores")
 
     def run(value: bytes, what: str, i: int) -> str:
-        return check(pipeline, value, i)
+        return check(pipeline, value, i, settings.delivery.max_message_rows)
 
     return run
