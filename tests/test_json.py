@@ -365,6 +365,33 @@ def test_json_scores_equal_xgboost_on_hostile_rows():
 
 # ---- the worker -----------------------------------------------------------------------------
 
+def test_a_regressors_json_output_has_no_label(tmp_path):
+    """A loaded regression artifact's rows carry a score, no label (issue 55: the output
+    took ``model.task is not "regression"`` for a classifier unnoticed, every test model a
+    classifier); its scores are XGBoost's."""
+    from worker.config import load_settings
+    from worker.model.compiled import load_model
+    from worker.pipeline import Pipeline
+
+    booster = M.xgboost_models()["xgb-reg-squarederror"]
+    compile_model(booster).save(tmp_path / "r.model")
+    model = load_model(tmp_path / "r.model")  # the task read back from the artifact's JSON
+    X = np.random.default_rng(2).normal(size=(5, len(model.feature_names))).astype(np.float32)
+    events = [dict(zip(model.feature_names, map(float, row), strict=True)) for row in X]
+    cfg = load_settings(None, model={"path": str(tmp_path / "r.model")},
+                        scoring={"id_column": None},
+                        source={"type": "file", "path": "in.arrows", "format": "json"},
+                        sink={"type": "file", "path": "out.arrows", "format": "json"})
+    pipeline = Pipeline(model, cfg, "scores")
+    rec = Record("in", 0, 0, None, json.dumps(events).encode())
+    outputs, dead, _ = pipeline.process([(rec, pipeline.decode(rec))])
+    assert not dead
+    rows = json.loads(outputs[0].value)
+    assert all("label" not in r for r in rows), rows[0]
+    np.testing.assert_allclose([r["score"] for r in rows], booster.inplace_predict(X),
+                               rtol=2e-7, atol=1e-6)
+
+
 def test_worker_reads_json_and_writes_json(tmp_path):
     booster = M.xgboost_models()["xgb-binary-logistic"]
     model = compile_model(booster)
