@@ -102,6 +102,46 @@ def _copy_tree() -> Path:
     return TREE
 
 
+def _annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the module's annotations are ((line, col) start and end), if the module has
+    ``from __future__ import annotations``: never evaluated, a mutant there is equivalent."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+               any(a.name == "annotations" for a in n.names) for n in tree.body):
+        return []
+    spans = []
+    for node in ast.walk(tree):
+        ann = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+            ann.append(node.returns)
+        elif isinstance(node, (ast.arg, ast.AnnAssign)) and node.annotation:
+            ann.append(node.annotation)
+        spans += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in ann]
+    return spans
+
+
+def _skip_annotations(session: Path, module: str) -> int:
+    """Mark the pending mutants inside annotations skipped (equivalent: see above)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    spans = _annotation_spans(ROOT / module)
+    skipped = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            m = item.mutations[0]
+            at = tuple(m.start_pos)
+            if any(a <= at < b for a, b in spans):
+                db.set_result(item.job_id, WorkResult(
+                    worker_outcome=WorkerOutcome.SKIPPED,
+                    output="inside an annotation (from __future__ import annotations: "
+                           "never evaluated): equivalent"))
+                skipped += 1
+    return skipped
+
+
 def run(module: str, timeout: float) -> Path:
     tests = MODULES[module]
     cfg = _config(module, tests, timeout)
@@ -113,6 +153,8 @@ def run(module: str, timeout: float) -> Path:
                        check=True, env=env)
         subprocess.run([_tool("cr-filter-pragma"), str(session)], cwd=tree, check=True,
                        env=env)
+    print(f"{module}: {_skip_annotations(session, module)} mutants in annotations skipped",
+          file=sys.stderr)
     t0 = time.monotonic()
     subprocess.run([_tool("cosmic-ray"), "exec", str(cfg), str(session)], cwd=tree,
                    check=True, env=env)
