@@ -660,6 +660,33 @@ def _nonreading_socket(server) -> socket.socket:
     return s
 
 
+def test_connections_at_serve_max_connections(tight):
+    """serve.max_connections (6 here): six connections are each answered, a seventh is
+    closed unanswered, and once one of the six closes a new one is answered again."""
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def answered(s) -> bool:
+        try:
+            s.sendall(live)
+            return s.recv(4096).startswith(b"HTTP/1.1 200")
+        except OSError:  # reset: closed at once
+            return False
+
+    time.sleep(1.5)  # the other tests' keep-alive connections closed (keepalive 1 s)
+    held = [socket.create_connection((tight.host, tight.port), timeout=5) for _ in range(6)]
+    try:
+        assert all(answered(s) for s in held)
+        with socket.create_connection((tight.host, tight.port), timeout=5) as extra:
+            assert not answered(extra)
+        held.pop().close()
+        time.sleep(0.2)
+        with socket.create_connection((tight.host, tight.port), timeout=5) as again:
+            assert answered(again)
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_pipelining_without_reading_the_answers_is_bounded(tight):
     """Requests sent without their answers being read: the server stops reading from the
     client (its memory does not grow with what is sent), and drops it when idle."""
