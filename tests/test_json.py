@@ -392,6 +392,105 @@ def test_a_regressors_json_output_has_no_label(tmp_path):
                                rtol=2e-7, atol=1e-6)
 
 
+def _json_pipeline(tmp_path, model, explain=None, id_column=None):
+    from worker.config import load_settings
+    from worker.pipeline import Pipeline
+
+    model.save(tmp_path / "p.model")
+    cfg = load_settings(None, model={"path": str(tmp_path / "p.model")},
+                        scoring={"id_column": id_column, "threads": 1,
+                                 **({"explain": explain} if explain else {})},
+                        source={"type": "file", "path": "in.arrows", "format": "json",
+                                **({"fields": {id_column: {"optional": True}}}
+                                   if id_column else {})},
+                        sink={"type": "file", "path": "out.arrows", "format": "json"})
+    return Pipeline(model, cfg, "scores")
+
+
+def test_string_ids_of_several_messages_in_one_batch_keep_their_rows(tmp_path):
+    """Messages with string ids gathered together (issue 55: ``kind >= "int"`` in gather
+    took them for integer ids unnoticed); each message's decoded size counts its ids as
+    Arrow holds them (``size & ids.nbytes`` passed)."""
+    model = compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    pipeline = _json_pipeline(tmp_path, model, id_column="txn_id")
+    names = model.feature_names
+    rng = np.random.default_rng(4)
+    msgs, want_ids = [], []
+    for k in range(3):
+        events = [{"txn_id": f"m{k}-r{i}-" + "x" * 40,
+                   **{f: float(v) for f, v in zip(names, rng.normal(size=len(names)),
+                                                   strict=True)}} for i in range(4)]
+        msgs.append(json.dumps(events).encode())
+        want_ids.append([e["txn_id"] for e in events])
+    recs = [Record("in", 0, k, None, v) for k, v in enumerate(msgs)]
+    decoded = [pipeline.decode(r) for r in recs]
+    reader = _fmt(model, id_column="txn_id")  # the format's own count, before the pipeline's
+    for v, ids in zip(msgs, want_ids, strict=True):
+        X_bytes = 4 * len(ids) * len(names)
+        got = reader.decode(v).nbytes
+        assert got >= X_bytes + pa.array(ids).nbytes, (got, X_bytes)
+    outputs, dead, _ = pipeline.process(list(zip(recs, decoded, strict=True)))
+    assert not dead
+    got = [[r["txn_id"] for r in json.loads(o.value)] for o in outputs]
+    assert got == want_ids
+
+
+@pytest.mark.parametrize("n_rows,k,text", [(1, 1, b"a"), (200, 2, b"DE"), (50, 6, b"x" * 40),
+                                           (3, 2, "\U0001F600".encode()),  # 4-byte: UCS-4
+                                           (3, 2, "\u00e9t\u00e9".encode())])
+def test_texts_size_bounds_what_the_hashed_texts_hold_in_python(n_rows, k, text):
+    """``texts_size`` (counted against the message byte limit before ``_texts`` builds the
+    rows) is at least what the rows hold, measured with sys.getsizeof: the outer list, a
+    list a row, a str a text (issue 55: ``>>`` and ``& n_rows`` in it passed)."""
+    import sys as _sys
+
+    from worker.formats.json import _texts, texts_size
+
+    n_features = k + 1  # feature 0 numeric, 1..k hashed
+    at = np.array([r * n_features + 1 + j for r in range(n_rows) for j in range(k)], np.int64)
+    data = text * len(at)
+    ends = np.arange(1, len(at) + 1, dtype=np.int64) * len(text)
+    cats = (at, ends, data)
+    rows = _texts(cats, n_rows, n_features, {1 + j: j for j in range(k)})
+    held = _sys.getsizeof(rows) + sum(_sys.getsizeof(r) for r in rows) + \
+        sum(_sys.getsizeof(t) for r in rows for t in r)
+    assert rows[0][0] == text.decode()
+    assert texts_size(cats, n_rows, k) >= held, (texts_size(cats, n_rows, k), held)
+
+
+def test_row_bytes_bounds_the_longest_row_the_json_output_writes(tmp_path):
+    """``row_bytes(top_k)`` is what the pipeline reserves for a row's output before making
+    it: at least the longest row it writes (long feature names, every reason code, numbers
+    at their longest). Issue 55: names % 26 instead of + passed."""
+    from worker.formats import output_format
+
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = compile_model(booster)
+    long_names = [f"merchant_category_velocity_window_{j:03d}_" + "z" * 30
+                  for j in range(model.n_features)]
+    model.feature_names = long_names
+    model.meta["feature_names"] = long_names
+    top_k = model.n_features
+    pipeline = _json_pipeline(tmp_path, model, explain={"top_k": top_k, "min_score": 0.0})
+    X = np.full((4, model.n_features), -1.2345678901234567e-30, np.float32)
+    X[1] = 3.3333333e38
+    X[2] = np.nan
+    events = [{f: (None if np.isnan(v) else float(v)) for f, v in zip(long_names, row,
+                                                                       strict=True)}
+              for row in X]
+    rec = Record("in", 0, 0, None, json.dumps(events).encode())
+    outputs, dead, _ = pipeline.process([(rec, pipeline.decode(rec))])
+    assert not dead
+    rows = json.loads(outputs[0].value)
+    assert any(r["reason_feature"] for r in rows)
+    longest = max(len(json.dumps(r, separators=(",", ":"))) for r in rows)
+    fmt = output_format("json", model, None)
+    assert fmt.row_bytes(top_k) >= longest, (fmt.row_bytes(top_k), longest)
+    assert fmt.row_bytes(0) >= max(len(json.dumps({k: v for k, v in r.items()
+                                                   if not k.startswith("reason")},
+                                                  separators=(",", ":"))) for r in rows)
+
+
 def test_worker_reads_json_and_writes_json(tmp_path):
     booster = M.xgboost_models()["xgb-binary-logistic"]
     model = compile_model(booster)

@@ -141,9 +141,12 @@ def _counted(counts) -> dict | None:
 
 def texts_size(cats, n_rows: int, k: int) -> int:
     """What a message's hashed texts (``_texts``) hold in Python: each text's bytes and its
-    str (about 64 bytes), and a row's list of ``k`` (56 bytes and 8 a slot)."""
+    str (up to 80 bytes: 76 for a str of 4-byte characters, whose UTF-8 is as long as its
+    characters), a row's list of ``k`` (56 bytes and 8 a slot), and the list of the rows (64
+    bytes and up to 16 a row as a comprehension grows it: measured with sys.getsizeof,
+    tests/test_json.py)."""
     at, _ends, data = cats
-    return len(data) + 64 * len(at) + (56 + 8 * k) * n_rows
+    return len(data) + 80 * len(at) + (56 + 8 * k) * n_rows + 64 + 16 * n_rows
 
 
 def _texts(cats, n_rows: int, n_features: int, k_of: dict[int, int]) -> list[list]:
