@@ -647,7 +647,7 @@ def _rss_mb(pid: int) -> float:
 def tight(artifacts, tmp_path_factory):
     s = Server(artifacts["binary"], tmp_path_factory.mktemp("serve-tight"),
                {"serve": {"max_connections": 6, "keepalive_timeout_ms": 1000,
-                          "request_timeout_ms": 3000}})
+                          "request_timeout_ms": 3000, "max_json_bytes": 4096}})
     yield s
     assert s.stop() == 0, s.output()
 
@@ -685,6 +685,18 @@ def test_connections_at_serve_max_connections(tight):
     finally:
         for s in held:
             s.close()
+
+
+def test_json_at_serve_max_json_bytes(tight):
+    """serve.max_json_bytes (4,096 here): a JSON request of exactly that many bytes is scored,
+    one byte more is 413 naming the bound and the way out (binary tensors or Arrow)."""
+    req = b'{"inputs": [{"name": "x", "shape": [1, 7], "datatype": "FP32", ' \
+          b'"data": [1,2,3,4,5,6,7]}]}'
+    for size, want in ((4096, 200), (4097, 413)):
+        status, _, out = post(tight, "/v2/models/binary/infer",
+                              req + b" " * (size - len(req)))
+        assert status == want, (size, out[:200])
+    assert b"serve.max_json_bytes" in out and b"binary tensors" in out
 
 
 def test_pipelining_without_reading_the_answers_is_bounded(tight):
