@@ -491,6 +491,31 @@ def test_row_bytes_bounds_the_longest_row_the_json_output_writes(tmp_path):
                                                   separators=(",", ":"))) for r in rows)
 
 
+def test_json_reason_codes_name_what_xgboost_attributes_most(tmp_path):
+    """The JSON output's reason codes against XGBoost's TreeSHAP (pred_contribs), rows whose
+    top feature is the first one among them (issue 55: ``feat[0] <= 0`` wrote those rows'
+    reason codes as null unnoticed)."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = compile_model(booster)
+    pipeline = _json_pipeline(tmp_path, model, explain={"top_k": 2, "min_score": 0.0})
+    X = np.random.default_rng(8).normal(size=(60, model.n_features)).astype(np.float32)
+    names = model.feature_names
+    contribs = booster.predict(xgb.DMatrix(X, feature_names=names), pred_contribs=True)[:, :-1]
+    order = np.argsort(-np.abs(contribs), axis=1, kind="stable")[:, :2]
+    top = np.take_along_axis(np.abs(contribs), order, axis=1)
+    clear = (top[:, 0] - top[:, 1] > 1e-4) & (top[:, 1] - np.sort(np.abs(contribs), axis=1)[:, -3]
+                                              > 1e-4)
+    assert (order[clear, 0] == 0).any(), "no row led by feature 0"
+    events = [dict(zip(names, map(float, row), strict=True)) for row in X]
+    rec = Record("in", 0, 0, None, json.dumps(events).encode())
+    outputs, dead, _ = pipeline.process([(rec, pipeline.decode(rec))])
+    assert not dead
+    rows = json.loads(outputs[0].value)
+    for i in np.flatnonzero(clear):
+        assert rows[i]["reason_feature"] == [names[j] for j in order[i]], (i, rows[i])
+
+
 def test_worker_reads_json_and_writes_json(tmp_path):
     booster = M.xgboost_models()["xgb-binary-logistic"]
     model = compile_model(booster)
