@@ -187,6 +187,17 @@ def test_nesting_at_the_documented_depth_limit():
     assert _reason(fmt, b"[" + event(64) + b"]") == "too_deep"
 
 
+def test_a_dead_letter_names_the_feature_it_is_about_whichever_its_place():
+    """The failing feature's name, read from the C reader's slot, for the first feature and
+    the others (issue 55: naming it only for slot 0 passed test_json.py)."""
+    fmt = _fmt()
+    for bad, name in ((b'{"a": "x", "b": 1, "c": 2}', "a"), (b'{"a": 1, "b": "x", "c": 2}', "b"),
+                      (b'{"a": 1, "b": 2, "c": [3]}', "c"), (b'{"a": 1, "b": 2}', "c")):
+        with pytest.raises(InvalidMessage) as e:
+            fmt.decode(bad)
+        assert e.value.feature == name, (bad, e.value.code, e.value.feature)
+
+
 def test_bounds_on_rows_and_decoded_bytes():
     fmt = _optional(max_rows=3)
     assert fmt.decode(b"[{}, {}, {}]").rows == 3
