@@ -37,7 +37,6 @@ import numpy as np
 from .ir import Ensemble, Tree, UnsupportedModelError, float32_at_or_below, float32_below
 
 ML = "ai.onnx.ml"
-_DOUBLE = 11  # onnx.TensorProto.DOUBLE
 TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier", "TreeEnsemble")
 # nodes that pass a tree ensemble's outputs on unchanged
 PASS_THROUGH = ("ZipMap", "Cast", "Identity")
@@ -619,11 +618,16 @@ def _to_ir(model, node, float32_inputs: bool = False) -> Ensemble:
     # four times the file's nodes (at least 2^20) in all trees together, and leaf values
     # (nodes x outputs) twice the file's (at least 2^23): a file of a few hundred bytes could
     # otherwise unfold to gigabytes
+    from onnx import TensorProto
+
+    # ONNX Runtime's sums are double for a double input (its thresholds then compare doubles:
+    # exact for inputs that are float32 values, which the worker stages), float32 otherwise
+    double_input = _input_type(model, node) == TensorProto.DOUBLE
     budget = {"nodes": max(4 * n, 1 << 20),
               "values": min(MAX_LEAF_VALUES, max(2 * n * G, 1 << 23)),
               # ONNX Runtime merges BRANCH_EQ runs into a bit set as wide as its threshold
               # type: 32 values for float, 64 for double (_chain_nan_true)
-              "merge": 64 if _input_type(model, node) == _DOUBLE else 32}
+              "merge": 64 if double_input else 32}
     for t in order:
         tree, group = _tree(t, by_tree[t], node_ids, modes, features, values, tracks, true_ids,
                             false_ids, weights, G, col, members, budget,
@@ -679,11 +683,6 @@ def _to_ir(model, node, float32_inputs: bool = False) -> Ensemble:
         if post not in ("NONE", "PROBIT"):
             raise UnsupportedModelError(f"post_transform {post} on a regressor")
     opset = next((o.version for o in model.opset_import if o.domain == ML), 1)
-    from onnx import TensorProto
-
-    # ONNX Runtime's sums are double for a double input (its thresholds then compare doubles:
-    # exact for inputs that are float32 values, which the worker stages), float32 otherwise
-    double_input = _input_type(model, node) == TensorProto.DOUBLE
     if a["_double"] and not double_input:
         raise UnsupportedModelError("double attributes (*_as_tensor) with a float input")
     producer = f"{model.producer_name} {model.producer_version}".strip()
@@ -715,9 +714,10 @@ def _double_input(modes, values, float32_inputs: bool) -> str:
     """A double input: ONNX Runtime compares the double value with the double threshold, and
     the worker stages every value as float32. Where every threshold is a float32 value the
     two agree on every float32 input and on a double one unless it lies within half a float32
-    step above a threshold; a threshold between two float32 values (skl2onnx's
-    DoubleTensorType export of scikit-learn's midpoints) sends the inputs equal to it, and
-    the doubles just above it, the other way: refused by name unless ``float32_inputs``."""
+    step above a threshold; a threshold between two float32 values (a double export of
+    scikit-learn's float64 midpoints in ``nodes_values_as_tensor``) sends the inputs equal to
+    it, and the doubles just above it, the other way: refused by name unless
+    ``float32_inputs``."""
     thr = np.asarray([v for m, v in zip(modes, values, strict=True)
                       if m not in ("LEAF", "BRANCH_MEMBER")], dtype=np.float64)
     with np.errstate(over="ignore"):
