@@ -7,9 +7,18 @@ incompetent (it broke the import).
     python mutation/run.py                                # every module below (hours)
     python mutation/run.py worker/formats/json.py         # one module, in the edit loop
     python mutation/run.py worker/formats/json.py --report  # the last run's results only
+    python mutation/run.py worker/io/kafka.py --sample 40   # a seeded random 40 of its mutants
+    python mutation/run.py worker/io/kafka.py --rerun-survivors  # after tests were added
 
-The mutants are written into a copy of the checkout (out/mutation/tree, refreshed from the
-files as they stand at each run), never into the files being edited. Sessions are kept in
+A module has from 300 to 2,500 mutants and each costs 7-50 s of tests, so a whole run takes
+hours a module; ``--sample N`` draws N of the module's mutants at random (seeded: the same N
+every time), the rest marked not sampled, and the score is then an estimate from those N
+(its 95% interval is printed beside it). ``--rerun-survivors`` keeps the score as it stood
+("before") and runs the survivors again against the tests as they are now ("after").
+Two modules can run at once (two processes): each has its own copy of the checkout.
+
+The mutants are written into a copy of the checkout (out/mutation/tree/<module>, refreshed
+from the files as they stand at each run), never into the files being edited. Sessions are kept in
 out/mutation/ (one SQLite file a module): a run stopped part way goes on where it stopped;
 delete the file to start over (after the module or its tests change).
 Each module's results go to mutation/RESULTS.md: the score, and every surviving mutant with
@@ -66,8 +75,7 @@ def _tool(name: str) -> str:
 
 def _config(module: str, tests: list[str], timeout: float) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = module.replace("/", "_").removesuffix(".py")
-    cfg = OUT / f"{stem}.toml"
+    cfg = OUT / f"{_stem(module)}.toml"
     cmd = (f"{sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly "
            + " ".join(tests))
     cfg.write_text(f"""[cosmic-ray]
@@ -82,24 +90,26 @@ name = "local"
     return cfg
 
 
-TREE = OUT / "tree"
+def _stem(module: str) -> str:
+    return module.replace("/", "_").removesuffix(".py")
 
 
-def _copy_tree() -> Path:
+def _copy_tree(module: str) -> Path:
     """The checkout as it stands (tracked and new files, and the built extensions) copied to
-    out/mutation/tree: cosmic-ray writes each mutant into the file on disk, so it works on
-    this copy, never on the files being edited (or committed) meanwhile."""
+    out/mutation/tree/<module>: cosmic-ray writes each mutant into the file on disk, so it
+    works on this copy, never on the files being edited (or committed) meanwhile."""
+    tree = OUT / "tree" / _stem(module)
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                            capture_output=True, check=True).stdout.split(b"\0")
     built = [p.relative_to(ROOT) for p in (ROOT / "worker").glob("*.so")]
     for rel in [Path(f.decode()) for f in files if f] + built:
-        src, dst = ROOT / rel, TREE / rel
+        src, dst = ROOT / rel, tree / rel
         if not src.is_file():
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists() or dst.read_bytes() != src.read_bytes():
             shutil.copy2(src, dst)
-    return TREE
+    return tree
 
 
 def _annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -142,11 +152,52 @@ def _skip_annotations(session: Path, module: str) -> int:
     return skipped
 
 
-def run(module: str, timeout: float) -> Path:
+NOT_SAMPLED = "not in the sample"
+
+
+def _sample(session: Path, n: int, seed: int) -> int:
+    """Keep a seeded random n of the pending mutants; mark the others not sampled."""
+    import random
+
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        if any((r.output or "").startswith(NOT_SAMPLED) for _, r in db.results):
+            return 0  # sampled before: the same sample goes on
+        pending = sorted(db.pending_work_items, key=lambda w: w.job_id)
+        keep = set(w.job_id for w in random.Random(seed).sample(pending, min(n, len(pending))))
+        out = [w.job_id for w in pending if w.job_id not in keep]
+        db.set_multiple_results(out, WorkResult(
+            worker_outcome=WorkerOutcome.SKIPPED,
+            output=f"{NOT_SAMPLED} (--sample {n} --seed {seed})"))
+    return len(out)
+
+
+def _rerun_survivors(session: Path, module: str) -> int:
+    """Keep the score as it stands as the module's "before", then make its survivors
+    pending again (their results deleted), to be run against the tests as they are now."""
+    import sqlite3
+
+    state = OUT / "results.json"
+    known = json.loads(state.read_text()) if state.exists() else {}
+    if "before" not in known.get(module, {}):
+        r = results(module)
+        known.setdefault(module, {})["before"] = {
+            k: r[k] for k in ("killed", "survived", "score")}
+        known[module]["before"]["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        state.write_text(json.dumps(known, indent=1))
+    with sqlite3.connect(session) as db:
+        n = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+    return n
+
+
+def run(module: str, timeout: float, sample: int | None = None, seed: int = 55,
+        rerun: bool = False) -> Path:
     tests = MODULES[module]
     cfg = _config(module, tests, timeout)
     session = cfg.with_suffix(".sqlite")
-    tree = _copy_tree()
+    tree = _copy_tree(module)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not session.exists():
         subprocess.run([_tool("cosmic-ray"), "init", str(cfg), str(session)], cwd=tree,
@@ -155,6 +206,12 @@ def run(module: str, timeout: float) -> Path:
                        env=env)
     print(f"{module}: {_skip_annotations(session, module)} mutants in annotations skipped",
           file=sys.stderr)
+    if sample is not None:
+        print(f"{module}: {_sample(session, sample, seed)} mutants not sampled",
+              file=sys.stderr)
+    if rerun:
+        print(f"{module}: {_rerun_survivors(session, module)} survivors to run again",
+              file=sys.stderr)
     t0 = time.monotonic()
     subprocess.run([_tool("cosmic-ray"), "exec", str(cfg), str(session)], cwd=tree,
                    check=True, env=env)
@@ -164,11 +221,11 @@ def run(module: str, timeout: float) -> Path:
 
 def results(module: str) -> dict:
     """The session's jobs: counts by outcome, and the survivors with their place."""
-    stem = module.replace("/", "_").removesuffix(".py")
-    session = OUT / f"{stem}.sqlite"
+    session = OUT / f"{_stem(module)}.sqlite"
     dump = subprocess.run([_tool("cosmic-ray"), "dump", str(session)], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
-    counts = {"killed": 0, "survived": 0, "incompetent": 0, "pending": 0, "skipped": 0}
+    counts = {"killed": 0, "survived": 0, "incompetent": 0, "pending": 0, "skipped": 0,
+              "not_sampled": 0}
     survivors = []
     for line in dump.splitlines():
         job, result = json.loads(line)
@@ -176,7 +233,9 @@ def results(module: str) -> dict:
             counts["pending"] += 1
             continue
         outcome = (result.get("test_outcome") or "").lower()
-        if result.get("worker_outcome", "").lower() == "skipped":
+        if (result.get("output") or "").startswith(NOT_SAMPLED):
+            counts["not_sampled"] += 1
+        elif result.get("worker_outcome", "").lower() == "skipped":
             counts["skipped"] += 1
         elif outcome in counts:
             counts[outcome] += 1
@@ -187,32 +246,67 @@ def results(module: str) -> dict:
                                   "diff": (result.get("diff") or "").strip()})
     done = counts["killed"] + counts["survived"]
     counts["score"] = round(100.0 * counts["killed"] / done, 1) if done else None
+    counts["interval"] = _wilson(counts["killed"], done) if counts["not_sampled"] else None
     return {"module": module, "tests": MODULES[module], **counts,
             "survivors": sorted(survivors, key=lambda s: s["line"])}
 
 
+def _wilson(k: int, n: int) -> list[float] | None:
+    """The 95% Wilson interval of a score k of n drawn at random (in %)."""
+    if not n:
+        return None
+    z, p = 1.96, k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return [round(100 * (mid - half), 1), round(100 * (mid + half), 1)]
+
+
 def write_results(rows: list[dict]) -> None:
-    """mutation/RESULTS.md: every module run so far (kept), this run's replacing its own."""
+    """mutation/RESULTS.md: every module run so far (kept), this run's replacing its own
+    (two runs at once take turns: a lock on the state file)."""
+    import fcntl
+
     state = OUT / "results.json"
-    known = json.loads(state.read_text()) if state.exists() else {}
-    for r in rows:
-        known[r["module"]] = {**r, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    state.write_text(json.dumps(known, indent=1))
+    with open(OUT / "results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        known = json.loads(state.read_text()) if state.exists() else {}
+        for r in rows:
+            before = known.get(r["module"], {}).get("before")
+            known[r["module"]] = {**r, "when": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                             time.gmtime())}
+            if before:
+                known[r["module"]]["before"] = before
+        state.write_text(json.dumps(known, indent=1))
+        _write_md(known)
+
+
+def _write_md(known: dict) -> None:
     lines = ["# Mutation testing results", "",
              "`python mutation/run.py MODULE` (`make mutate`, `make mutate MODULE=...`): "
              "cosmic-ray 8.7.0, each mutant against the module's tests (`mutation/run.py` "
              "MODULES). Score: killed / (killed + survived). Survivors are listed with their "
              "line and change; each is killed by a test or explained in "
-             "`mutation/EQUIVALENT.md`.", "",
-             "| module | tests | mutants | killed | survived | incompetent | pending | score "
-             "| run |", "|---|---|---|---|---|---|---|---|---|"]
+             "`mutation/EQUIVALENT.md`. Where a module was sampled (`--sample N`), the "
+             "score is an estimate from the N drawn at random, its 95% interval beside it. "
+             "Before: the score when the survivors were first listed; after: the same "
+             "mutants once the survivors ran again against the tests written for them "
+             "(`--rerun-survivors`).", "",
+             "| module | tests | mutants | run (not sampled) | killed | survived | "
+             "incompetent | pending | score before | score after (95%) | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in known.values():
-        total = sum(r[k] for k in ("killed", "survived", "incompetent", "pending",
-                                    "skipped"))
+        total = sum(r.get(k, 0) for k in ("killed", "survived", "incompetent", "pending",
+                                           "skipped", "not_sampled"))
         tests = ", ".join(Path(t).name for t in r["tests"] if t.startswith("tests/"))
-        lines.append(f"| {r['module']} | {tests} | "
-                     f"{total} | {r['killed']} | {r['survived']} | {r['incompetent']} | "
-                     f"{r['pending']} | {r['score']}% | {r['when']} |")
+        before = r.get("before")
+        was = f"{before['score']}% ({before['survived']} survived)" if before else "-"
+        now = f"{r['score']}%"
+        if r.get("interval"):
+            now += f" ({r['interval'][0]}-{r['interval'][1]}%)"
+        lines.append(f"| {r['module']} | {tests} | {total} | "
+                     f"{total - r.get('not_sampled', 0)} ({r.get('not_sampled', 0)}) | "
+                     f"{r['killed']} | {r['survived']} | {r['incompetent']} | "
+                     f"{r['pending']} | {was} | {now} | {r['when']} |")
     for r in known.values():
         if not r["survivors"]:
             continue
@@ -229,6 +323,10 @@ def main() -> int:
     ap.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     ap.add_argument("--report", action="store_true", help="write the results of the last run")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a mutant's tests")
+    ap.add_argument("--sample", type=int, help="run a seeded random N of the mutants only")
+    ap.add_argument("--seed", type=int, default=55, help="the sample's seed (55)")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="keep the score as 'before', run the survivors again")
     args = ap.parse_args()
     modules = args.modules or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
@@ -237,7 +335,7 @@ def main() -> int:
     rows = []
     for module in modules:
         if not args.report:
-            run(module, args.timeout)
+            run(module, args.timeout, args.sample, args.seed, args.rerun_survivors)
         rows.append(results(module))
     write_results(rows)
     print(RESULTS.read_text())
