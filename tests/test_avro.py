@@ -380,3 +380,65 @@ def test_paths_no_avro_schema_can_hold_are_refused(tmp_path, model, fields, id_c
     mapping was missing on every row (an attacker review of the fields check)."""
     with pytest.raises(ValueError, match=re.escape(said)):
         _fmt(tmp_path, {7: TXN}, model=model, fields=fields, id_column=id_column)
+
+
+def test_avro_bounds_at_their_edges(tmp_path):
+    """Each bound README's Avro section states, at its value (read) and one past (refused
+    with its reason): 32 nested records, an int's 32 bits, a long's 10 varint bytes, a
+    block's item count against the bytes left, a schema file's 1 MiB (tests/BOUNDS.md)."""
+    # nesting: 32 records read, 33 refused
+    for n, ok in ((32, True), (33, False)):
+        d = tmp_path / f"deep{n}"
+        d.mkdir()
+        path = ".".join(["inner"] * (n - 1) + ["a"])
+        fmt = _fmt(d, {1: _deep(n)}, model=_model(["a"]), id_column=None,
+                   fields={"a": {"path": path}})
+        value = b"\0\0\0\0\1" + struct.pack("<d", 2.0)
+        if ok:
+            assert fmt.decode(value).data[0].tolist() == [[2.0]]
+        else:
+            with pytest.raises(InvalidMessage, match="nested deeper than 32") as e:
+                fmt.decode(value)
+            assert e.value.code == "bad_schema"
+    # an int: -2^31 .. 2^31 - 1 read, one past either end refused
+    fmt = _fmt(tmp_path, {9: SIMPLE}, model=_model(["a", "u"]))
+    for v in (2**31 - 1, -2**31):
+        got = fmt.decode(_body(*GOOD[:5], _long(v), *GOOD[6:])).data[0]
+        assert got[0, 1] == np.float32(v)
+    for v in (2**31, -2**31 - 1):
+        with pytest.raises(InvalidMessage, match="an int outside 32 bits"):
+            fmt.decode(_body(*GOOD[:5], _long(v), *GOOD[6:]))
+    # a long: the ten bytes of 2^63 - 1 and -2^63 read (the id), an eleventh refused
+    for v in (2**63 - 1, -2**63):
+        assert len(_long(v)) == 10
+        assert fmt.decode(_body(_long(v), *GOOD[1:])).data[1].tolist() == [v]
+    with pytest.raises(InvalidMessage, match="more than 10 bytes"):
+        fmt.decode(_body(b"\xff" * 9 + b"\x81\x00", *GOOD[1:]))
+    # a block of items that take a byte each: as many as the bytes left read, one more refused
+    longs = {"type": "record", "name": "L", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": "long"}},
+        {"name": "a", "type": "double"}]}
+    fmt = _fmt(tmp_path, {3: longs}, model=_model(["a"]), id_column=None)
+    tail = _long(0) + struct.pack("<d", 2.0)  # the block's end, then a: 9 bytes
+    value = b"\0\0\0\0\3" + _long(3) + b"\2\4\6" + tail
+    assert fmt.decode(value).data[0].tolist() == [[2.0]]
+    left = 3 + len(tail)  # the bytes after the count
+    exact = b"\0\0\0\0\3" + _long(left) + b"\2" * left
+    assert _reason(fmt, exact) == "bad_avro"  # read as far as the bytes go: cut short
+    with pytest.raises(InvalidMessage, match="the record is cut short"):
+        fmt.decode(exact)
+    with pytest.raises(InvalidMessage, match="a block of more items than the bytes left"):
+        fmt.decode(b"\0\0\0\0\3" + _long(left + 1) + b"\2" * left)
+    # a schema file: 1 MiB read, one byte more refused
+    pad = json.dumps(SIMPLE)
+    for size, ok in ((1 << 20, True), ((1 << 20) + 1, False)):
+        d = tmp_path / f"size{size}"
+        d.mkdir()
+        fmt = _fmt(d, {9: pad + " " * (size - len(pad))}, model=_model(["a"]))
+        assert (d / "schemas" / "9.avsc").stat().st_size == size
+        if ok:
+            assert fmt.decode(_body(*GOOD)).data[0].tolist() == [[1.5]]
+        else:
+            with pytest.raises(InvalidMessage, match="over 1 MiB") as e:
+                fmt.decode(_body(*GOOD))
+            assert e.value.code == "bad_schema"
