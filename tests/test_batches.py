@@ -74,6 +74,24 @@ def test_row_and_byte_bounds_are_upper_bounds():
     assert [len(b) for b in sink.batches] == [3, 2]
 
 
+def test_row_and_byte_bounds_at_their_edge():
+    """A batch holds exactly max_batch_rows rows and max_batch_bytes bytes; one row or one
+    byte less and the last message waits (tests/BOUNDS.md)."""
+    recs = [_rec(0, i, rows=1000) for i in range(4)]
+    for bound, sizes in ((2000, [2, 2]), (1999, [1, 1, 1, 1])):
+        src, sink = ScriptedSource([recs]), RecordingSink()
+        assert _worker(src, sink, max_batch_rows=bound).run() == 0
+        assert [len(b) for b in sink.batches] == sizes, bound
+    w = _worker(ScriptedSource([]), RecordingSink())
+    each = {max(len(r.value), w.pipeline.decode(r).nbytes) for r in recs}
+    assert len(each) == 1  # the four messages count alike
+    n = each.pop()
+    for bound, sizes in ((2 * n, [2, 2]), (2 * n - 1, [1, 1, 1, 1])):
+        src, sink = ScriptedSource([recs]), RecordingSink()
+        assert _worker(src, sink, max_batch_bytes=max(1024, bound)).run() == 0
+        assert [len(b) for b in sink.batches] == sizes, bound
+
+
 def test_message_bound_limits_each_poll():
     src, sink = ScriptedSource([[_rec(0, i) for i in range(3)], [_rec(0, 3), _rec(0, 4)]]), \
         RecordingSink()
