@@ -339,3 +339,31 @@ def body_buffers(data: bytes, k: int = 1) -> list[tuple[int, int]]:
     body = meta + n
     return [(body + struct.unpack_from("<q", data, vec + 4 + 16 * j)[0],
              struct.unpack_from("<q", data, vec + 12 + 16 * j)[0]) for j in range(count)]
+
+
+def stored_uncompressed(data: bytes, k: int = 1, size: int = -1) -> bytes:
+    """Message ``k`` (compressed with LZ4) with every compressed buffer stored as it is, its
+    size prefix ``size`` (-1: the format's "not compressed", as Arrow writers other than
+    pyarrow's store a buffer compression would not shrink) and its decompressed bytes after."""
+    import pyarrow as pa
+
+    meta, n = messages(data)[k]
+    msg = meta + _u32(data, meta)
+    body_at = _field(data, msg, 3)
+    body_len = struct.unpack_from("<q", data, body_at)[0]
+    vec = _ref(data, _ref(data, msg, 2), 2)
+    body0 = meta + n
+    out = bytearray(data[:body0])
+    body = bytearray()
+    for j in range(_u32(data, vec)):
+        p = vec + 4 + 16 * j
+        off, ln = struct.unpack_from("<qq", data, p)
+        content = data[body0 + off:body0 + off + ln]
+        if ln:
+            want = struct.unpack_from("<q", content, 0)[0]
+            raw = pa.decompress(content[8:], want, codec="lz4", asbytes=True)
+            content = struct.pack("<q", size) + raw
+        struct.pack_into("<qq", out, p, len(body), len(content))
+        body += content + b"\0" * (-len(content) % 8)
+    struct.pack_into("<q", out, body_at, len(body))
+    return bytes(out) + bytes(body) + data[body0 + body_len:]

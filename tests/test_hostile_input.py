@@ -5,6 +5,7 @@ nothing crashes."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 
@@ -536,3 +537,149 @@ def test_string_views_in_several_batches_are_bounded_before_validation():
     with pytest.raises(codec.InvalidMessage, match="string views") as e:
         dec.decode_keyed(value)
     assert e.value.code == "too_large"
+
+
+# ---- found by mutation testing (issue 55, mutation/RESULTS.md: worker/codec.py) -----------
+
+def _lz4(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema,
+                           options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_buffer_stored_uncompressed_is_read_and_a_negative_size_refused():
+    # the format lets a writer store a buffer compression would not shrink as it is, its size
+    # prefix -1 (Arrow writers other than pyarrow's do): read as pyarrow reads it; any other
+    # negative size is no size at all
+    t = demo.generate(300, seed=3).select(demo.FEATURES)
+    t = t.add_column(0, demo.ID_COLUMN, pa.array(np.arange(300, dtype=np.int64)))
+    stored = F.stored_uncompressed(_lz4(t))
+    assert pa.ipc.open_stream(stored).read_all().equals(t)  # the reference reads it
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    assert dec.decode(stored).equals(t.to_batches()[0])
+    with pytest.raises(codec.InvalidMessage, match="^not_arrow.*negative size"):
+        dec.decode_keyed(F.stored_uncompressed(_lz4(t), size=-2))
+
+
+def test_the_stream_caps_hold_together():
+    # MAX_BATCHES record batches and MAX_DICTIONARY_BATCHES dictionary batches in one
+    # message (the schema, then both at their caps) is read, every row
+    k, n = codec.MAX_DICTIONARY_BATCHES, codec.MAX_BATCHES
+    words = [f"card-{i}" for i in range(2 * k)]
+    batches = []
+    for i in range(n):
+        grown = min(i, k - 1)  # the first k batches each grow the dictionary: a delta each
+        ids = pa.DictionaryArray.from_arrays(pa.array([2 * grown, 2 * grown + 1], pa.int32()),
+                                             pa.array(words[:2 * grown + 2]))
+        batches.append(_small(0, ids=ids))
+    value = _batches_stream(batches, emit_dictionary_deltas=True)
+    reader = pa.ipc.open_stream(value)
+    reader.read_all()
+    assert (reader.stats.num_dictionary_batches, reader.stats.num_record_batches) == (k, n)
+    got = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20).decode(value)
+    assert got.num_rows == 2 * n
+    assert got.column(demo.ID_COLUMN).to_pylist()[-2:] == words[-2:]
+
+
+def test_a_dictionary_delta_adds_to_the_work_of_each_batch_after_it():
+    # a 1 MB dictionary, a delta of 1 MB more, then batches that use both: each batch after
+    # the delta validates 2 MB; 33 of them pass a 64 MB bound that 1 MB each would not
+    first, second = "x" * (1 << 20), "y" * (1 << 20)
+
+    def message(after):
+        def batch(dictionary):
+            ids = pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()),
+                                                 pa.array(dictionary))
+            return pa.record_batch({demo.ID_COLUMN: ids, **{
+                f: pa.array(np.zeros(1, np.float32)) for f in demo.FEATURES}})
+        return _batches_stream([batch([first])] + [batch([first, second])] * after,
+                               emit_dictionary_deltas=True)
+
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    assert dec.decode(message(20)).num_rows == 21  # 1 + 20 x 2 MB of work: read
+    big = message(33)  # 1 + 33 x 2 MB = 67 MB (as 1 MB each: 34 MB)
+    assert len(big) < 3 << 20
+    with pytest.raises(codec.InvalidMessage, match="^too_large.*share dictionaries"):
+        dec.decode_keyed(big)
+
+
+def test_a_missing_feature_column_is_named():
+    t = demo.generate(5, seed=1).select(demo.FEATURES[1:])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    dec = codec.Decoder(demo.FEATURES, None)
+    with pytest.raises(codec.InvalidMessage) as e:
+        dec.decode(sink.getvalue().to_pybytes())
+    assert e.value.code == "missing_column"
+    assert str(e.value).endswith(f"missing feature column(s): {demo.FEATURES[0]}")
+
+
+def test_unseen_categories_are_counted_per_message():
+    cats = {demo.FEATURES[0]: ["a", "b"]}
+
+    def message(words):
+        col = pa.array(words).dictionary_encode()
+        t = demo.generate(len(words), seed=1).select(demo.FEATURES)
+        return _batches_stream(t.set_column(0, demo.FEATURES[0], col).to_batches())
+
+    dec = codec.Decoder(demo.FEATURES, None, categories=cats)
+    got = dec.decode(message(["a", "zz", None, "zz", "b"]))
+    assert dec.unseen == {demo.FEATURES[0]: 2}
+    codes = got.column(0).to_numpy(zero_copy_only=False)
+    assert codes[0] == 0 and np.isnan(codes[1])  # a code; unseen: missing
+    dec.decode(message(["b", "a"]))
+    assert dec.unseen == {}  # the last message's, none
+
+
+def test_the_schema_cache_holds_as_many_schemas_as_it_is_given():
+    # a message whose schema is cached is read in C (a Raw); the cache holds cache_size
+    # schemas, then starts over
+    def message(order, seed):
+        t = demo.generate(4, seed=seed).select(order)
+        return _batches_stream(t.to_batches())
+
+    a, b, c = demo.FEATURES, demo.FEATURES[::-1], demo.FEATURES[1:] + demo.FEATURES[:1]
+    dec = codec.Decoder(demo.FEATURES, None, cache_size=2)
+    for order in (a, b):
+        assert not isinstance(dec.decode_keyed(message(order, 1))[0], codec.Raw)
+    for order in (a, b):  # both held
+        assert isinstance(dec.decode_keyed(message(order, 2))[0], codec.Raw), order
+    dec.decode_keyed(message(c, 1))  # a third: the cache starts over
+    assert not isinstance(dec.decode_keyed(message(a, 3))[0], codec.Raw)
+
+
+def test_legacy_framed_streams_of_two_schemas_are_each_read_by_their_own():
+    # before Arrow 0.15 a message had no continuation marker: no schema bytes to cache by;
+    # two schemas whose messages begin alike must not share a plan
+    def legacy(order, seed):
+        t = demo.generate(6, seed=seed).select(order)
+        t = t.add_column(0, demo.ID_COLUMN, pa.array(np.arange(6, dtype=np.int64) + seed))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema,
+                               options=pa.ipc.IpcWriteOptions(use_legacy_format=True)) as w:
+            w.write_table(t)
+        return t, sink.getvalue().to_pybytes()
+
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN)
+    for seed, order in enumerate([demo.FEATURES, demo.FEATURES[::-1]] * 2):
+        t, value = legacy(order, seed)
+        assert value[:4] != b"\xff\xff\xff\xff"
+        got = dec.decode(value)
+        for name in demo.FEATURES + [demo.ID_COLUMN]:
+            assert got.column(name).equals(t.column(name).chunk(0)), (seed, name)
+
+
+def test_a_flatbuffer_field_past_its_vtable_is_absent():
+    # flatbuffers: a table's vtable lists as many fields as the writer wrote; a field past
+    # its end is absent (its default), whatever bytes follow the vtable
+    vtable = struct.pack("<HHH", 6, 8, 4)  # 6 bytes, a table of 8, field 0 at +4
+    after = b"\x09\x00\x07\x00"  # not a vtable entry: bytes that follow it
+    table = len(vtable) + len(after)
+    fb = vtable + after + struct.pack("<i", table) + struct.pack("<I", 42)
+    assert codec._fb_field(fb, table, 0) == table + 4
+    assert struct.unpack_from("<I", fb, codec._fb_field(fb, table, 0))[0] == 42
+    assert codec._fb_field(fb, table, 1) == 0
+    assert codec._fb_field(fb, table, 2) == 0
