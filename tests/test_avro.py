@@ -442,3 +442,86 @@ def test_avro_bounds_at_their_edges(tmp_path):
             with pytest.raises(InvalidMessage, match="over 1 MiB") as e:
                 fmt.decode(_body(*GOOD))
             assert e.value.code == "bad_schema"
+
+
+# ---- found by mutation testing (issue 55, mutation/RESULTS.md: worker/formats/avro.py) ----
+
+@pytest.mark.parametrize("id_type", ["long", "string", None])
+@pytest.mark.parametrize("n", [1, 3])
+def test_gathered_rows_and_ids_are_the_messages_own(tmp_path, id_type, n):
+    # gather is what the pipeline scores; a group it cannot gather is taken message by
+    # message (worker/pipeline.py), which hid a gather that read the ids as rows
+    fields = [{"name": "a", "type": ["null", "double"]}, {"name": "b", "type": "float"}]
+    if id_type:
+        fields.insert(0, {"name": "txn_id", "type": id_type})
+    schema = {"type": "record", "name": "G", "fields": fields}
+    fmt = _fmt(tmp_path, {4: schema}, model=_model(["a", "b"]),
+               id_column="txn_id" if id_type else None)
+    records = [{"txn_id": (10 + i if id_type == "long" else f"t{i}"),
+                "a": None if i == 1 else 1.5 * i, "b": -2.0 * i} for i in range(n)]
+    g = fmt.gather([fmt.decode(wire(4, schema, r)) for r in records])
+    want = np.array([[np.nan if r["a"] is None else r["a"], r["b"]] for r in records],
+                    np.float32)
+    np.testing.assert_array_equal(np.asarray(g.X), want)
+    assert g.offsets.tolist() == list(range(n + 1))
+    if id_type == "long":
+        assert g.ids.tolist() == [r["txn_id"] for r in records] and g.own_ids is None
+    elif id_type == "string":
+        assert [x.to_pylist() for x in g.own_ids] == [[r["txn_id"]] for r in records]
+    else:
+        assert g.ids.tolist() == [0] * n  # each row's index in its message
+
+
+def test_features_under_a_null_record_are_missing_not_absent(tmp_path):
+    # a record on the way to several features is null: each of them is missing (NaN), not
+    # absent (which a required feature is refused for), the first as the others
+    card = {"type": "record", "name": "Card", "fields": [
+        {"name": "x", "type": "double"}, {"name": "y", "type": "double"}]}
+    schema = {"type": "record", "name": "N", "fields": [
+        {"name": "card", "type": ["null", card]}, {"name": "a", "type": "double"}]}
+    for names in (["card.x", "card.y", "a"], ["a", "card.x", "card.y"]):
+        d = tmp_path / names[0]
+        d.mkdir()
+        fmt = _fmt(d, {5: schema}, model=_model(names), id_column=None,
+                   fields={n: {"path": n} for n in names})
+        X = fmt.decode(wire(5, schema, {"card": None, "a": 3.0})).data[0]
+        want = [3.0 if n == "a" else np.nan for n in names]
+        np.testing.assert_array_equal(X[0], np.array(want, np.float32))
+        X = fmt.decode(wire(5, schema, {"card": {"x": 1.0, "y": 2.0}, "a": 3.0})).data[0]
+        assert X[0].tolist() == [{"card.x": 1.0, "card.y": 2.0, "a": 3.0}[n] for n in names]
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_arrays_of_short_fixed_values_are_read_item_by_item(tmp_path, size):
+    # a fixed of one byte takes a byte: its array's items are read, not skipped by count
+    schema = {"type": "record", "name": "F", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": {
+            "type": "fixed", "name": "One", "size": size}}},
+        {"name": "a", "type": "double"}]}
+    fmt = _fmt(tmp_path, {6: schema}, model=_model(["a"]), id_column=None)
+    value = wire(6, schema, {"xs": [b"\1" * size] * 3, "a": 2.5})
+    assert fmt.decode(value).data[0].tolist() == [[2.5]]
+
+
+def test_a_schema_whose_dropped_nodes_pass_the_plans_work_bound_is_refused(tmp_path):
+    # a record of 200 null fields takes no bytes and reads nothing: each use is compiled
+    # (201 nodes) and dropped, so the plan stays small while compiling it is not; the work is
+    # bounded (4 x MAX_NODES nodes compiled), not only what the plan keeps
+    from worker.formats.avro import MAX_NODES
+
+    empty = {"type": "record", "name": "E", "fields": [
+        {"name": f"n{k}", "type": "null"} for k in range(200)]}
+
+    def schema(uses):
+        return {"type": "record", "name": "T", "fields": [
+            {"name": "u0", "type": empty},
+            *({"name": f"u{k}", "type": "E"} for k in range(1, uses)),
+            {"name": "a", "type": "double"}]}
+
+    under, over = (4 * MAX_NODES) // 201 - 10, (4 * MAX_NODES) // 201 + 10
+    fmt = _fmt(tmp_path, {7: schema(under), 8: schema(over)}, model=_model(["a"]),
+               id_column=None)
+    assert fmt.decode(b"\0\0\0\0\7" + struct.pack("<d", 2.0)).data[0].tolist() == [[2.0]]
+    with pytest.raises(InvalidMessage, match=f"over {MAX_NODES} nodes") as e:
+        fmt.decode(b"\0\0\0\0\x08" + struct.pack("<d", 2.0))
+    assert e.value.code == "bad_schema"
