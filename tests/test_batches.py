@@ -206,3 +206,26 @@ def test_a_file_sink_fsyncs_before_a_kafka_source_commits(tmp_path, monkeypatch)
     sink.deliver(ScriptedSource([]), [_rec(0, 2)], [_rec(0, 2)], [])  # a file source: no fsync
     assert events == []
     sink.close()
+
+
+def test_a_group_that_fails_to_gather_is_scored_message_by_message_and_said(monkeypatch):
+    # each message is still scored (alone); the failure is a warning, not silence
+    from structlog.testing import capture_logs
+
+    from worker.formats.arrow import ArrowFormat
+
+    real = ArrowFormat.gather
+
+    def gather(self, messages):
+        if len(messages) > 1:
+            raise RuntimeError("planted: a group never gathers")
+        return real(self, messages)
+
+    monkeypatch.setattr(ArrowFormat, "gather", gather)
+    recs = [_rec(0, i) for i in range(3)]
+    src, sink = ScriptedSource([recs]), RecordingSink()
+    with capture_logs() as logs:
+        assert _worker(src, sink).run() == 0
+    assert len(sink.outputs) == 3 and not [r for r in sink.outputs if r.topic != "scores"]
+    said = [e for e in logs if "failed to gather" in e["event"]]
+    assert said and said[0]["messages"] >= 2 and "planted" in said[0]["error"]

@@ -327,6 +327,10 @@ class Pipeline:
             if len(members) == 1:
                 self._dead(out, out.record(members[0]), InvalidMessage("score_error", str(exc)))
             else:
+                # said, not only survived: a group that never gathers is a bug (found by
+                # mutation testing: every message then scored alone, correct and slow)
+                log.warning("a group of messages failed to gather or score; scoring them one "
+                            "by one", messages=len(members), error=str(exc)[:200])
                 for i in members:
                     self._isolated([i], out)
             return
