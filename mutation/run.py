@@ -63,7 +63,8 @@ MODULES = {
     "worker/io/kafka.py": ["tests/test_rebalance.py", "tests/test_hostile_runs.py",
                            "tests/test_kafka_errors.py"],
     "worker/config.py": ["tests/test_cli_config.py", "tests/test_config_guards.py",
-                         "tests/test_security_config.py"],
+                         "tests/test_security_config.py", "tests/test_config_bounds.py",
+                         "tests/test_docs.py"],
     "worker/model/onnx_loader.py": ["tests/test_onnx.py", "tests/test_onnx5.py"],
 }
 

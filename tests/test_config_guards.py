@@ -210,3 +210,72 @@ def test_exactly_once_only_where_it_holds(tmp_path, source, sink, why):
     both = {**cfg, "source": MINIMAL["source"], "sink": {"type": "file",
                                                          "path": str(tmp_path / "o.arrows")}}
     assert load_settings(None, **both).delivery.mode == "exactly_once"
+
+
+# ---- found by mutation testing (issue 55, mutation/RESULTS.md: worker/config.py) -----------
+
+@pytest.mark.parametrize("budget_mb", [256, 1024, 4096, 65536])
+def test_librdkafkas_queues_are_the_documented_fractions_of_the_memory_budget(budget_mb):
+    # README (delivery.memory_budget_mb): the consumer's prefetch a sixteenth, the producer's
+    # queue an eighth; librdkafka's own ceilings cap them (fetch.max.bytes at 50 MiB, the
+    # prefetch at 2,097,151 KiB)
+    s = load_settings(None, **MINIMAL, delivery={"memory_budget_mb": budget_mb,
+                                                 "max_batch_bytes": 1 << 20})
+    budget_kib = budget_mb * 1024
+    consumer, producer = s.consumer_config(), s.producer_config(transactional=False)
+    assert consumer["queued.max.messages.kbytes"] == min(2_097_151, budget_kib / 16)
+    assert consumer["fetch.max.bytes"] == min(50 << 20, budget_kib * 1024 / 16)
+    assert producer["queue.buffering.max.kbytes"] == budget_kib / 8
+
+
+def test_a_json_lines_file_is_read_as_json_and_only_as_json():
+    path = "events.jsonl"  # (read when the worker starts, not here)
+    s = load_settings(None, model=MINIMAL["model"], source={"type": "file", "path": path,
+                                                            "format": "json"})
+    assert s.source.format == "json"
+    for fmt in ("arrow", "avro"):
+        with pytest.raises(ConfigError, match="holds JSON lines: set source.format to json"):
+            load_settings(None, model=MINIMAL["model"],
+                          source={"type": "file", "path": path, "format": fmt,
+                                  **({"schemas_dir": "."} if fmt == "avro" else {})})
+
+
+@pytest.mark.parametrize("written", ["sasl_ssl", " Sasl_Ssl "])
+def test_protocol_and_mechanism_names_are_read_in_any_case(written, monkeypatch):
+    monkeypatch.setenv("SCORING_WORKER__KAFKA__SASL_PASSWORD", "pw")
+    s = load_settings(None, **MINIMAL, kafka={"security_protocol": written,
+                                              "sasl_mechanism": "scram-sha-512",
+                                              "sasl_username": "u"})
+    assert (s.kafka.security_protocol, s.kafka.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+
+
+def test_a_password_file_gone_when_the_clients_are_made_is_a_config_error_naming_it(
+        tmp_path):
+    # checked when the configuration is read, and read again when the clients are made (a
+    # Secret volume unmounted or rotated in between): named, never a traceback
+    path = tmp_path / "pw"
+    path.write_text("secret\n")
+    s = load_settings(None, **MINIMAL, kafka={"security_protocol": "SASL_SSL",
+                                              "sasl_mechanism": "PLAIN", "sasl_username": "u",
+                                              "sasl_password_file": str(path)})
+    assert s.kafka.common()["sasl.password"] == "secret"
+    path.unlink()
+    with pytest.raises(ConfigError, match="kafka.sasl_password_file: cannot read"):
+        s.kafka.common()
+
+
+def test_a_validated_configuration_cannot_be_changed():
+    # every section is frozen: a setting read at start-up is the one in force
+    from pydantic import BaseModel, ValidationError
+
+    s = load_settings(None, **MINIMAL, scoring={"lazy": {"mode": "certified", "tau": 0.9}})
+    sections = [s]
+    while sections:
+        sec = sections.pop()
+        for name, value in type(sec).model_fields.items():
+            current = getattr(sec, name)
+            if isinstance(current, BaseModel):
+                sections.append(current)
+            with pytest.raises((ValidationError, TypeError, AttributeError)):
+                setattr(sec, name, current)
+            del value

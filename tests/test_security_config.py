@@ -185,3 +185,19 @@ def test_plain_without_tls_is_warned_about(tmp_path, monkeypatch):
                          "sasl_username": "w"},
               env={"SCORING_WORKER__KAFKA__SASL_PASSWORD": "x"}, monkeypatch=monkeypatch)
     assert any("clear text" in w for w in s.kafka.warnings())
+
+
+def test_every_secret_in_the_file_is_named_with_its_own_way_in(tmp_path):
+    # not the first alone, and not the SASL password's way for a key password
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, {"security_protocol": "SASL_SSL", "sasl_password": "pw-A1",
+                         "ssl_key_password": "pw-B2",
+                         "client": {"ssl.keystore.password": "pw-C3"}})
+    said = str(e.value)
+    assert said.startswith("config error: kafka.sasl_password, kafka.ssl_key_password, "
+                           "kafka.client.ssl.keystore.password: passwords in")
+    for way in ("SCORING_WORKER__KAFKA__SASL_PASSWORD or kafka.sasl_password_file",
+                "SCORING_WORKER__KAFKA__SSL_KEY_PASSWORD or kafka.ssl_key_password_file",
+                "SCORING_WORKER__KAFKA__CLIENT"):
+        assert way in said
+    assert "pw-" not in said  # never the values

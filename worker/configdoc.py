@@ -32,6 +32,17 @@ def _models_in(annotation) -> list[type[BaseModel]]:
     return [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
 
 
+def _optional_model(annotation) -> type[BaseModel] | None:
+    """The section an optional field holds when set (``ExplainConfig | None``)."""
+    import typing
+
+    options = [t for t in typing.get_args(annotation) if t is not type(None)]
+    if len(options) == 1 and isinstance(options[0], type) and \
+            issubclass(options[0], BaseModel):
+        return options[0]
+    return None
+
+
 def _default(field) -> str:
     if field.default_factory is not None:
         value = field.default_factory()
@@ -41,8 +52,26 @@ def _default(field) -> str:
     return repr(field.default)
 
 
+def _range(field) -> str:
+    """The bounds a field's value is held to (``a .. b``, ``>= a``, ``<= b``; a text's length
+    in characters), as validation enforces them: tests/test_config_bounds.py tries each."""
+    lo = hi = None
+    chars = False
+    for m in field.metadata:
+        for attr, is_lo, is_len in (("ge", True, False), ("le", False, False),
+                                    ("min_length", True, True), ("max_length", False, True)):
+            if hasattr(m, attr):
+                lo, hi = (getattr(m, attr), hi) if is_lo else (lo, getattr(m, attr))
+                chars = chars or is_len
+    if lo is None and hi is None:
+        return ""
+    text = f"{lo} .. {hi}" if lo is not None and hi is not None else \
+        f">= {lo}" if lo is not None else f"<= {hi}"
+    return f"`{text}`" + (" characters" if chars else "")
+
+
 def render() -> str:
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    lines = ["| key | type | default | range | meaning |", "|---|---|---|---|---|"]
 
     def walk(model: type[BaseModel], prefix: str):
         for name, field in model.model_fields.items():
@@ -53,11 +82,16 @@ def render() -> str:
                 continue
             doc = (field.description or "").replace("|", "\\|").replace("\n", " ")
             typ = _type_name(ann).replace("|", "\\|")
-            lines.append(f"| `{key}` | `{typ}` | `{_default(field)}` | {doc} |")
+            lines.append(f"| `{key}` | `{typ}` | `{_default(field)}` | {_range(field)} | "
+                         f"{doc} |")
             for inner in _models_in(ann):  # dict values that are sections of their own
                 walk(inner, key + ".<name>.")
+            inner = _optional_model(ann)
+            if inner is not None:  # a section that is off until set
+                walk(inner, key + ".")
         if model.model_config.get("extra") == "allow":
-            lines.append(f"| `{prefix}<param>` | any | | policy parameter, e.g. `tau: 0.95` |")
+            lines.append(f"| `{prefix}<param>` | any | | | policy parameter, e.g. "
+                         "`tau: 0.95` |")
 
     walk(Settings, "")
     lines.append("")
