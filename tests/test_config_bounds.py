@@ -96,3 +96,20 @@ def test_each_documented_default_is_the_default(key, default, rng):
     if len(sections) == 2:  # an optional section (scoring.explain), set with nothing in it
         base.setdefault(sections[0], {})[sections[1]] = {}
     assert repr(_get(load_settings(None, **base), key)) == default
+
+
+@pytest.mark.parametrize("budget_mb", [256, 1000])
+def test_the_message_and_batch_bounds_within_the_memory_budget_at_their_edge(budget_mb):
+    # README: a message at most a quarter of delivery.memory_budget_mb, a batch an eighth
+    budget = budget_mb * 1024 * 1024
+    for key, most in (("max_message_bytes", budget // 4), ("max_batch_bytes", budget // 8)):
+        other = {"max_batch_bytes": 1024} if key == "max_message_bytes" else {}
+        ok = load_settings(None, model={"path": "m.model"}, source=dict(SOURCE),
+                           delivery={"memory_budget_mb": budget_mb, key: most, **other})
+        assert getattr(ok.delivery, key) == most
+        with pytest.raises(ConfigError, match=f"delivery.{key}: {most + 1} is more than"):
+            load_settings(None, model={"path": "m.model"}, source=dict(SOURCE),
+                          delivery={"memory_budget_mb": budget_mb, key: most + 1, **other})
+    text = README.read_text()
+    assert "default: an eighth of memory_budget_mb, at most a quarter of it" in text
+    assert "at most an eighth of memory_budget_mb" in text

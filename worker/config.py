@@ -485,7 +485,7 @@ class DeliveryConfig(_Section):
     """A message of more rows is dead-lettered (`too_large`) instead of scored."""
     max_message_bytes: int | None = Field(None, ge=1024)
     """A message larger than this decoded (the columns read) is dead-lettered (`too_large`);
-    default: an eighth of memory_budget_mb."""
+    default: an eighth of memory_budget_mb, at most a quarter of it."""
     memory_budget_mb: int = Field(1024, ge=256)
     """What the worker may hold: librdkafka's prefetch (1/16) and producer queue (1/8), one
     message (max_message_bytes, 1/8) and a batch are sized from it. Give the container
@@ -493,7 +493,8 @@ class DeliveryConfig(_Section):
     max_batch_rows: int = Field(8192, ge=1)
     """A batch (one transaction) ends once it holds this many rows..."""
     max_batch_bytes: int = Field(16 << 20, ge=1024)
-    """...or this many bytes (a message counts its input or decoded size, the larger)..."""
+    """...or this many bytes (a message counts its input or decoded size, the larger; at most
+    an eighth of memory_budget_mb)..."""
     max_batch_messages: int = Field(2000, ge=1)
     """...or this many messages..."""
     max_wait_ms: int = Field(20, ge=0, le=60_000)
