@@ -558,6 +558,7 @@ def test_a_long_equality_chain_unfolds_in_linear_size():
     ([33.0, 34.0, 70.0], (0, 1, 1)),
     ([64.0, 2.0], (0, 1)),
     ([65.0, 66.0], (0, 1)),  # past 64: apart on both
+    ([63.0, 64.0, 65.0], (0, 0, 1)),  # 64 merges, 65 does not
 ])
 def test_a_double_inputs_equality_chain_routes_nan_as_onnx_runtimes_64_bit_set(values, tracks):
     """ONNX Runtime merges a BRANCH_EQ run into a bit set as wide as its threshold type: whole
@@ -917,3 +918,43 @@ def test_softmax_zero_matches_onnx_runtime(tmp_path):
                          post="SOFTMAX_ZERO", classifier=True, base=[0.25])
     with pytest.raises(UnsupportedModelError, match="SOFTMAX_ZERO on a binary"):
         worker.compile_model(binary)
+
+
+# ---- found by mutation testing (issue 55, mutation/RESULTS.md: worker/model/onnx_loader.py) -
+
+@pytest.mark.parametrize("labels", ["int", "str"])
+def test_a_zipmap_export_is_scored_as_onnx_runtime_maps_it(labels):
+    # skl2onnx's default export ends in a ZipMap (a dictionary of label -> probability a
+    # row): the loader reads through it when it maps the tree's classes in order
+    from skl2onnx import to_onnx
+    from sklearn.ensemble import RandomForestClassifier
+
+    X, _, y3 = _training()
+    Xf = np.nan_to_num(X)
+    y = np.array(["fraud", "good", "review"])[y3] if labels == "str" else y3
+    est = RandomForestClassifier(n_estimators=10, max_depth=6, random_state=0).fit(Xf, y)
+    m = to_onnx(est, Xf[:1])  # zipmap on: the default
+    assert [n.op_type for n in m.graph.node][-1] == "ZipMap"
+    compiled = worker.compile_model(m)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rows = Xf[:300]
+    maps = sess.run(None, {sess.get_inputs()[0].name: rows})[1]
+    want = np.array([[d[c] for c in est.classes_] for d in maps], np.float32)
+    got = compiled.raw(rows, n_threads=1).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_weights_fewer_than_their_tree_ids_are_refused():
+    from worker.model import onnx_loader
+
+    m = _one_tree([(0, "BRANCH_LEQ", 1, 0.5, 1, 2, 0), (1, "LEAF", 0, 0.0, 0, 0, 0),
+                   (2, "LEAF", 0, 0.0, 0, 0, 0)], [(1, 0.25), (2, 0.75)])
+    node = onnx_loader.tree_node(m)
+    for a in node.attribute:
+        if a.name == "target_weights":
+            del a.floats[-1]
+    with pytest.raises(UnsupportedModelError, match="target_weights and target_treeids "
+                       "differ in length"):
+        worker.compile_model(m)
