@@ -7,6 +7,7 @@ and idle clients) get a 4xx and the server keeps serving; hot swap between reque
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -808,3 +809,292 @@ def test_the_lazy_policy_and_thresholds_are_the_workers(artifacts, tmp_path):
     assert (work <= 25).all() and (work < 25).any()
     stops = {x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("stop_reason")}
     assert stops - {"full"}
+
+
+# ---- what mutation testing found unheld ---------------------------------------------------------
+
+_INDEX = {f: j for j, f in enumerate(NAMES)}
+
+
+def _binary_post(server, inputs: list[dict], chunks: list[bytes], trailing: bytes = b""):
+    head = json.dumps({"inputs": inputs}).encode()
+    return post(server, "/v2/models/binary/infer", head + b"".join(chunks) + trailing,
+                {"Inference-Header-Content-Length": str(len(head)),
+                 "Content-Type": "application/octet-stream"})
+
+
+def _error(out: bytes) -> str:
+    return json.loads(out)["error"]
+
+
+def _parse(inputs: list[dict], contract=_INDEX) -> np.ndarray:
+    body = json.dumps({"inputs": inputs}).encode()
+    return oip.parse_infer(body, None, contract, 100, True, False).X
+
+
+def test_a_matrix_narrower_than_the_models_features_is_refused(server):
+    """[7, 6] with 49 values (7 rows of the model's 7) is not [n, 7]: refused, not reshaped."""
+    F = M.N_FEATURES
+    body = {"inputs": [{"name": "x", "shape": [7, F - 1], "datatype": "FP32",
+                        "data": [1.0] * (7 * F)}]}
+    status, _, out = post(server, "/v2/models/binary/infer", json.dumps(body).encode())
+    assert status == 400 and f"[7, {F - 1}]" in _error(out), out
+    X = np.ones((2, F), np.float32).tobytes()
+    status, _, out = _binary_post(server, [{"name": "x", "shape": [2, F - 1], "datatype": "FP32",
+                                            "parameters": {"binary_data_size": len(X)}}], [X])
+    assert status == 400 and f"[2, {F - 1}]" in _error(out), out
+
+
+def test_binary_bytes_no_input_claims_are_refused_counting_them(server):
+    F = M.N_FEATURES
+    X = np.ones((2, F), np.float32).tobytes()
+    matrix = [{"name": "x", "shape": [2, F], "datatype": "FP32",
+               "parameters": {"binary_data_size": len(X)}}]
+    status, _, out = _binary_post(server, matrix, [X], trailing=b"\0\0\0")
+    assert status == 400 and re.search(r"(?<![\d.])3 bytes of binary data", _error(out)), out
+    # every input JSON: all of the binary part is unclaimed
+    json_only = [{"name": "x", "shape": [1, F], "datatype": "FP32", "data": [1.0] * F}]
+    status, _, out = _binary_post(server, json_only, [], trailing=b"\1" * 5)
+    assert status == 400 and re.search(r"(?<![\d.])5 bytes of binary data", _error(out)), out
+
+
+def test_one_binary_input_per_feature_scores_as_xgboost(client):
+    """Seven binary tensors one after another (FP32 and FP64 alternating): each read at its
+    own offset, NaN and +-inf included."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, n=64, seed=11, inf=True)
+    inputs = []
+    for j, name in enumerate(NAMES):
+        dt, col = ("FP64", X[:, j].astype(np.float64)) if j % 2 else ("FP32", X[:, j])
+        t = httpclient.InferInput(name, [len(X)], dt)
+        t.set_data_from_numpy(col, binary_data=True)
+        inputs.append(t)
+    res = client.infer("binary", inputs)
+    want = booster.predict(xgb.DMatrix(M.finite_for_library(X), feature_names=NAMES))
+    np.testing.assert_allclose(res.as_numpy("score"), want, rtol=0, atol=2e-7)
+
+
+def test_nested_json_rows_score_as_xgboost(server):
+    """The protocol's nested form: [[row], [row], ...] for shape [n, 7]."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, n=40, seed=12, inf=False)
+    rows = [[None if np.isnan(v) else float(v) for v in row] for row in X]
+    body = {"inputs": [{"name": "x", "shape": list(X.shape), "datatype": "FP32", "data": rows}]}
+    status, _, out = post(server, "/v2/models/binary/infer", json.dumps(body).encode())
+    assert status == 200, out
+    want = booster.predict(xgb.DMatrix(X, feature_names=NAMES))
+    np.testing.assert_allclose(json.loads(out)["outputs"][0]["data"], want, rtol=0, atol=2e-7)
+
+
+def test_bool_inputs_score_as_one_and_zero(server):
+    """feat_6 (a boolean feature) as BOOL: JSON true/false (no null needed), and binary, where
+    any nonzero byte is true (numpy's cast of the bytes to bool)."""
+    xgb = pytest.importorskip("xgboost")
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    X = _hostile(booster, n=32, seed=13, inf=False)
+    flags = np.array([0, 1, 2, 255, 128, 1, 0, 7] * 4, np.uint8)
+    X[:, 6] = flags.astype(bool).astype(np.float32)
+    want = booster.predict(xgb.DMatrix(X, feature_names=NAMES))
+    inputs = [{"name": n, "shape": [len(X)], "datatype": "FP64",
+               "data": [None if np.isnan(v) else float(v) for v in X[:, j]]}
+              for j, n in enumerate(NAMES[:6])]
+    as_json = [*inputs, {"name": "feat_6", "shape": [len(X)], "datatype": "BOOL",
+                         "data": [bool(v) for v in flags]}]
+    status, _, out = post(server, "/v2/models/binary/infer",
+                          json.dumps({"inputs": as_json}).encode())
+    assert status == 200, out
+    np.testing.assert_allclose(json.loads(out)["outputs"][0]["data"], want, rtol=0, atol=2e-7)
+    status, _, out = _binary_post(server, [*inputs, {
+        "name": "feat_6", "shape": [len(X)], "datatype": "BOOL",
+        "parameters": {"binary_data_size": len(flags)}}], [flags.tobytes()])
+    assert status == 200, out
+    np.testing.assert_allclose(json.loads(out)["outputs"][0]["data"], want, rtol=0, atol=2e-7)
+
+
+def test_integers_beyond_2_53_round_once_to_float32_with_nulls_beside_them():
+    """2^60 + 2^36 + 1 through float64 lands on a float32 tie and rounds down; Arrow's int64
+    cast rounds it once, up. A null beside integers is a missing value, not an error."""
+    edge = [2**60 + 2**36 + 1, -(2**60 + 2**36 + 1), 2**53 + 1, 7]
+    X = _parse([{"name": "feat_0", "shape": [len(edge) + 1], "datatype": "FP64",
+                 "data": [*edge, None]}])
+    want = pa.array(edge, pa.int64()).cast(pa.float32(), safe=False).to_numpy()
+    np.testing.assert_array_equal(X[:-1, 0], want)
+    assert np.isnan(X[-1, 0])
+    X = _parse([{"name": "feat_0", "shape": [2], "datatype": "INT32", "data": [1, None]}])
+    np.testing.assert_array_equal(X[:, 0], [1.0, np.nan])
+
+
+def test_whole_floats_in_an_integer_tensor_are_its_integers():
+    whole = [3.0, -2.0, 0.0, 2147483647.0]
+    X = _parse([{"name": "feat_0", "shape": [5], "datatype": "INT32", "data": [*whole, None]}])
+    np.testing.assert_array_equal(X[:4, 0], np.array(whole).astype(np.int32).astype(np.float32))
+    assert np.isnan(X[4, 0])
+    with pytest.raises(oip.RequestError, match="integers"):
+        _parse([{"name": "feat_0", "shape": [2], "datatype": "INT32", "data": [3.0, 7.5]}])
+
+
+def test_the_missing_features_message_lists_twenty_names_then_an_ellipsis():
+    names = [f"f{i:02d}" for i in range(25)]
+    contract = oip.Contract({f: j for j, f in enumerate(names)}, {}, False)
+    for given in (24, 5, 4):  # 1, 20 and 21 left out
+        inputs = [{"name": f, "shape": [1], "datatype": "FP32", "data": [1.0]}
+                  for f in names[:given]]
+        with pytest.raises(oip.RequestError) as e:
+            _parse(inputs, contract)
+        msg, missing = e.value.message, names[given:]
+        assert msg.startswith(f"{len(missing)} of the model's 25 features"), msg
+        assert all(f in msg for f in missing[:20]), msg
+        assert (" ..." in msg) == (len(missing) > 20), msg
+        if len(missing) > 20:
+            assert missing[20] not in msg, msg
+
+
+def test_the_output_specs_are_constants():
+    """One REASON_OUTPUTS serves every model's metadata: it cannot be changed in place."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        oip.REASON_OUTPUTS[0].name = "renamed"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        oip.output_specs(True)[0].datatype = "FP32"
+
+
+# BYTES category names: an XGBoost model with categorical features
+COUNTRY = ["US", "GB", "DE", "NG", "IN"]
+MCC = ["5411", "5812", "5999", "7995", "4829"]
+CAT_FEATURES = ["amount", "hour", "country", "mcc"]
+
+
+def _cat_frame(n: int, seed: int, with_unseen: bool) -> dict:
+    rng = np.random.default_rng(seed)
+    country = list(rng.choice(COUNTRY, n))
+    mcc = list(rng.choice(MCC, n))
+    if with_unseen:  # names the model never saw, the empty name, a non-ASCII one
+        for i, v in zip(range(0, n, 5), ["ZZ", "", "Ü", "us", "ZZ"], strict=False):
+            country[i] = v
+        for i, v in zip(range(2, n, 6), ["9999", "", "7995 ", "x"], strict=False):
+            mcc[i] = v
+    amount = rng.lognormal(3.5, 1.4, n).astype(np.float32)
+    amount[::7] = np.nan
+    return {"amount": amount, "hour": rng.integers(0, 24, n).astype(np.float32),
+            "country": country, "mcc": mcc}
+
+
+@pytest.fixture(scope="module")
+def cat_model(tmp_path_factory):
+    pd = pytest.importorskip("pandas")
+    xgb = pytest.importorskip("xgboost")
+    cols = _cat_frame(1500, 0, with_unseen=False)
+    df = pd.DataFrame({**cols, "country": pd.Categorical(cols["country"], categories=COUNTRY),
+                       "mcc": pd.Categorical(cols["mcc"], categories=MCC)})
+    y = ((df.mcc == "7995") | (df.amount > 300) | (df.country == "NG")).astype(int)
+    est = xgb.XGBClassifier(n_estimators=20, max_depth=4, enable_categorical=True,
+                            tree_method="hist", max_cat_to_onehot=1).fit(df, y)
+    model = worker.compile_model(est)
+    assert model.categories == {"country": COUNTRY, "mcc": MCC}
+    assert model.feature_names == CAT_FEATURES
+    path = tmp_path_factory.mktemp("serve-cat") / "cat.model"
+    model.save(path)
+    return est, path
+
+
+@pytest.fixture(scope="module")
+def cat_server(cat_model, tmp_path_factory):
+    s = Server(cat_model[1], tmp_path_factory.mktemp("serve-cat-srv"), {})
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def _cat_rows(est, n=24, seed=3):
+    """Rows with hostile category names, and XGBoost's scores of them: a name not among the
+    model's categories is missing (README), as the library reads an unseen category."""
+    pd = pytest.importorskip("pandas")
+    cols = _cat_frame(n, seed, with_unseen=True)
+    df = pd.DataFrame({**cols, **{k: pd.Categorical([v if v in cats else None for v in cols[k]],
+                                                    categories=cats)
+                                  for k, cats in (("country", COUNTRY), ("mcc", MCC))}})
+    return cols, est.predict_proba(df)[:, 1]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_category_names_as_bytes_score_as_xgboost_scores_the_frame(cat_model, cat_server,
+                                                                    binary):
+    # small tensors, the BYTES ones last: the last chunk ends the body exactly
+    est, _ = cat_model
+    cols, want = _cat_rows(est)
+    c = httpclient.InferenceServerClient(url=cat_server.url)
+    try:
+        inputs = []
+        for name in CAT_FEATURES:
+            if name in ("country", "mcc"):
+                t = httpclient.InferInput(name, [len(want)], "BYTES")
+                t.set_data_from_numpy(np.array([v.encode() for v in cols[name]], dtype=object),
+                                      binary_data=binary)
+            else:
+                t = httpclient.InferInput(name, [len(want)], "FP32")
+                t.set_data_from_numpy(cols[name], binary_data=binary)
+            inputs.append(t)
+        res = c.infer("cat", inputs)
+    finally:
+        c.close()
+    np.testing.assert_allclose(res.as_numpy("score"), want, rtol=0, atol=1e-6)
+
+
+def test_category_names_may_be_nested_rows_of_one_with_nulls(cat_model, cat_server):
+    est, _ = cat_model
+    cols, want = _cat_rows(est, seed=4)
+    inputs = [{"name": n, "shape": [len(want)], "datatype": "FP32",
+               "data": [None if np.isnan(v) else float(v) for v in cols[n]]}
+              for n in ("amount", "hour")]
+    for n in ("country", "mcc"):
+        inputs.append({"name": n, "shape": [len(want), 1], "datatype": "BYTES",
+                       "data": [[None if v == "" else v] for v in cols[n]]})
+    status, _, out = post(cat_server, "/v2/models/cat/infer",
+                          json.dumps({"inputs": inputs}).encode())
+    assert status == 200, out
+    np.testing.assert_allclose(json.loads(out)["outputs"][0]["data"], want, rtol=0, atol=1e-6)
+
+
+def test_a_binary_bytes_tensor_must_fill_its_binary_data_size_exactly(cat_server):
+    """Each element a 4-byte little-endian length and its bytes (Triton's layout): bytes
+    after the last element inside binary_data_size, or a size past the body, are refused."""
+    names = [b"US", b"NG", b"DE"]
+    elements = b"".join(len(s).to_bytes(4, "little") + s for s in names)
+
+    def send(size: int, data: bytes):
+        inputs = [{"name": n, "shape": [3], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}
+                  for n in ("amount", "hour")]
+        inputs += [{"name": "country", "shape": [3], "datatype": "BYTES",
+                    "parameters": {"binary_data_size": size}},
+                   {"name": "mcc", "shape": [3], "datatype": "BYTES",
+                    "data": ["5411", "7995", "4829"]}]
+        head = json.dumps({"inputs": inputs}).encode()
+        return post(cat_server, "/v2/models/cat/infer", head + data,
+                    {"Inference-Header-Content-Length": str(len(head)),
+                     "Content-Type": "application/octet-stream"})
+
+    assert send(len(elements), elements)[0] == 200
+    status, _, out = send(len(elements) + 2, elements + b"\0\0")
+    assert status == 400 and re.search(r"(?<![\d.])2 bytes after its 3 BYTES", _error(out)), out
+    status, _, out = send(len(elements) + 10, elements)
+    assert status == 400 and f"binary_data_size {len(elements) + 10}" in _error(out), out
+
+
+def test_integers_at_the_ends_of_int64_and_uint64_are_held_to_them():
+    # past 2^53 a JSON integer is rounded on its way to float64 (2^63 - 1 and 2^63 are one
+    # float): each is judged as the integer sent, a whole float as the float it is (a hostile
+    # review found INT64 2^63 and UINT64 2^64 accepted)
+    def parse(datatype, v):
+        return _parse([{"name": "feat_0", "shape": [2], "datatype": datatype,
+                        "data": [v, None]}])[0, 0]
+
+    for datatype, v in (("INT64", 2**63 - 1), ("INT64", -(2**63)), ("UINT64", 2**64 - 1),
+                        ("UINT64", 0), ("INT64", -9.223372036854776e18)):
+        want = pa.array([int(v)], pa.int64() if datatype == "INT64" else pa.uint64()) \
+            .cast(pa.float32(), safe=False).to_numpy()[0]
+        assert parse(datatype, v) == want, (datatype, v)
+    for datatype, v in (("INT64", 2**63), ("INT64", 2**63 + 2**39), ("UINT64", 2**64),
+                        ("UINT64", -1), ("INT64", 9.223372036854776e18), ("INT32", 2**31),
+                        ("INT32", 2147483648.0), ("UINT8", 256)):
+        with pytest.raises(oip.RequestError, match=f"outside {datatype}'s range"):
+            parse(datatype, v)

@@ -375,7 +375,8 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
             a = np.asarray(data, dtype=np.float64)  # null: NaN
     except OverflowError:  # an integer beyond float64 (JSON allows it)
         a = np.array([_to_float64(v) for v in data], dtype=np.float64)
-    if int in kinds and not np.all(np.abs(a) <= 2**53):  # may have lost digits on the way
+    big = int in kinds and not np.all(np.abs(a) <= 2**53)  # may have lost digits on the way
+    if big:
         a = a.astype(object)
         for i, v in enumerate(data):  # the integers beyond 2^53: cast once, as Arrow does
             if type(v) is int and abs(v) > 2**53:
@@ -386,7 +387,17 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
         if float in kinds and not np.array_equal(whole, np.floor(whole)):
             raise bad(f"input {name!r}: {datatype} values must be integers")
         info = np.iinfo(dtype)
-        if whole.size and (whole.min() < info.min or whole.max() > info.max):
+        # in float64 the range's ends are exact (-2^63, 2^63 = INT64's max + 1, ...); an
+        # integer past 2^53 has been rounded (2^63 - 1 and 2^63 are one float): those are
+        # held to the range as the integers they are
+        least, most = int(info.min), int(info.max)  # Python's: numpy's compare as floats
+        lo, past = float(least), float(most + 1)
+        if big:
+            out = any(not least <= v <= most for v in data if type(v) is int)
+            whole = np.array([v for v in data if type(v) is float], np.float64)
+        else:
+            out = False
+        if out or whole.size and (whole.min() < lo or whole.max() >= past):
             raise bad(f"input {name!r}: a value is outside {datatype}'s range")
     elif dtype == np.float16:  # FP16 values: as that type holds them
         with np.errstate(over="ignore"):
