@@ -279,3 +279,26 @@ def test_a_validated_configuration_cannot_be_changed():
             with pytest.raises((ValidationError, TypeError, AttributeError)):
                 setattr(sec, name, current)
             del value
+
+
+def test_dead_letters_and_shadow_scores_go_beside_the_scores_unless_named():
+    s = load_settings(None, **MINIMAL, sink={"type": "kafka", "topic": "scores"})
+    assert (s.sink.dead_letter_topic, s.sink.shadow_topic) == ("scores-dlq", "scores-shadow")
+    s = load_settings(None, **MINIMAL, sink={"type": "kafka", "topic": "scores",
+                                             "dead_letter_topic": "dlq.fraud"})
+    assert s.sink.dead_letter_topic == "dlq.fraud"
+
+
+@pytest.mark.parametrize("thresholds", [[0.5, 0.5], [0.2, 0.7, 0.7], [0.9, 0.1]])
+def test_thresholds_must_be_strictly_increasing(thresholds):
+    # README: "increasing; decision = how many the score is >= to": a repeated threshold is
+    # a band no score can fall in
+    with pytest.raises(ConfigError, match="scoring.thresholds.*strictly increasing"):
+        load_settings(None, **MINIMAL, scoring={"thresholds": thresholds})
+
+
+@pytest.mark.parametrize("budget_mb", [256, 1024, 3000])
+def test_the_message_limit_defaults_to_an_eighth_of_the_memory_budget(budget_mb):
+    s = load_settings(None, **MINIMAL, delivery={"memory_budget_mb": budget_mb,
+                                                 "max_batch_bytes": 1 << 20})
+    assert s.message_byte_limit == budget_mb * 1024 * 1024 / 8
