@@ -527,6 +527,7 @@ def _eq_chain_model(values, tracks, true_leaf=0.75, tail=None):
     ([9.0, 0.0, 2.0, 1.0, 3.0], (1, 0, 0, 0, 0)),  # unsorted, adjacent, zero
     ([0.1, 0.5, 2.0], (0, 0, 0)),  # 0.1 is a float32 value here (the float attribute)
     ([3.0, 3.0, -2.5, np.inf], (0, 0, 0, 1)),  # a repeated value, a negative one, +inf
+    ([5.0, 6.0, 100.0, 7.0], (0, 0, 0, 1)),  # 7 after 100 starts a run: its own track
 ])
 def test_a_chain_of_equality_tests_sharing_one_subtree_matches_onnx_runtime(values, tracks):
     from worker.model import onnx_loader
@@ -958,3 +959,32 @@ def test_weights_fewer_than_their_tree_ids_are_refused():
     with pytest.raises(UnsupportedModelError, match="target_weights and target_treeids "
                        "differ in length"):
         worker.compile_model(m)
+
+
+def test_node_values_more_than_the_nodes_are_refused():
+    m = _stump_model()
+    _attr(m, "nodes_values").floats.append(0.5)
+    with pytest.raises(UnsupportedModelError, match="nodes_values has 9 entries, expected 8"):
+        worker.compile_model(m)
+
+
+def test_a_two_class_model_with_weights_on_both_classes_is_refused():
+    m = _stump_model(classifier=True, n_classes=2, weights_by_class=[0, 1])
+    with pytest.raises(UnsupportedModelError, match="two-class model with weights on both"):
+        worker.compile_model(m)
+    # (weights on one class, as the exporters write them: the exports above)
+
+
+def test_unreached_nodes_are_counted():
+    m = _stump_model()
+    _attr(m, "nodes_truenodeids").ints[0] = 3  # tree 0's root straight to two leaves
+    _attr(m, "nodes_falsenodeids").ints[0] = 4
+    with pytest.raises(UnsupportedModelError, match=r"tree 0: 2 nodes not reached"):
+        worker.compile_model(m)
+
+
+def test_the_source_names_the_ml_domains_opset_whatever_the_order_of_the_imports():
+    m = _stump_model()
+    del m.opset_import[:]
+    m.opset_import.extend([helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    assert worker.compile_model(m).source == "onnx TreeEnsembleRegressor (ai.onnx.ml opset 3)"
