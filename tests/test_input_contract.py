@@ -183,7 +183,7 @@ def test_a_category_sent_as_a_number_is_bad_type_unless_cast_string(fraud):
         with pytest.raises(InvalidMessage) as e:
             cast.format.decode(json.dumps({**event, "merchant": {"country": "NG",
                                                                   "mcc": bad}}).encode())
-        assert (e.value.code, e.value.kind, e.value.feature) == (kind, kind, "mcc"), bad
+        assert (e.value.code, e.value.feature) == (kind, "mcc"), bad
 
 
 CAST_BAD = ["", " 1", "1 ", "+1", "--1", "1.5.2", "0x10", "NaN", "nan", "inf", "Infinity",
@@ -198,7 +198,7 @@ def test_cast_number_refuses_what_is_not_one_json_number(text):
                        1 << 20, {"a": {"cast": "number"}})
     with pytest.raises(InvalidMessage) as e:
         fmt.decode(json.dumps({"a": text}).encode())
-    assert (e.value.code, e.value.kind, e.value.feature) == ("cast_failed", "cast_failed", "a")
+    assert (e.value.code, e.value.feature) == ("cast_failed", "a")
 
 
 def test_without_a_cast_a_string_number_is_bad_type():
@@ -369,8 +369,7 @@ def test_avro_categories_and_casts(tmp_path, fraud):
     assert m.counts["unseen"].tolist() == [0, 0, 1, 1]
     with pytest.raises(InvalidMessage) as e:
         fmt.decode(_wire(4, ints, {**rec, "amount": "12,5"}))
-    assert (e.value.code, e.value.kind, e.value.feature) == ("cast_failed", "cast_failed",
-                                                             "amount")
+    assert (e.value.code, e.value.feature) == ("cast_failed", "amount")
 
 
 def test_a_schema_that_failed_to_parse_is_read_again_like_a_missing_one(tmp_path, fraud,

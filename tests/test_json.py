@@ -711,3 +711,16 @@ def test_hashed_categorical_texts_are_what_python_reads(events, single):
     assert np.isnan(X[:, 1:]).all()
     assert _texts(cats, len(msg), 3, {1: 0, 2: 1}) == \
         [[_hashed_text(e.get("h")), _hashed_text(e.get("k"))] for e in msg]
+
+
+def test_without_an_id_column_each_row_is_known_by_its_index_in_its_message():
+    # messages of 2, 3 and 1 events gathered together: ids 0, 1 | 0, 1, 2 | 0 (README: the
+    # row index in the message)
+    fmt = input_format("json", SimpleNamespace(feature_names=["a"], categories={}), None,
+                       None, 1 << 20, {})
+    messages = [fmt.decode(json.dumps([{"a": float(i)} for i in range(n)]).encode())
+                for n in (2, 3, 1)]
+    g = fmt.gather(messages)
+    assert g.offsets.tolist() == [0, 2, 5, 6]
+    assert g.ids.tolist() == [0, 1, 0, 1, 2, 0]
+    np.testing.assert_array_equal(np.asarray(g.X)[:, 0], [0, 1, 0, 1, 2, 0])

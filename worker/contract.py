@@ -157,7 +157,7 @@ def dry_run(model, settings: Settings, records: list[Record]) -> Stats:
         if isinstance(got, InvalidMessage):
             stats.dead[got.code] += 1
             if got.feature or got.code in ("missing_field", "schema_mismatch"):
-                stats.refused[(got.feature, got.kind)] += 1  # (None: the id)
+                stats.refused[(got.feature, got.code)] += 1  # (None: the id)
             seen = stats.examples.setdefault(got.code, [])
             if len(seen) < MAX_EXAMPLES:
                 seen.append((rec.offset, got.detail[:200]))

@@ -422,7 +422,7 @@ class Pipeline:
         out.dead.append(self.dead_letter(rec, err))
         out.stats.dead[err.code] += 1
         if err.feature:
-            out.stats.features[(f"refused:{err.kind}", err.feature)] += 1
+            out.stats.features[(f"refused:{err.code}", err.feature)] += 1
 
     def _record(self, rec: Record, value: bytes) -> Record | InvalidMessage:
         """The output record of ``rec`` (or why the output topic would refuse it): the

@@ -406,8 +406,7 @@ class AvroFormat:
         reader = self._reader(int.from_bytes(value[1:5], "big"))
         if isinstance(reader, SchemaError):
             raise InvalidMessage(reader.code, str(reader),
-                                 self.feature_names[reader.slot] if reader.slot >= 0 else None,
-                                 reader.code)
+                                 self.feature_names[reader.slot] if reader.slot >= 0 else None)
         got = reader.read(memoryview(value)[5:])
         if type(got[0]) is str:
             raise failure(got, self.feature_names)

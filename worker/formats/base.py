@@ -19,13 +19,11 @@ class InvalidMessage(ValueError):
     """A message that cannot be decoded or validated; ``code`` names the kind of error (the
     dead letter's ``error_code``), ``detail`` says what was found."""
 
-    def __init__(self, code: str, detail: str, feature: str | None = None,
-                 kind: str | None = None):
+    def __init__(self, code: str, detail: str, feature: str | None = None):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
         self.feature = feature  # the feature at fault, where one is (counted by name)
-        self.kind = kind or code  # what went wrong with it (a failed cast: "cast_failed")
 
 
 @dataclass(slots=True)
@@ -65,10 +63,6 @@ class Gathered:
     own_ids: list | None
     table: object = None
     singles: list | None = None
-
-    @property
-    def n(self) -> int:
-        return int(self.offsets[-1])
 
 
 class Format(Protocol):

@@ -124,12 +124,13 @@ class JsonFormat:
 
 def failure(got: tuple, feature_names: list[str]) -> InvalidMessage:
     """The dead letter of a C reader's failed read (``_eventread._failure``: code, detail,
-    the feature's slot or -1, what went wrong with it)."""
+    the feature's slot or -1, what went wrong with it: the code but for a failed declared
+    cast, whose code it becomes)."""
     code, detail, slot, kind = got
     feature = feature_names[slot] if 0 <= slot < len(feature_names) else None
     if kind == "cast_failed":  # a declared cast that cannot read the value: its own code
         code = kind
-    return InvalidMessage(code, detail, feature, kind)
+    return InvalidMessage(code, detail, feature)
 
 
 def _counted(counts) -> dict | None:
