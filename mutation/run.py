@@ -9,12 +9,17 @@ incompetent (it broke the import).
     python mutation/run.py worker/formats/json.py --report  # the last run's results only
     python mutation/run.py worker/io/kafka.py --sample 40   # a seeded random 40 of its mutants
     python mutation/run.py worker/io/kafka.py --rerun-survivors  # after tests were added
+    python mutation/run.py worker/io/kafka.py --fresh --sample 40 --seed 56  # a new sample
 
 A module has from 300 to 2,500 mutants and each costs 7-50 s of tests, so a whole run takes
 hours a module; ``--sample N`` draws N of the module's mutants at random (seeded: the same N
 every time), the rest marked not sampled, and the score is then an estimate from those N
 (its 95% interval is printed beside it). ``--rerun-survivors`` keeps the score as it stood
-("before") and runs the survivors again against the tests as they are now ("after").
+("before") and runs the survivors again against the tests as they are now ("after"): it
+shows the tests kill what they were written for, but those mutants are no longer a random
+draw. ``--fresh`` keeps the score as "before" and draws a new sample (another ``--seed``)
+from the module as it now stands: the unbiased "after" (a changed module has other mutants,
+so its old session cannot be run again anyway).
 Two modules can run at once (two processes): each has its own copy of the checkout.
 
 The mutants are written into a copy of the checkout (out/mutation/tree/<module>, refreshed
@@ -193,11 +198,32 @@ def _rerun_survivors(session: Path, module: str) -> int:
     return n
 
 
+def _fresh(session: Path, module: str, seed: int) -> None:
+    """Keep the session's score as the module's "before" (and its file beside it), so that
+    a new one is drawn."""
+    if not session.exists():
+        return
+    r = results(module)
+    state = OUT / "results.json"
+    known = json.loads(state.read_text()) if state.exists() else {}
+    entry = known.setdefault(module, {})
+    entry["before"] = {k: r[k] for k in ("killed", "survived", "score", "interval",
+                                         "survivors")}
+    entry["before"]["when"] = entry.get("when", time.strftime("%Y-%m-%d %H:%M UTC",
+                                                              time.gmtime()))
+    state.write_text(json.dumps(known, indent=1))
+    session.rename(session.with_suffix(".before.sqlite"))
+    print(f"{module}: the last run kept as before ({r['score']}%); a new sample, seed {seed}",
+          file=sys.stderr)
+
+
 def run(module: str, timeout: float, sample: int | None = None, seed: int = 55,
-        rerun: bool = False) -> Path:
+        rerun: bool = False, fresh: bool = False) -> Path:
     tests = MODULES[module]
     cfg = _config(module, tests, timeout)
     session = cfg.with_suffix(".sqlite")
+    if fresh:
+        _fresh(session, module, seed)
     tree = _copy_tree(module)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not session.exists():
@@ -289,9 +315,10 @@ def _write_md(known: dict) -> None:
              "line and change; each is killed by a test or explained in "
              "`mutation/EQUIVALENT.md`. Where a module was sampled (`--sample N`), the "
              "score is an estimate from the N drawn at random, its 95% interval beside it. "
-             "Before: the score when the survivors were first listed; after: the same "
-             "mutants once the survivors ran again against the tests written for them "
-             "(`--rerun-survivors`).", "",
+             "Before: the first sample, whose survivors were then each killed by a test or "
+             "explained in EQUIVALENT.md; after: a new sample (`--fresh`, another seed) "
+             "from the module as it now stands, against the tests as they now stand (or, "
+             "where marked, the same mutants run again: `--rerun-survivors`).", "",
              "| module | tests | mutants | run (not sampled) | killed | survived | "
              "incompetent | pending | score before | score after (95%) | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -300,7 +327,12 @@ def _write_md(known: dict) -> None:
                                            "skipped", "not_sampled"))
         tests = ", ".join(Path(t).name for t in r["tests"] if t.startswith("tests/"))
         before = r.get("before")
-        was = f"{before['score']}% ({before['survived']} survived)" if before else "-"
+        was = "-"
+        if before:
+            was = f"{before['score']}%"
+            if before.get("interval"):
+                was += f" ({before['interval'][0]}-{before['interval'][1]}%)"
+            was += f", {before['survived']} survived"
         now = f"{r['score']}%"
         if r.get("interval"):
             now += f" ({r['interval'][0]}-{r['interval'][1]}%)"
@@ -309,13 +341,17 @@ def _write_md(known: dict) -> None:
                      f"{r['killed']} | {r['survived']} | {r['incompetent']} | "
                      f"{r['pending']} | {was} | {now} | {r['when']} |")
     for r in known.values():
-        if not r["survivors"]:
-            continue
-        lines += ["", f"## Survivors in {r['module']}", ""]
-        for s in r["survivors"]:
-            first = next((ln for ln in s["diff"].splitlines() if ln.startswith("+")
-                          and not ln.startswith("+++")), "").strip()
-            lines.append(f"- line {s['line']}, {s['operator']}: `{first[:120]}`")
+        for title, survivors in (
+                (f"Survivors in {r['module']}", r["survivors"]),
+                (f"Survivors in {r['module']}, before (each killed by a test since, or in "
+                 "EQUIVALENT.md)", (r.get("before") or {}).get("survivors") or [])):
+            if not survivors:
+                continue
+            lines += ["", f"## {title}", ""]
+            for s in survivors:
+                first = next((ln for ln in s["diff"].splitlines() if ln.startswith("+")
+                              and not ln.startswith("+++")), "").strip()
+                lines.append(f"- line {s['line']}, {s['operator']}: `{first[:120]}`")
     RESULTS.write_text("\n".join(lines) + "\n")
 
 
@@ -326,6 +362,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a mutant's tests")
     ap.add_argument("--sample", type=int, help="run a seeded random N of the mutants only")
     ap.add_argument("--seed", type=int, default=55, help="the sample's seed (55)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="keep the score as 'before', draw a new sample (another --seed)")
     ap.add_argument("--rerun-survivors", action="store_true",
                     help="keep the score as 'before', run the survivors again")
     args = ap.parse_args()
@@ -336,7 +374,8 @@ def main() -> int:
     rows = []
     for module in modules:
         if not args.report:
-            run(module, args.timeout, args.sample, args.seed, args.rerun_survivors)
+            run(module, args.timeout, args.sample, args.seed, args.rerun_survivors,
+                args.fresh)
         rows.append(results(module))
     write_results(rows)
     print(RESULTS.read_text())
