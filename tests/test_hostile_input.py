@@ -683,3 +683,69 @@ def test_a_flatbuffer_field_past_its_vtable_is_absent():
     assert struct.unpack_from("<I", fb, codec._fb_field(fb, table, 0))[0] == 42
     assert codec._fb_field(fb, table, 1) == 0
     assert codec._fb_field(fb, table, 2) == 0
+
+
+def test_a_schema_is_kept_up_to_its_byte_bound_and_not_past_it():
+    # the schema message is kept (its batches then read in C) up to _MAX_CACHED_SCHEMA
+    # bytes, metadata included; a schema message is padded to 8 bytes: 64 KiB, then 8 more
+    def message(pad, seed):
+        t = demo.generate(4, seed=seed).select(demo.FEATURES)
+        return _batches_stream(t.replace_schema_metadata({"pad": "x" * pad}).to_batches())
+
+    def pad_for(size):
+        return next(k for k in range(size - 2048, size) if
+                    len(codec._schema_bytes(message(k, 0))) == size)
+
+    for size, kept in ((64 << 10, True), ((64 << 10) + 8, False)):
+        k = pad_for(size)
+        dec = codec.Decoder(demo.FEATURES, None)
+        dec.decode_keyed(message(k, 1))
+        assert isinstance(dec.decode_keyed(message(k, 2))[0], codec.Raw) == kept, size
+
+
+def test_a_cached_schema_read_by_pyarrow_keeps_only_the_columns_read():
+    # without the C reader (native=False), a message whose schema is cached is read against
+    # it: the columns the model does not read are left out, as for the first message
+    def message(seed):
+        t = demo.generate(4, seed=seed).select(demo.FEATURES)
+        t = t.append_column("blob", pa.array(["b" * 10] * 4))
+        return _batches_stream(t.to_batches())
+
+    dec = codec.Decoder(demo.FEATURES, None, native=False)
+    for seed in (1, 2):
+        got = dec.decode(message(seed))
+        assert got.schema.names == demo.FEATURES, seed
+
+
+def test_string_views_after_an_empty_batch_are_still_counted():
+    # batches of 0 and 2,000 rows: the views of the second are held to the limit
+    data = b"z" * 100_000
+    views = np.zeros((2000, 4), np.int32)
+    views[:, 0] = len(data)
+    views[:, 1] = np.frombuffer(data[:4], np.int32)[0]
+    ids = pa.Array.from_buffers(pa.string_view(), 2000, [None, pa.py_buffer(views.tobytes()),
+                                                         pa.py_buffer(data)])
+    big = pa.record_batch({demo.ID_COLUMN: ids, **{f: pa.array(np.zeros(2000, np.float32))
+                                                   for f in demo.FEATURES}})
+    empty = big.slice(0, 0)
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    with pytest.raises(codec.InvalidMessage, match="string views") as e:
+        dec.decode_keyed(_batches_stream([empty, big]))
+    assert e.value.code == "too_large"
+
+
+def test_a_compressed_buffer_too_short_for_its_size_is_refused():
+    # a compressed buffer starts with its 8-byte decompressed size: 1 to 7 bytes cannot hold it
+    t = demo.generate(50, seed=3).select(demo.FEATURES)
+    data = bytearray(_lz4(t))
+    (meta, n), = F.messages(bytes(data))[1:]
+    msg = meta + struct.unpack_from("<I", data, meta)[0]
+    vec = F._ref(bytes(data), F._ref(bytes(data), msg, 2), 2)
+    for j in range(struct.unpack_from("<I", data, vec)[0]):
+        off, ln = struct.unpack_from("<qq", data, vec + 4 + 16 * j)
+        if ln:  # the first buffer with data: 4 bytes long
+            struct.pack_into("<qq", data, vec + 4 + 16 * j, off, 4)
+            break
+    dec = codec.Decoder(demo.FEATURES, None, max_bytes=64 << 20)
+    with pytest.raises(codec.InvalidMessage, match="^not_arrow.*without its size"):
+        dec.decode_keyed(bytes(data))
