@@ -749,3 +749,15 @@ def test_a_compressed_buffer_too_short_for_its_size_is_refused():
     dec = codec.Decoder(demo.FEATURES, None, max_bytes=64 << 20)
     with pytest.raises(codec.InvalidMessage, match="^not_arrow.*without its size"):
         dec.decode_keyed(bytes(data))
+
+
+def test_short_string_views_held_inline_count_nothing_against_the_limit():
+    # a view of 12 bytes or fewer holds its string itself: 2,000 of them (18 kB of text)
+    # view no bytes elsewhere and are read under a 16 KiB limit
+    ids = pa.array([f"card-{i:04d}" for i in range(2000)], pa.string_view())
+    t = pa.table({demo.ID_COLUMN: ids, **{f: pa.array(np.zeros(2000, np.float32))
+                                         for f in demo.FEATURES}})
+    assert sum(len(s) for s in ids.to_pylist()) > 16 << 10
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=16 << 10)
+    got = dec.decode(_stream(t))
+    assert got.column(demo.ID_COLUMN).to_pylist() == ids.to_pylist()
