@@ -375,7 +375,8 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
             a = np.asarray(data, dtype=np.float64)  # null: NaN
     except OverflowError:  # an integer beyond float64 (JSON allows it)
         a = np.array([_to_float64(v) for v in data], dtype=np.float64)
-    big = int in kinds and not np.all(np.abs(a) <= 2**53)  # may have lost digits on the way
+    with np.errstate(invalid="ignore"):  # (NaN and null compare false: not big)
+        big = int in kinds and bool(np.any(np.abs(a) > 2**53))  # digits lost on the way?
     if big:
         a = a.astype(object)
         for i, v in enumerate(data):  # the integers beyond 2^53: cast once, as Arrow does
@@ -395,6 +396,8 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
         if big:
             out = any(not least <= v <= most for v in data if type(v) is int)
             whole = np.array([v for v in data if type(v) is float], np.float64)
+            whole = whole[~np.isnan(whole)]  # NaN: missing (a hostile review found a NaN
+            # beside the integers let every float past the range)
         else:
             out = False
         if out or whole.size and (whole.min() < lo or whole.max() >= past):
@@ -408,12 +411,14 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
 
 def _int_to_float32(v: int) -> float:
     """An integer as float32 in one rounding (as Arrow casts int64 and uint64), never through
-    float64 (two roundings); beyond 64 bits: through float64, which is then exact enough."""
+    float64 (two roundings); beyond 64 bits (no Arrow integer holds it): through float64,
+    infinity past float32."""
     if -2**63 <= v < 2**63:
         return float(np.array([v], np.int64).astype(np.float32)[0])
     if 0 <= v < 2**64:
         return float(np.array([v], np.uint64).astype(np.float32)[0])
-    return float(np.float32(_to_float64(v)))
+    with np.errstate(over="ignore"):
+        return float(np.float32(_to_float64(v)))
 
 
 def _to_float64(v) -> float:
