@@ -525,3 +525,59 @@ def test_a_schema_whose_dropped_nodes_pass_the_plans_work_bound_is_refused(tmp_p
     with pytest.raises(InvalidMessage, match=f"over {MAX_NODES} nodes") as e:
         fmt.decode(b"\0\0\0\0\x08" + struct.pack("<d", 2.0))
     assert e.value.code == "bad_schema"
+
+
+def _nested_through(kind: str, n: int) -> dict:
+    """A record whose double `a` sits under n - 1 levels of records, each reached through a
+    union ["null", record] or an array of records."""
+    s = {"type": "record", "name": "R0", "fields": [{"name": "a", "type": "double"}]}
+    for k in range(1, n):
+        inner = ["null", s] if kind == "union" else {"type": "array", "items": s}
+        s = {"type": "record", "name": f"R{k}", "fields": [{"name": "inner", "type": inner}]}
+    return s
+
+
+@pytest.mark.parametrize("kind", ["union", "array"])
+def test_nesting_through_unions_and_arrays_counts_against_the_depth_bound(tmp_path, kind):
+    # each union branch and array item is a level: 40 records through them are refused as
+    # 40 plain records are
+    fmt = _fmt(tmp_path, {1: _nested_through(kind, 40)}, model=_model(["x"]), id_column=None,
+               fields={"x": {"optional": True}})
+    with pytest.raises(InvalidMessage, match="nested deeper than 32") as e:
+        fmt.decode(b"\0\0\0\0\1" + b"\0" * 8)
+    assert e.value.code == "bad_schema"
+
+
+@pytest.mark.parametrize("items", [{"type": "fixed", "name": "Z", "size": 0}, ["null"]])
+def test_arrays_of_items_that_take_no_bytes_are_read(tmp_path, items):
+    # a fixed of size 0 and a union of null alone take no bytes and read nothing: any count
+    # of them is read (bounded by MAX_EMPTY_ITEMS), not held to the bytes left
+    schema = {"type": "record", "name": "E", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": items}},
+        {"name": "a", "type": "double"}]}
+    fmt = _fmt(tmp_path, {2: schema}, model=_model(["a"]), id_column=None)
+    value = wire(2, schema, {"xs": [b"" if isinstance(items, dict) else None] * 50, "a": 4.5})
+    assert fmt.decode(value).data[0].tolist() == [[4.5]]
+
+
+def test_a_feature_of_the_wrong_avro_type_is_refused_with_the_way_out(tmp_path):
+    # bad_type names the Avro type and, where a declared cast would read it, the cast
+    def said(avro_type, categories=None):
+        schema = {"type": "record", "name": "B", "fields": [{"name": "f", "type": avro_type}]}
+        d = tmp_path / f"{avro_type}-{bool(categories)}"
+        d.mkdir()
+        fmt = _fmt(d, {3: schema}, model=_model(["f"], categories), id_column=None)
+        with pytest.raises(InvalidMessage) as e:
+            fmt.decode(b"\0\0\0\0\3" + b"\0" * 8)
+        assert e.value.code == "bad_type"
+        return str(e.value)
+
+    assert "is an Avro string; the feature is a number (declare cast: number" in said("string")
+    bytes_said = said("bytes")
+    assert "is an Avro bytes; the feature is a number" in bytes_said
+    assert "declare cast" not in bytes_said
+    cats = {"f": ["a", "b"]}
+    assert "(declare cast: string in source.fields" in said("int", cats)
+    double_said = said("double", cats)
+    assert "the feature's categories are strings" in double_said
+    assert "declare cast" not in double_said
