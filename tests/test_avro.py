@@ -446,15 +446,16 @@ def test_avro_bounds_at_their_edges(tmp_path):
 
 # ---- found by mutation testing (issue 55, mutation/RESULTS.md: worker/formats/avro.py) ----
 
-@pytest.mark.parametrize("id_type", ["long", "string", None])
+@pytest.mark.parametrize("id_type", ["long", "string", None, "absent"])
 @pytest.mark.parametrize("n", [1, 3])
 def test_gathered_rows_and_ids_are_the_messages_own(tmp_path, id_type, n):
     # gather is what the pipeline scores; a group it cannot gather is taken message by
     # message (worker/pipeline.py), which hid a gather that read the ids as rows
     fields = [{"name": "a", "type": ["null", "double"]}, {"name": "b", "type": "float"}]
-    if id_type:
+    if id_type in ("long", "string"):
         fields.insert(0, {"name": "txn_id", "type": id_type})
     schema = {"type": "record", "name": "G", "fields": fields}
+    # "absent": an id column is configured, optional, and this schema has no such field
     fmt = _fmt(tmp_path, {4: schema}, model=_model(["a", "b"]),
                id_column="txn_id" if id_type else None)
     records = [{"txn_id": (10 + i if id_type == "long" else f"t{i}"),
@@ -468,6 +469,8 @@ def test_gathered_rows_and_ids_are_the_messages_own(tmp_path, id_type, n):
         assert g.ids.tolist() == [r["txn_id"] for r in records] and g.own_ids is None
     elif id_type == "string":
         assert [x.to_pylist() for x in g.own_ids] == [[r["txn_id"]] for r in records]
+    elif id_type == "absent":  # one null id a row
+        assert [x.to_pylist() for x in g.own_ids] == [[None]] * n
     else:
         assert g.ids.tolist() == [0] * n  # each row's index in its message
 
@@ -581,3 +584,4 @@ def test_a_feature_of_the_wrong_avro_type_is_refused_with_the_way_out(tmp_path):
     double_said = said("double", cats)
     assert "the feature's categories are strings" in double_said
     assert "declare cast" not in double_said
+    assert "is an Avro bytes; the feature is a category" in said("bytes", cats)
