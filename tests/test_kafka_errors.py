@@ -758,3 +758,156 @@ def test_a_stop_as_the_loop_is_set_up_is_not_lost():
         if s.pending:  # what _run does right after setting on_stop
             s.on_stop()
     assert calls == [1]
+
+
+# ---- found by mutation testing (issue 55, mutation/RESULTS.md: worker/io/kafka.py) --------
+# (delivery itself is tested against the real broker: these are the paths a broker does
+# not take on demand)
+
+def _origin_rec(topic="scores", value=b"o", origin=("in", 0, 5)):
+    return Record(topic, -1, -1, b"k", value, 0, [], origin)
+
+
+class DeliveringProducer(StubProducer):
+    """Delivery reports as librdkafka gives them: each produced message's callback, served
+    by flush, with no error."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.pending = []
+
+    def produce(self, topic, **kw):
+        super().produce(topic, **kw)
+        self.pending.append(kw["on_delivery"])
+
+    def flush(self, timeout):
+        super().flush(timeout)
+        while self.pending:
+            self.pending.pop(0)(None, object())
+        return 0
+
+
+def test_messages_delivered_without_error_are_no_error():
+    p = DeliveringProducer()
+    sink = sink_with(p, transactional=False)
+    sink._refused, sink._denied = [], None
+    sink.write([_origin_rec(), _origin_rec(value=b"p")], [_origin_rec("scores-dlq")])
+    sink.flush(5)  # raises if a report counted as an error
+    assert not sink._errors and not sink._refused
+
+
+def test_a_transactional_error_that_is_not_retriable_is_not_retried():
+    err = KafkaError(KafkaError._INVALID_ARG, "not retriable")
+    p, src = StubProducer("begin", err, fail_times=5), StubSource()
+    with pytest.raises(TransactionAborted):
+        sink_with(p).commit_transaction(src, BATCH, OUT, [])
+    assert p.calls.count("begin") == 1 and src.rewound == 1
+
+
+def test_a_retriable_transactional_error_backs_off_doubling_to_two_seconds(monkeypatch):
+    import worker.io.kafka as K
+
+    slept = []
+    monkeypatch.setattr(K.time, "sleep", slept.append)
+    err = KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True)
+    p, src = StubProducer("begin", err, fail_times=9), StubSource()
+    sink_with(p).commit_transaction(src, BATCH, OUT, [])  # the tenth attempt goes through
+    assert slept == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0, 2.0])
+    p, src = StubProducer("begin", err, fail_times=10), StubSource()
+    with pytest.raises(TransactionAborted):  # ten attempts in all
+        sink_with(p).commit_transaction(src, BATCH, OUT, [])
+
+
+class SizeLimitedProducer(StubProducer):
+    """The broker's size limit as produce() meets it locally: a value over 10 bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.produced = []
+
+    def produce(self, topic, **kw):
+        if kw.get("value") is not None and len(kw["value"]) > 10:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+        self.produced.append((topic, kw))
+
+
+def test_only_a_dead_letter_is_shrunk_to_fit_a_score_too_large_is_refused():
+    p = SizeLimitedProducer()
+    sink = sink_with(p, transactional=False)
+    sink._refused = []
+    with pytest.raises(KafkaException):  # a score is never sent without its value
+        sink.write([_origin_rec(value=b"x" * 20)], [])
+    assert not p.produced and sink._refused[0][2] == "scores"
+    sink.write([], [_origin_rec("scores-dlq", value=b"x" * 20)])
+    (topic, kw), = p.produced
+    assert topic == "scores-dlq" and kw["value"] is None
+    assert ("value_dropped", b"message too large") in kw["headers"]
+
+
+def test_a_refused_output_is_told_from_a_refused_dead_letter_whatever_the_topic_names():
+    # the output topic's name sorts after the dead-letter topic's here
+    sink = sink_with(StubProducer(), transactional=False)
+    sink.topic, sink.dead_letter_topic = "z-scores", "dlq"
+    err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large")
+    for topic, dead_letter in (("z-scores", False), ("dlq", True)):
+        sink._refused = [(err, _origin_rec(topic), topic)]
+        assert sink._take_refused() == {("in", 0, 5): ("output_too_large", dead_letter)}
+
+
+def test_lag_is_the_high_watermark_less_the_position_where_there_is_one():
+    from confluent_kafka import TopicPartition
+
+    from worker.io.kafka import KafkaSource
+
+    class Consumer:
+        def assignment(self):
+            return [TopicPartition("in", 0), TopicPartition("in", 1), TopicPartition("in", 2)]
+
+        def position(self, tps):  # partition 2 has no position yet (OFFSET_INVALID)
+            return [TopicPartition("in", 0, 5), TopicPartition("in", 1, 0),
+                    TopicPartition("in", 2, -1001)]
+
+        def get_watermark_offsets(self, tp, timeout, cached):
+            return 0, 12
+
+    src = KafkaSource.__new__(KafkaSource)
+    src.consumer = Consumer()
+    assert src.lag() == {"in[0]": 7, "in[1]": 12}
+
+
+def test_each_topics_message_bound_is_its_limit_less_a_records_overhead():
+    sink = KafkaSink({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": 200_000},
+                     "s", "s-dlq", transactional=False, topic_limits={"s": 50_000})
+    try:
+        # the topic's own limit, or the producer's where it is smaller, less the 128 bytes
+        # a record batch adds around a value (RECORD_OVERHEAD)
+        assert sink.max_bytes == {"s": 49_872, "s-dlq": 199_872}
+    finally:
+        sink.producer.flush(0)
+
+
+def test_waiting_for_the_coordinator_is_said_every_ten_seconds_not_every_attempt(
+        monkeypatch):
+    from structlog.testing import capture_logs
+
+    import worker.io.kafka as K
+
+    clock = [1000.0]
+
+    def monotonic():
+        clock[0] += 2.5  # each look at the clock: an attempt of 2.5 s
+        return clock[0]
+
+    class Coordinatorless(StubProducer):
+        def init_transactions(self, *args):
+            if clock[0] < 1040:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down",
+                                                retriable=True))
+
+    monkeypatch.setattr(K.time, "monotonic", monotonic)
+    sink = sink_with(Coordinatorless())
+    sink._blocking = lambda call, *args, **kw: call(*args)
+    with capture_logs() as logs:
+        sink._init_transactions(120.0)
+    said = [e for e in logs if e["event"] == "waiting for the transaction coordinator"]
+    assert 3 <= len(said) <= 5, len(said)  # about 40 s of waiting: every 10 s
