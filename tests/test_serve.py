@@ -1114,3 +1114,41 @@ def test_a_nan_beside_integers_does_not_open_the_range(datatype, data):
                                    "data": data}]}).encode()
     with pytest.raises(oip.RequestError, match=f"outside {datatype}'s range"):
         oip.parse_infer(body, None, _INDEX, 100, True, False)
+
+
+def test_bytes_elements_and_binary_sizes_that_overrun_say_by_how_much():
+    # an element claiming more bytes than its tensor has left, and a tensor claiming more
+    # than the body has left: refused, each naming the figures a client needs
+    cats = oip.Contract({"amount": 0, "country": 1}, {1: {"US": 0.0, "GB": 1.0}}, False)
+    ok = (2).to_bytes(4, "little") + b"US"
+    over = ok + (9).to_bytes(4, "little") + b"GB"  # 9 claimed, 2 left
+    head = json.dumps({"inputs": [
+        {"name": "amount", "shape": [2], "datatype": "FP32", "data": [1.0, 2.0]},
+        {"name": "country", "shape": [2], "datatype": "BYTES",
+         "parameters": {"binary_data_size": len(over)}}]}).encode()
+    with pytest.raises(oip.RequestError, match="element 1 claims 9 bytes, more than are left"):
+        oip.parse_infer(head + over, len(head), cats, 10, True, False)
+    x = np.ones(4, np.float32).tobytes()
+    head = json.dumps({"inputs": [
+        {"name": "feat_0", "shape": [4], "datatype": "FP32", "data": [1.0] * 4},
+        {"name": "feat_1", "shape": [4], "datatype": "FP32",
+         "parameters": {"binary_data_size": 16}}]}).encode()
+    with pytest.raises(oip.RequestError, match="binary_data_size 16, but only 12 bytes"):
+        oip.parse_infer(head + x[:12], len(head), _INDEX, 10, True, False)
+
+
+def test_unseen_category_names_are_counted_apart_from_nulls():
+    cats = oip.Contract({"country": 0}, {0: {"US": 0.0, "GB": 1.0}}, False)
+    body = json.dumps({"inputs": [{"name": "country", "shape": [5], "datatype": "BYTES",
+                                   "data": ["US", "ZZ", None, "XX", None]}]}).encode()
+    req = oip.parse_infer(body, None, cats, 10, True, False)
+    assert req.unseen == {0: 2}  # ZZ and XX; the nulls are missing, not unseen
+    assert np.isnan(req.X[:, 0]).sum() == 4
+
+
+def test_more_outputs_than_a_request_may_name_are_refused_by_the_bound():
+    outputs = [{"name": "score"}] * (oip.MAX_TENSORS + 1)
+    body = json.dumps({"inputs": [{"name": "feat_0", "shape": [1], "datatype": "FP32",
+                                   "data": [1.0]}], "outputs": outputs}).encode()
+    with pytest.raises(oip.RequestError, match=f"at most {oip.MAX_TENSORS} objects"):
+        oip.parse_infer(body, None, _INDEX, 10, True, False)
