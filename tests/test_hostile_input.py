@@ -761,3 +761,18 @@ def test_short_string_views_held_inline_count_nothing_against_the_limit():
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=16 << 10)
     got = dec.decode(_stream(t))
     assert got.column(demo.ID_COLUMN).to_pylist() == ids.to_pylist()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_message_of_several_batches_after_its_schema_is_cached_keeps_every_row(native):
+    def message(seed, parts):
+        t = demo.generate(6, seed=seed).select(demo.FEATURES)
+        return t, _batches_stream([t.slice(2 * k, 2).to_batches()[0] for k in range(parts)])
+
+    dec = codec.Decoder(demo.FEATURES, None, native=native)
+    dec.decode(message(1, 1)[1])  # the schema cached
+    t, value = message(2, 3)
+    got = dec.decode(value)
+    assert got.num_rows == 6
+    for name in demo.FEATURES:
+        assert got.column(name).to_pylist() == t.column(name).to_pylist()[:6]
