@@ -1,5 +1,6 @@
-"""Mutation testing on the modules that carry the worker's guarantees (issue 55), with
-cosmic-ray: each mutant (an operator changed, a constant moved, a condition negated) is
+"""Mutation testing on the modules that carry the worker's guarantees (issue 55).
+
+With cosmic-ray: each mutant (an operator changed, a constant moved, a condition negated) is
 applied to the source on disk, the module's own tests run in a fresh process, and the mutant
 is killed (a test failed), survived (every test passed: a guarantee no test holds), or
 incompetent (it broke the import).
@@ -14,18 +15,21 @@ incompetent (it broke the import).
 A module has from 300 to 2,500 mutants and each costs 7-50 s of tests, so a whole run takes
 hours a module; ``--sample N`` draws N of the module's mutants at random (seeded: the same N
 every time), the rest marked not sampled, and the score is then an estimate from those N
-(its 95% interval is printed beside it). ``--rerun-survivors`` keeps the score as it stood
-("before") and runs the survivors again against the tests as they are now ("after"): it
-shows the tests kill what they were written for, but those mutants are no longer a random
-draw. ``--fresh`` keeps the score as "before" and draws a new sample (another ``--seed``)
-from the module as it now stands: the unbiased "after" (a changed module has other mutants,
-so its old session cannot be run again anyway).
+(its 95% Wilson interval beside it: with 40 mutants about +-15 points, so compare
+intervals, not the scores alone). ``--rerun-survivors`` runs the survivors again against the
+tests as they are now: it shows the tests kill what they were written for, but those
+mutants are no longer a random draw. ``--fresh --sample N --seed S`` (S another seed than
+the last) keeps the module's first score as "before", once, and draws a new sample from the
+module as it now stands: the unbiased "after" (a changed module has other mutants, so an
+old session cannot be run again anyway).
 Two modules can run at once (two processes): each has its own copy of the checkout.
 
 The mutants are written into a copy of the checkout (out/mutation/tree/<module>, refreshed
-from the files as they stand at each run), never into the files being edited. Sessions are kept in
-out/mutation/ (one SQLite file a module): a run stopped part way goes on where it stopped;
-delete the file to start over (after the module or its tests change).
+from the files as they stand at each run), never into the files being edited. Sessions are
+kept in out/mutation/<module>.sqlite: a run stopped part way goes on where it stopped. To
+start a module over, delete its session and its entry in mutation/results.json.
+The results of every module (the committed mutation/results.json, from which
+mutation/RESULTS.md is written) are kept across runs and checkouts.
 Each module's results go to mutation/RESULTS.md: the score, and every surviving mutant with
 its place and change. A survivor is then killed by a new test or, when no input can tell it
 apart from the original (an equivalent mutant), listed in mutation/EQUIVALENT.md with why;
@@ -53,6 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "out" / "mutation"
 RESULTS = ROOT / "mutation" / "RESULTS.md"
+STATE = ROOT / "mutation" / "results.json"  # every module's last results (and "before")
 
 # module -> the tests that hold its guarantees (run per mutant, stopping at the first failure)
 MODULES = {
@@ -185,10 +190,10 @@ def _rerun_survivors(session: Path, module: str) -> int:
     pending again (their results deleted), to be run against the tests as they are now."""
     import sqlite3
 
-    state = OUT / "results.json"
+    state = STATE
     known = json.loads(state.read_text()) if state.exists() else {}
     if "before" not in known.get(module, {}):
-        r = results(module)
+        r = results(module)  # (a rerun's "before": the score as it stood)
         known.setdefault(module, {})["before"] = {
             k: r[k] for k in ("killed", "survived", "score")}
         known[module]["before"]["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -204,9 +209,12 @@ def _fresh(session: Path, module: str, seed: int) -> None:
     if not session.exists():
         return
     r = results(module)
-    state = OUT / "results.json"
+    state = STATE
     known = json.loads(state.read_text()) if state.exists() else {}
     entry = known.setdefault(module, {})
+    if "before" in entry:  # the first sample stays "before"
+        session.rename(session.with_suffix(f".{time.strftime('%Y%m%d%H%M%S')}.sqlite"))
+        return
     entry["before"] = {k: r[k] for k in ("killed", "survived", "score", "interval",
                                          "survivors")}
     entry["before"]["when"] = entry.get("when", time.strftime("%Y-%m-%d %H:%M UTC",
@@ -249,6 +257,8 @@ def run(module: str, timeout: float, sample: int | None = None, seed: int = 55,
 def results(module: str) -> dict:
     """The session's jobs: counts by outcome, and the survivors with their place."""
     session = OUT / f"{_stem(module)}.sqlite"
+    if not session.exists():
+        raise SystemExit(f"{module}: no session ({session}): run it first")
     dump = subprocess.run([_tool("cosmic-ray"), "dump", str(session)], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
     counts = {"killed": 0, "survived": 0, "incompetent": 0, "pending": 0, "skipped": 0,
@@ -293,7 +303,8 @@ def write_results(rows: list[dict]) -> None:
     (two runs at once take turns: a lock on the state file)."""
     import fcntl
 
-    state = OUT / "results.json"
+    state = STATE
+    OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "results.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         known = json.loads(state.read_text()) if state.exists() else {}
@@ -312,16 +323,18 @@ def _write_md(known: dict) -> None:
              "`python mutation/run.py MODULE` (`make mutate`, `make mutate MODULE=...`): "
              "cosmic-ray 8.7.0, each mutant against the module's tests (`mutation/run.py` "
              "MODULES). Score: killed / (killed + survived). Survivors are listed with their "
-             "line and change; each is killed by a test or explained in "
-             "`mutation/EQUIVALENT.md`. Where a module was sampled (`--sample N`), the "
-             "score is an estimate from the N drawn at random, its 95% interval beside it. "
-             "Before: the first sample, whose survivors were then each killed by a test or "
-             "explained in EQUIVALENT.md; after: a new sample (`--fresh`, another seed) "
-             "from the module as it now stands, against the tests as they now stand (or, "
-             "where marked, the same mutants run again: `--rerun-survivors`).", "",
-             "| module | tests | mutants | run (not sampled) | killed | survived | "
-             "incompetent | pending | score before | score after (95%) | run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "line and change (lines of the module as it stood for that run); each is killed "
+             "by a test or explained in `mutation/EQUIVALENT.md`. Where a module was sampled "
+             "(`--sample N`), the score is an estimate from the N drawn at random, its 95% "
+             "Wilson interval beside it (about +-15 points for 40: compare intervals). "
+             "Mutants: all of the module's; sampled: those drawn; skipped: drawn but inside "
+             "annotations or under `# pragma: no mutate` (never run). Before: the first "
+             "sample, whose survivors were then each killed by a test or explained in "
+             "EQUIVALENT.md; after: a new sample (`--fresh`, another seed) from the module as "
+             "it now stands, against the tests as they now stand.", "",
+             "| module | tests | mutants | sampled | skipped | killed | survived | "
+             "incompetent | pending | score before (95%) | score after (95%) | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in known.values():
         total = sum(r.get(k, 0) for k in ("killed", "survived", "incompetent", "pending",
                                            "skipped", "not_sampled"))
@@ -333,18 +346,18 @@ def _write_md(known: dict) -> None:
             if before.get("interval"):
                 was += f" ({before['interval'][0]}-{before['interval'][1]}%)"
             was += f", {before['survived']} survived"
-        now = f"{r['score']}%"
+        now = f"{r['score']}%" if r["score"] is not None else "-"
         if r.get("interval"):
             now += f" ({r['interval'][0]}-{r['interval'][1]}%)"
         lines.append(f"| {r['module']} | {tests} | {total} | "
-                     f"{total - r.get('not_sampled', 0)} ({r.get('not_sampled', 0)}) | "
+                     f"{total - r.get('not_sampled', 0)} | {r.get('skipped', 0)} | "
                      f"{r['killed']} | {r['survived']} | {r['incompetent']} | "
                      f"{r['pending']} | {was} | {now} | {r['when']} |")
     for r in known.values():
         for title, survivors in (
                 (f"Survivors in {r['module']}", r["survivors"]),
-                (f"Survivors in {r['module']}, before (each killed by a test since, or in "
-                 "EQUIVALENT.md)", (r.get("before") or {}).get("survivors") or [])):
+                (f"Survivors in {r['module']}, before (see EQUIVALENT.md for each)",
+                 (r.get("before") or {}).get("survivors") or [])):
             if not survivors:
                 continue
             lines += ["", f"## {title}", ""]
@@ -356,10 +369,11 @@ def _write_md(known: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     ap.add_argument("--report", action="store_true", help="write the results of the last run")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a mutant's tests")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds a mutant's tests may take (then: killed, by timeout)")
     ap.add_argument("--sample", type=int, help="run a seeded random N of the mutants only")
     ap.add_argument("--seed", type=int, default=55, help="the sample's seed (55)")
     ap.add_argument("--fresh", action="store_true",
@@ -367,6 +381,8 @@ def main() -> int:
     ap.add_argument("--rerun-survivors", action="store_true",
                     help="keep the score as 'before', run the survivors again")
     args = ap.parse_args()
+    if args.fresh and args.sample is None:
+        ap.error("--fresh draws a new sample: give --sample N (and another --seed)")
     modules = args.modules or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
