@@ -1152,3 +1152,34 @@ def test_more_outputs_than_a_request_may_name_are_refused_by_the_bound():
                                    "data": [1.0]}], "outputs": outputs}).encode()
     with pytest.raises(oip.RequestError, match=f"at most {oip.MAX_TENSORS} objects"):
         oip.parse_infer(body, None, _INDEX, 10, True, False)
+
+
+def test_top_k_at_its_edges():
+    # parameters.top_k: 1 to 64 reason codes a row (README)
+    def parse(top_k):
+        body = json.dumps({"inputs": [{"name": "feat_0", "shape": [1], "datatype": "FP32",
+                                       "data": [1.0]}],
+                           "parameters": {"top_k": top_k}}).encode()
+        return oip.parse_infer(body, None, _INDEX, 10, True, True).top_k
+
+    assert (parse(1), parse(64)) == (1, 64)
+    for bad_k in (0, 65):
+        with pytest.raises(oip.RequestError, match="top_k"):
+            parse(bad_k)
+
+
+def test_bytes_rows_nested_or_not_are_one_form_or_the_other():
+    cats = oip.Contract({"country": 0}, {0: {"US": 0.0, "GB": 1.0}}, False)
+    body = json.dumps({"inputs": [{"name": "country", "shape": [2, 1], "datatype": "BYTES",
+                                   "data": [["US"], "GB"]}]}).encode()
+    with pytest.raises(oip.RequestError, match="nested data must be rows of one value"):
+        oip.parse_infer(body, None, cats, 10, True, False)
+
+
+def test_an_integer_of_2_64_in_a_float_tensor_is_its_float():
+    # with NaN in the body (tritonclient's missing value) the json module reads it, exactly
+    body = json.dumps({"inputs": [{"name": "feat_0", "shape": [2], "datatype": "FP32",
+                                   "data": [2**64, math.nan]}]}).encode()
+    assert b"NaN" in body
+    X = oip.parse_infer(body, None, _INDEX, 10, True, False).X
+    assert X[0, 0] == np.float32(2.0**64) and np.isnan(X[1, 0])
