@@ -898,8 +898,11 @@ def test_waiting_for_the_coordinator_is_said_every_ten_seconds_not_every_attempt
         clock[0] += 2.5  # each look at the clock: an attempt of 2.5 s
         return clock[0]
 
+    asked = []
+
     class Coordinatorless(StubProducer):
         def init_transactions(self, *args):
+            asked.append(args)
             if clock[0] < 1040:
                 raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down",
                                                 retriable=True))
@@ -911,3 +914,5 @@ def test_waiting_for_the_coordinator_is_said_every_ten_seconds_not_every_attempt
         sink._init_transactions(120.0)
     said = [e for e in logs if e["event"] == "waiting for the transaction coordinator"]
     assert 3 <= len(said) <= 5, len(said)  # about 40 s of waiting: every 10 s
+    # in one-second attempts (a signal handler runs between two), until the coordinator came
+    assert len(asked) > 10 and set(asked) == {(1.0,)}
