@@ -988,3 +988,26 @@ def test_the_source_names_the_ml_domains_opset_whatever_the_order_of_the_imports
     del m.opset_import[:]
     m.opset_import.extend([helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
     assert worker.compile_model(m).source == "onnx TreeEnsembleRegressor (ai.onnx.ml opset 3)"
+
+
+def test_tree_ids_need_not_start_at_zero():
+    # ONNX Runtime groups nodes by their tree id, whatever the numbers: trees 1 and 2 score
+    # as trees 0 and 1 do
+    from worker.model import onnx_loader
+
+    m = _stump_model()
+    ids = _attr(m, "nodes_treeids").ints
+    ids[:] = [t + 1 for t in ids]
+    ids = _attr(m, "target_treeids").ints
+    ids[:] = [t + 1 for t in ids]
+    X = _hostile_2([0.5, -1.25, 1e-3, 0.0, 2.0])
+    np.testing.assert_array_equal(worker.compile_model(m).raw(X, n_threads=1).astype(np.float32),
+                                  onnx_loader.reference(m, X).astype(np.float32))
+
+
+def test_a_binary_classifier_weighted_on_class_1_only_with_a_transform_is_refused():
+    # ONNX Runtime then gives a transform of the class-1 weights alone: not a probability
+    m = _stump_model(classifier=True, n_classes=2, weights_by_class=[1], post="LOGISTIC")
+    with pytest.raises(UnsupportedModelError, match="weights on class 1 only and "
+                       "post_transform LOGISTIC"):
+        worker.compile_model(m)

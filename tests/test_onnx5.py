@@ -307,6 +307,8 @@ def test_aggregations_and_transforms_match_onnx_runtime(agg, post, n_targets, tm
      "not an integer in int32"),
     ({"nodes_modes": helper.make_tensor("nodes_modes", TensorProto.UINT8, (3,),
                                         np.array([6, 0, 9], np.uint8))}, "node mode 9"),
+    ({"nodes_modes": helper.make_tensor("nodes_modes", TensorProto.UINT8, (3,),
+                                        np.array([6, 0, 7], np.uint8))}, "node mode 7 is not"),
     ({"nodes_hitrates": [1.0]}, "wrong type"),
     ({"leaf_weights": _tensor("leaf_weights", [1.0, 2.0, 3.0, 4.0, 5.0], double=True)},
      "of one type"),
