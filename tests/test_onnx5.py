@@ -469,3 +469,23 @@ def test_a_small_file_that_would_unfold_to_gigabytes_is_refused_quickly(depth, n
         worker.compile_model(path)
     assert time.monotonic() - t0 < 60
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 1_000_000  # KB
+
+
+def test_a_tree_whose_root_is_not_its_first_node_matches_onnx_runtime(tmp_path):
+    # tree_roots may name any node: here node 1, whose false side is node 0
+    node = helper.make_node(
+        "TreeEnsemble", ["X"], ["Y"], domain=ML, n_targets=1, tree_roots=[1],
+        aggregate_function=1, post_transform=0,
+        nodes_modes=helper.make_tensor("nodes_modes", TensorProto.UINT8, (2,),
+                                       np.array([0, 0], np.uint8)),
+        nodes_featureids=[0, 0], nodes_splits=_tensor("nodes_splits", [7.0, 2.0]),
+        nodes_truenodeids=[0, 2], nodes_trueleafs=[1, 1],
+        nodes_falsenodeids=[1, 0], nodes_falseleafs=[1, 0],
+        leaf_targetids=[0, 0, 0], leaf_weights=_tensor("leaf_weights", [10.0, 20.0, 30.0]))
+    model = _model(node, 1)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    X = np.array([[-1.0], [2.0], [3.0], [7.0], [8.0], [np.nan]], np.float32)
+    want = _ort(model, X)
+    assert len(np.unique(want)) == 3  # every leaf reached
+    np.testing.assert_array_equal(_ours(worker.compile_model(path), X), want)
