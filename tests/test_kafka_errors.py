@@ -91,9 +91,10 @@ def test_commit_happy_path_order():
 def test_abortable_error_aborts_and_rewinds():
     err = KafkaError(KafkaError._STATE, "abortable", txn_requires_abort=True)
     p, src = StubProducer("commit", err), StubSource()
-    with pytest.raises(TransactionAborted):
+    with pytest.raises(TransactionAborted) as e:
         sink_with(p).commit_transaction(src, BATCH, OUT, [])
     assert p.calls[-1] == "abort" and src.rewound == 1
+    assert e.value.transaction  # counted in scoring_transactions_aborted (loop.py)
 
 
 def test_retriable_error_is_retried_then_commits():
@@ -914,5 +915,7 @@ def test_waiting_for_the_coordinator_is_said_every_ten_seconds_not_every_attempt
         sink._init_transactions(120.0)
     said = [e for e in logs if e["event"] == "waiting for the transaction coordinator"]
     assert 3 <= len(said) <= 5, len(said)  # about 40 s of waiting: every 10 s
+    left = [e["gives_up_in_s"] for e in said]  # what is left of the 120 s
+    assert left == sorted(left, reverse=True) and 60 < left[0] < 120 and left[-1] > 60
     # in one-second attempts (a signal handler runs between two), until the coordinator came
     assert len(asked) > 10 and set(asked) == {(1.0,)}
