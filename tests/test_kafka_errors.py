@@ -919,3 +919,53 @@ def test_waiting_for_the_coordinator_is_said_every_ten_seconds_not_every_attempt
     assert left == sorted(left, reverse=True) and 60 < left[0] < 120 and left[-1] > 60
     # in one-second attempts (a signal handler runs between two), until the coordinator came
     assert len(asked) > 10 and set(asked) == {(1.0,)}
+
+
+@pytest.mark.parametrize("code,said", [
+    (KafkaError.GROUP_AUTHORIZATION_FAILED, "READ on group"),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "WRITE on transactional-id"),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, "WRITE on topic")])
+def test_a_refusal_in_a_transactional_call_is_fatal_and_names_the_acl(code, said):
+    # the broker refusing the group, the transactional id or a topic is not retried: the
+    # worker exits naming the ACL to add (the error alone says it, with no delivery report)
+    from worker.io.kafka import NotAuthorized
+
+    err = KafkaError(code, "denied", txn_requires_abort=True)
+    p, src = StubProducer("send_offsets", err), StubSource()
+    sink = sink_with(p)
+    sink._blocking = lambda call, *args, **kw: call(*args)
+    with pytest.raises(NotAuthorized, match=said):
+        sink.commit_transaction(src, BATCH, OUT, [])
+    assert "commit" not in p.calls
+
+
+def test_a_topic_whose_configuration_may_not_be_read_is_a_refusal_naming_the_acl(monkeypatch):
+    # DescribeConfigs denied: the worker says which ACL to add rather than guess the size;
+    # a topic that is simply absent keeps the broker's default
+    from concurrent.futures import Future
+
+    import confluent_kafka.admin as admin
+
+    from worker.io.kafka import BROKER_DEFAULT_MAX_MESSAGE_BYTES, NotAuthorized, topic_max_bytes
+
+    def failing(code):
+        f = Future()
+        f.set_exception(KafkaException(KafkaError(code, "no")))
+        return f
+
+    class Admin:
+        code = None
+
+        def __init__(self, conf):
+            pass
+
+        def describe_configs(self, resources, request_timeout):
+            return {r: failing(Admin.code) for r in resources}
+
+    monkeypatch.setattr(admin, "AdminClient", Admin)
+    Admin.code = KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(NotAuthorized, match="DESCRIBE_CONFIGS on topic|DescribeConfigs"):
+        topic_max_bytes({"bootstrap.servers": "127.0.0.1:9"}, ["scores"])
+    Admin.code = KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert topic_max_bytes({"bootstrap.servers": "127.0.0.1:9"}, ["scores"]) == \
+        {"scores": BROKER_DEFAULT_MAX_MESSAGE_BYTES}
