@@ -201,3 +201,28 @@ def test_every_secret_in_the_file_is_named_with_its_own_way_in(tmp_path):
                 "SCORING_WORKER__KAFKA__CLIENT"):
         assert way in said
     assert "pw-" not in said  # never the values
+
+
+def test_a_client_key_naming_a_secret_is_a_secret_whatever_else_it_names(tmp_path):
+    # "secret" alone (not "password", not one of librdkafka's own sensitive keys) is enough
+    with pytest.raises(ConfigError, match="kafka.client.plugin.api.secret: a password in"):
+        _load(tmp_path, {"client": {"plugin.api.secret": "TOP"}})
+    s = _load(tmp_path, {"allow_secrets_in_file": True, "client": {"plugin.api.secret": "TOP"}})
+    assert "TOP" not in json.dumps(s.kafka.masked())
+
+
+@pytest.mark.parametrize("protocol,mechanism,warned", [
+    ("SASL_PLAINTEXT", "PLAIN", True), ("SASL_SSL", "PLAIN", False),
+    ("SASL_PLAINTEXT", "GSSAPI", False), ("SASL_PLAINTEXT", "OAUTHBEARER", False),
+    ("SASL_PLAINTEXT", "SCRAM-SHA-256", False)])
+def test_only_a_plain_password_in_clear_text_is_warned_of(tmp_path, monkeypatch, protocol,
+                                                          mechanism, warned):
+    env = {"SCORING_WORKER__KAFKA__SASL_PASSWORD": "pw"} if mechanism in (
+        "PLAIN", "SCRAM-SHA-256") else {}
+    kafka = {"security_protocol": protocol, "sasl_mechanism": mechanism}
+    if mechanism in ("PLAIN", "SCRAM-SHA-256"):
+        kafka["sasl_username"] = "u"
+    if mechanism == "OAUTHBEARER":  # a test broker's unsecured tokens
+        kafka["client"] = {"enable.sasl.oauthbearer.unsecure.jwt": True}
+    s = _load(tmp_path, kafka, env=env, monkeypatch=monkeypatch)
+    assert any("in clear text" in w for w in s.kafka.warnings()) == warned
