@@ -724,3 +724,24 @@ def test_without_an_id_column_each_row_is_known_by_its_index_in_its_message():
     assert g.offsets.tolist() == [0, 2, 5, 6]
     assert g.ids.tolist() == [0, 1, 0, 1, 2, 0]
     np.testing.assert_array_equal(np.asarray(g.X)[:, 0], [0, 1, 0, 1, 2, 0])
+
+
+def test_an_output_that_cannot_be_built_is_an_error_for_each_of_its_messages():
+    # the pipeline dead-letters each message whose value is an exception: one a message,
+    # none dropped
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = compile_model(booster)
+    fmt = input_format("json", model, "txn_id", None, 64 << 20)
+    out = output_format("json", model, "txn_id")
+    row = {f: 0.5 for f in model.feature_names}
+    msgs = [fmt.decode(json.dumps([{"txn_id": i, **row}] * (i + 1)).encode())
+            for i in range(3)]
+    g = fmt.gather(msgs)
+    r = model.score_batch(g.X)
+
+    def broken(*args):
+        raise MemoryError("planted")
+
+    out._encode_scores = broken
+    got = out.encode(g, r, [None] * 3)
+    assert len(got) == 3 and all(isinstance(e, MemoryError) for e in got)
