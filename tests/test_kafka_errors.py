@@ -969,3 +969,86 @@ def test_a_topic_whose_configuration_may_not_be_read_is_a_refusal_naming_the_acl
     Admin.code = KafkaError.UNKNOWN_TOPIC_OR_PART
     assert topic_max_bytes({"bootstrap.servers": "127.0.0.1:9"}, ["scores"]) == \
         {"scores": BROKER_DEFAULT_MAX_MESSAGE_BYTES}
+
+
+def test_the_offsets_committed_are_the_next_to_read_in_each_partition():
+    from confluent_kafka import TopicPartition
+
+    from worker.io.kafka import KafkaSource
+
+    batch = [Record("in", 1, 3, None, b""), Record("in", 0, 5, None, b""),
+             Record("in", 0, 7, None, b""), Record("in", 0, 6, None, b"")]
+    # (TopicPartition's == compares topic and partition only: the offsets are compared here)
+    got = KafkaSource.next_offsets(batch)
+    assert all(isinstance(tp, TopicPartition) for tp in got)
+    assert [(tp.topic, tp.partition, tp.offset) for tp in got] == [("in", 0, 8), ("in", 1, 4)]
+
+
+def test_a_header_without_a_value_is_read_as_empty():
+    from worker.io.kafka import to_record
+
+    class Msg:
+        def timestamp(self):
+            return 1, 1700
+
+        def headers(self):
+            return [("trace", None), ("id", b"x"), ("empty", b"")]
+
+        topic, partition, offset = (lambda self: "in"), (lambda self: 0), (lambda self: 9)
+        key, value = (lambda self: b"k"), (lambda self: b"v")
+
+    r = to_record(Msg())
+    assert r.headers == [("trace", b""), ("id", b"x"), ("empty", b"")]
+    assert (r.topic, r.partition, r.offset, r.timestamp_ms) == ("in", 0, 9, 1700)
+
+
+def test_an_invalid_librdkafka_setting_is_bad_configuration_not_kafka_down():
+    from worker.io.kafka import KafkaSource, StartupError
+
+    with pytest.raises(StartupError) as e:
+        KafkaSource({"bootstrap.servers": "127.0.0.1:9", "group.id": "g",
+                     "session.timeout.ms": "soon"}, ["in"])
+    assert e.value.exit_code == 2 and "kafka.client" in str(e.value)
+
+
+class HeaderLimitedProducer(SizeLimitedProducer):
+    """The broker's limit as it meets a dead letter whose headers alone pass it."""
+
+    def produce(self, topic, **kw):
+        if sum(len(k) + len(v or b"") for k, v in kw.get("headers") or []) > 200:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+        super().produce(topic, **kw)
+
+
+def test_a_dead_letter_too_large_without_its_value_drops_its_key_and_headers_too():
+    p = HeaderLimitedProducer()
+    sink = sink_with(p, transactional=False)
+    sink._refused = []
+    big = [("trace", b"t" * 300), ("error", b"bad_json")]
+    sink.write([], [Record("scores-dlq", -1, -1, b"key", b"x" * 20, 0, big, ("in", 0, 5))])
+    (topic, kw), = p.produced
+    assert kw["value"] is None and kw["key"] is None
+    assert kw["headers"] == [("error", b"bad_json"), ("value_dropped", b"message too large"),
+                             ("input_dropped", b"key and headers too large")]
+    # each step once: a dead letter that still does not fit is refused, not looped on
+    p2 = HeaderLimitedProducer()
+    sink2 = sink_with(p2, transactional=False)
+    sink2._refused = []
+    huge = [("error", b"e" * 300)]  # the worker's own header alone is too large
+    with pytest.raises(KafkaException):
+        sink2.write([], [Record("scores-dlq", -1, -1, b"key", b"x" * 20, 0, huge,
+                                ("in", 0, 5))])
+
+
+def test_writing_serves_the_delivery_reports_without_waiting():
+    polled = []
+
+    class Polled(StubProducer):
+        def poll(self, timeout):
+            polled.append(timeout)
+            return 0
+
+    sink = sink_with(Polled(), transactional=False)
+    sink._refused = []
+    sink.write([_origin_rec()], [])
+    assert polled == [0]
