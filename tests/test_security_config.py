@@ -226,3 +226,13 @@ def test_only_a_plain_password_in_clear_text_is_warned_of(tmp_path, monkeypatch,
         kafka["client"] = {"enable.sasl.oauthbearer.unsecure.jwt": True}
     s = _load(tmp_path, kafka, env=env, monkeypatch=monkeypatch)
     assert any("in clear text" in w for w in s.kafka.warnings()) == warned
+
+
+def test_one_secret_in_the_file_is_named_with_its_way_in_alone(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, {"security_protocol": "SASL_SSL", "sasl_password": "pw-A1"})
+    said = str(e.value)
+    assert said.startswith("config error: kafka.sasl_password: a password in")
+    assert "set it from the environment or a file (SCORING_WORKER__KAFKA__SASL_PASSWORD or " \
+           "kafka.sasl_password_file)" in said
+    assert "KAFKA__CLIENT" not in said
