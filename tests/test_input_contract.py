@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -857,3 +858,18 @@ def test_the_native_bounds_at_their_edges():
         else:
             with pytest.raises(ValueError, match="max_depth"):
                 _eventread.JsonReader([["a"]], None, {}, ["a"], 0, 1 << 20, depth)
+
+
+def test_a_cast_read_from_a_config_file_is_checked_as_one_written_here():
+    # the cast's text comes from YAML or JSON (a new string, not this module's literal):
+    # cast: string on a feature without categories is refused whichever way it came
+    from types import SimpleNamespace
+
+    from worker.formats.base import field_specs
+
+    model = SimpleNamespace(feature_names=["amount"], categories={})
+    spec = json.loads('{"amount": {"cast": "string"}}')
+    with pytest.raises(ValueError, match="source.fields.amount.cast: string reads a number"):
+        field_specs(model, None, spec)
+    spec = yaml.safe_load("amount: {cast: number}")
+    assert field_specs(model, None, spec)["amount"].cast == "number"
