@@ -1052,3 +1052,33 @@ def test_writing_serves_the_delivery_reports_without_waiting():
     sink._refused = []
     sink.write([_origin_rec()], [])
     assert polled == [0]
+
+
+def test_a_commit_that_keeps_timing_out_gives_up_at_its_deadline(monkeypatch):
+    # in one-second attempts until timeout_s (60 s), then the transaction is aborted: the
+    # batch comes again; never a wait without end
+    import worker.io.kafka as K
+
+    clock = [5000.0]
+
+    def monotonic():
+        return clock[0]
+
+    def sleep(s):
+        clock[0] += s
+
+    class Slow(StubProducer):
+        def commit_transaction(self, *args):
+            self.calls.append("commit")
+            clock[0] += 1.0  # each attempt takes its second
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
+
+    monkeypatch.setattr(K.time, "monotonic", monotonic)
+    monkeypatch.setattr(K.time, "sleep", sleep)
+    p, src = Slow(), StubSource()
+    sink = sink_with(p)
+    sink._blocking = lambda call, *args, **kw: call(*args)
+    with pytest.raises(TransactionAborted):
+        sink.commit_transaction(src, BATCH, OUT, [])
+    assert 50 <= p.calls.count("commit") <= 60 and clock[0] - 5000 <= 62
+    assert p.calls[-1] == "abort" and src.rewound == 1
