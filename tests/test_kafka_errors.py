@@ -883,6 +883,8 @@ def test_each_topics_message_bound_is_its_limit_less_a_records_overhead():
         # the topic's own limit, or the producer's where it is smaller, less the 128 bytes
         # a record batch adds around a value (RECORD_OVERHEAD)
         assert sink.max_bytes == {"s": 49_872, "s-dlq": 199_872}
+        # and no record batch packed past the smallest of them (the broker would refuse it)
+        assert sink._conf["batch.size"] == 50_000
     finally:
         sink.producer.flush(0)
 
