@@ -6,6 +6,7 @@ real broker with pauses."""
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from tests.kafka_util import arrow_bytes, input_table
@@ -115,3 +116,22 @@ def test_records_read_before_a_rewind_are_not_ours(monkeypatch):
     src.consumer.seek = lambda tp: None
     src.rewind()
     assert not src.owns(first[0])
+
+
+@pytest.mark.parametrize("asked", [1, 2, 5, 9])
+def test_a_poll_returns_what_is_fetched_up_to_what_it_asked_for(monkeypatch, asked):
+    # one message to wake the poll, then whatever else is already fetched, up to max_messages
+    src = _source(monkeypatch, [([("assign", [0])], [Msg(0, k) for k in range(6)])])
+    got = src.poll(asked, 0.1)
+    assert [r.offset for r in got] == list(range(min(asked, 6)))
+
+
+def test_a_message_without_a_timestamp_is_read_with_timestamp_0():
+    from worker.io.kafka import to_record
+
+    class Untimed(Msg):
+        def timestamp(self):
+            return (0, -1)  # TIMESTAMP_NOT_AVAILABLE
+
+    assert to_record(Untimed(0, 3)).timestamp_ms == 0
+    assert to_record(Msg(0, 3)).timestamp_ms == 1
