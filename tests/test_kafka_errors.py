@@ -1084,3 +1084,21 @@ def test_a_commit_that_keeps_timing_out_gives_up_at_its_deadline(monkeypatch):
         sink.commit_transaction(src, BATCH, OUT, [])
     assert 50 <= p.calls.count("commit") <= 60 and clock[0] - 5000 <= 62
     assert p.calls[-1] == "abort" and src.rewound == 1
+
+
+def test_a_write_refused_in_a_delivery_report_names_its_topic():
+    # at least once: the report of the message the broker refused names the topic, which the
+    # error raised by flush alone does not
+    from worker.io.kafka import NotAuthorized
+
+    class Refusing(DeliveringProducer):
+        def flush(self, timeout):
+            while self.pending:
+                self.pending.pop(0)(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                               "denied"), object())
+            return 0
+
+    sink = sink_with(Refusing(), transactional=False)
+    sink.dead_letter_topic = "fraud-dlq"
+    with pytest.raises(NotAuthorized, match="WRITE on topic fraud-scores"):
+        sink.deliver(StubSource(), BATCH, [_origin_rec("fraud-scores")], [])
