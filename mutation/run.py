@@ -334,7 +334,7 @@ def _write_md(known: dict) -> None:
              "EQUIVALENT.md; after: a new sample (`--fresh`, another seed) from the module as "
              "it now stands, against the tests as they now stand.", "",
              "| module | tests | mutants | sampled | skipped | killed | survived | "
-             "incompetent | pending | score before (95%) | score after (95%) | run |",
+             "incompetent | pending | score before (95%) | score after (95%) | written |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     known = {m: r for m, r in known.items() if "tests" in r}  # (a "before" alone: running)
     for r in known.values():
