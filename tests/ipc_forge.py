@@ -300,11 +300,9 @@ def share_dictionary_ids(data: bytes, ident: int = 1) -> bytes:
     return b"".join(parts) + b"\xff\xff\xff\xff\0\0\0\0"
 
 
-def alias_buffers(data: bytes, k: int = 1) -> bytes:
-    """Message ``k`` (uncompressed) with buffers of equal content stored once in its body and
-    every Buffer entry of that content pointing at the one copy."""
-    import hashlib
-
+def _body_laid_out(data: bytes, k: int, place) -> bytes:
+    """Message ``k`` with its body laid out anew: ``place(content, body)`` puts each buffer's
+    bytes into ``body`` (a bytearray) as it will and gives its Buffer entry (offset, length)."""
     meta, n = messages(data)[k]
     msg = meta + _u32(data, meta)
     body_at = _field(data, msg, 3)
@@ -312,18 +310,35 @@ def alias_buffers(data: bytes, k: int = 1) -> bytes:
     vec = _ref(data, _ref(data, msg, 2), 2)
     body0 = meta + n
     out = bytearray(data[:body0])
-    body, placed = bytearray(), {}
+    body = bytearray()
     for j in range(_u32(data, vec)):
         p = vec + 4 + 16 * j
         off, ln = struct.unpack_from("<qq", data, p)
-        content = data[body0 + off:body0 + off + ln]
-        h = hashlib.blake2b(content, digest_size=16).digest()
-        if h not in placed:
-            placed[h] = len(body)
-            body += content + b"\0" * (-len(content) % 8)
-        struct.pack_into("<qq", out, p, placed[h], ln)
+        struct.pack_into("<qq", out, p, *place(data[body0 + off:body0 + off + ln], body))
     struct.pack_into("<q", out, body_at, len(body))
     return bytes(out) + bytes(body) + data[body0 + body_len:]
+
+
+def _append(content: bytes, body: bytearray) -> tuple[int, int]:
+    at = len(body)
+    body += content + b"\0" * (-len(content) % 8)
+    return at, len(content)
+
+
+def alias_buffers(data: bytes, k: int = 1) -> bytes:
+    """Message ``k`` (uncompressed) with buffers of equal content stored once in its body and
+    every Buffer entry of that content pointing at the one copy."""
+    import hashlib
+
+    placed: dict[bytes, int] = {}
+
+    def place(content, body):
+        h = hashlib.blake2b(content, digest_size=16).digest()
+        if h not in placed:
+            placed[h] = _append(content, body)[0]
+        return placed[h], len(content)
+
+    return _body_laid_out(data, k, place)
 
 
 def body_buffers(data: bytes, k: int = 1) -> list[tuple[int, int]]:
@@ -347,23 +362,11 @@ def stored_uncompressed(data: bytes, k: int = 1, size: int = -1) -> bytes:
     pyarrow's store a buffer compression would not shrink) and its decompressed bytes after."""
     import pyarrow as pa
 
-    meta, n = messages(data)[k]
-    msg = meta + _u32(data, meta)
-    body_at = _field(data, msg, 3)
-    body_len = struct.unpack_from("<q", data, body_at)[0]
-    vec = _ref(data, _ref(data, msg, 2), 2)
-    body0 = meta + n
-    out = bytearray(data[:body0])
-    body = bytearray()
-    for j in range(_u32(data, vec)):
-        p = vec + 4 + 16 * j
-        off, ln = struct.unpack_from("<qq", data, p)
-        content = data[body0 + off:body0 + off + ln]
-        if ln:
+    def place(content, body):
+        if content:
             want = struct.unpack_from("<q", content, 0)[0]
             raw = pa.decompress(content[8:], want, codec="lz4", asbytes=True)
             content = struct.pack("<q", size) + raw
-        struct.pack_into("<qq", out, p, len(body), len(content))
-        body += content + b"\0" * (-len(content) % 8)
-    struct.pack_into("<q", out, body_at, len(body))
-    return bytes(out) + bytes(body) + data[body0 + body_len:]
+        return _append(content, body)
+
+    return _body_laid_out(data, k, place)
