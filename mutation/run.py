@@ -299,7 +299,7 @@ def _wilson(k: int, n: int) -> list[float] | None:
     return [round(100 * (mid - half), 1), round(100 * (mid + half), 1)]
 
 
-def write_results(rows: list[dict]) -> None:
+def write_results(rows: list[dict], ran: bool = True) -> None:
     """mutation/RESULTS.md: every module run so far (kept), this run's replacing its own
     (two runs at once take turns: a lock on the state file)."""
     import fcntl
@@ -311,8 +311,9 @@ def write_results(rows: list[dict]) -> None:
         known = json.loads(state.read_text()) if state.exists() else {}
         for r in rows:
             before = known.get(r["module"], {}).get("before")
-            known[r["module"]] = {**r, "when": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                             time.gmtime())}
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) if ran else \
+                known.get(r["module"], {}).get("when", "-")  # --report: when it ran
+            known[r["module"]] = {**r, "when": when}
             if before:
                 known[r["module"]]["before"] = before
         state.write_text(json.dumps(known, indent=1))
@@ -395,7 +396,7 @@ def main() -> int:
             run(module, args.timeout, args.sample, args.seed, args.rerun_survivors,
                 args.fresh)
         rows.append(results(module))
-    write_results(rows)
+    write_results(rows, ran=not args.report)
     print(RESULTS.read_text())
     return 0
 
