@@ -1183,3 +1183,30 @@ def test_an_integer_of_2_64_in_a_float_tensor_is_its_float():
     assert b"NaN" in body
     X = oip.parse_infer(body, None, _INDEX, 10, True, False).X
     assert X[0, 0] == np.float32(2.0**64) and np.isnan(X[1, 0])
+
+
+def test_a_version_is_answered_by_that_version_or_refused_naming_the_one_served(artifacts):
+    # issue 50: with a swap prepared, a request for the old version was scored by the new
+    # model, and the new version's URL answered 404 until an unversioned request came
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(artifacts["binary"])})
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, M.N_FEATURES],
+                                   "datatype": "FP32", "data": [0.5] * M.N_FEATURES}]}
+                      ).encode()
+    new = worker.load_model(artifacts["other"])
+    for first in ("old", "new"):
+        svc = Service(s, str(artifacts["binary"]), "m")
+        svc.load()
+        old_id = svc.current.model.model_id
+        svc._staged = svc._prepare(new)  # prepared off the request path, not yet in
+        if first == "old":
+            status, _, out, _ = svc.handle(b"POST", f"/v2/models/m/versions/{old_id}/infer"
+                                           .encode(), {}, body)
+            assert status == 404, out
+            assert f"has no version '{old_id}' (it serves {new.model_id})" in \
+                json.loads(out)["error"]
+        status, _, out, _ = svc.handle(b"POST", f"/v2/models/m/versions/{new.model_id}/infer"
+                                       .encode(), {}, body)
+        assert status == 200, out
+        assert json.loads(out)["model_version"] == new.model_id
+        svc.close()

@@ -303,12 +303,16 @@ class Service:
         if name != self.name:
             return self._simple("model", 404, f"unknown model {name[:100]!r} (this server "
                                               f"serves {self.name!r})")
-        m = self.current
+        # the model this request is answered by, a prepared swap installed first: a version
+        # is checked against the model that will score (issue 50: version A was answered by
+        # model B, and B's URL was 404 until an unversioned request swapped it in)
+        m = self._model()
         if len(tail) >= 2 and tail[0] == b"versions":
             version = tail[1].decode("utf-8", "replace")
             if m is None or len(version) < 6 or not m.model.model_id.startswith(version):
+                serves = f" (it serves {m.model.model_id})" if m is not None else ""
                 return self._simple("model", 404, f"model {name!r} has no version "
-                                                  f"{version[:80]!r}")
+                                                  f"{version[:80]!r}{serves}")
             tail = tail[2:]
         if not tail:
             if m is None:
@@ -321,7 +325,7 @@ class Service:
         if tail == [b"infer"]:
             if method != b"POST":
                 return self._simple("infer", 405, "use POST")
-            return self._infer(headers, body)
+            return self._infer(headers, body, m)
         return self._simple("other", 404, "not found")
 
     def _get(self, method: bytes, route: str, answer):
@@ -335,9 +339,8 @@ class Service:
         self.metrics.answered(route, status)
         return status, JSON, _error(message), []
 
-    def _infer(self, headers: dict, body: bytes):
+    def _infer(self, headers: dict, body: bytes, m: _Model | None):
         t0 = time.perf_counter()
-        m = self._model()
         if m is None:
             return self._simple("infer", 503, "the model is loading")
         encoding = headers.get(b"content-encoding")
