@@ -1210,3 +1210,54 @@ def test_a_version_is_answered_by_that_version_or_refused_naming_the_one_served(
         assert status == 200, out
         assert json.loads(out)["model_version"] == new.model_id
         svc.close()
+
+
+def test_reason_codes_are_bounded_before_they_are_found(artifacts):
+    # issue 50: rows x top_k reason codes were found and answered whatever their number
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(artifacts["binary"])}, serve={"max_explain_rows": 5})
+    svc = Service(s, str(artifacts["binary"]), "m")
+    svc.load()
+
+    def ask(rows, outputs, top_k=None):
+        doc = {"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES], "datatype": "FP32",
+                           "data": [0.5] * (rows * M.N_FEATURES)}],
+               "outputs": [{"name": o} for o in outputs]}
+        if top_k is not None:
+            doc["parameters"] = {"top_k": top_k}
+        status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", {},
+                                       json.dumps(doc).encode())
+        return status, json.loads(out)
+
+    reasons = ["score", "reason_feature", "reason_value"]
+    status, out = ask(5, reasons)
+    assert status == 200 and len(out["outputs"][1]["data"]) == 5 * 3  # the default top_k
+    status, out = ask(6, reasons)
+    assert status == 413 and "serve.max_explain_rows (5)" in out["error"]
+    assert ask(6, ["score"])[0] == 200  # rows without reason codes: serve.max_rows holds
+    status, out = ask(1, reasons, top_k=M.N_FEATURES)
+    assert status == 200 and len(out["outputs"][1]["data"]) == M.N_FEATURES
+    status, out = ask(1, reasons, top_k=M.N_FEATURES + 1)
+    assert status == 400 and f"more than the model's {M.N_FEATURES} features" in out["error"]
+    svc.close()
+
+
+def test_an_arrow_body_is_held_to_the_reason_code_bound_when_every_row_is_explained(
+        artifacts):
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(artifacts["binary"])}, serve={"max_explain_rows": 5},
+                      scoring={"explain": {"top_k": 2, "min_score": -1e9}})
+    svc = Service(s, str(artifacts["binary"]), "m")
+    svc.load()
+    head = {b"content-type": b"application/vnd.apache.arrow.stream"}
+    for rows, want in ((5, 200), (6, 413)):
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(np.full(rows, 0.5, np.float32)) for _ in NAMES], names=list(NAMES))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", head,
+                                       sink.getvalue().to_pybytes())
+        assert status == want, out
+    assert b"serve.max_explain_rows (5)" in out
+    svc.close()

@@ -538,6 +538,9 @@ class ServeConfig(_Section):
     """Largest request line plus headers (431 beyond)."""
     max_rows: int = Field(100_000, ge=1, le=10_000_000)
     """Most rows in one request (413 beyond)."""
+    max_explain_rows: int = Field(10_000, ge=1, le=10_000_000)
+    """Most rows one request may have reason codes for (413 beyond; scoring.explain on: every
+    request's rows): each row's codes cost top_k names and values to find and to answer."""
     max_connections: int = Field(1024, ge=1, le=1_000_000)
     """Open connections at most; more are closed as they arrive."""
     request_timeout_ms: int = Field(10_000, ge=100, le=600_000)
