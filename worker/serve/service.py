@@ -369,7 +369,7 @@ class Service:
             if req.explain and m.explain_error is not None:
                 raise oip.bad(f"reason codes: {m.explain_error}")
             if req.explain:
-                self._explain_bounds(len(req.X), req.top_k, m)
+                self._explain_bounds(len(req.X))
             self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
             r = self._score(m, req)
             arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
@@ -387,16 +387,14 @@ class Service:
             self.metrics.by_kind[kind].observe(time.perf_counter() - t0)
         return status, out_type, out, extra
 
-    def _explain_bounds(self, rows: int, top_k: int | None, m: _Model) -> None:
+    def _explain_bounds(self, rows: int) -> None:
         """Reason codes cost work and answer bytes a row and a code: bounded before they are
-        found (issue 50: 100,000 rows of 64 codes took 1.2 GiB and the loop for seconds)."""
+        found (issue 50: 100,000 rows of 64 codes took 1.2 GiB and the loop for seconds);
+        a row's codes are at most the model's features (the model caps top_k)."""
         if rows > self.serve.max_explain_rows:
             raise oip.RequestError(413, f"{rows} rows with reason codes, more than "
                                         f"serve.max_explain_rows ({self.serve.max_explain_rows})"
                                         ": send them in smaller requests")
-        if top_k is not None and top_k > m.model.n_features:
-            raise oip.bad(f"parameters.top_k {top_k} is more than the model's "
-                          f"{m.model.n_features} features")
 
     def _score(self, m: _Model, req: oip.InferRequest):
         s = self.scoring
@@ -432,7 +430,7 @@ class Service:
             status = 413 if msg.code == "too_large" else 400
             return status, JSON, _error(f"{msg.code}: {msg.detail}"), []
         if self.scoring.explain is not None:  # every row explained
-            self._explain_bounds(msg.rows, None, m)
+            self._explain_bounds(msg.rows)
         pipeline.threads = 1 if msg.rows < SMALL_REQUEST_ROWS else self.threads
         outs, dead, stats = pipeline.process([(rec, msg)])
         if dead:
