@@ -6,28 +6,21 @@ survivor fail with it (killed) and pass without it?
 ``cases.json`` is a list of objects: ``file`` (the module, from the checkout's root),
 ``old`` (its text, found exactly once, or the ``nth`` time it occurs, from 0), ``new`` (the
 mutant's text), ``tests`` (test files) and ``k`` (a pytest -k expression, "" for all). Each
-mutant is written into a copy of the checkout (out/mutation/check-tree, refreshed at each
-run, never the files being edited), the tests run there, and the original is put back:
-KILLED (a test failed) or SURVIVED, with pytest's last line. mutation/run.py finds the
-survivors; this shows the test written for one kills it (as cosmic-ray's survivor would be
-rerun by ``run.py --rerun-survivors``, without running the module's whole test list)."""
+mutant is written into a copy of the checkout (out/mutation/tree/check, refreshed at each
+run as run.py refreshes its own: never the files being edited), the tests run there, and the
+original is put back: KILLED (a test failed) or SURVIVED, with pytest's last line.
+mutation/run.py finds the survivors; this shows the test written for one kills it (as
+``run.py --rerun-survivors`` would, without running the module's whole test list)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TREE = ROOT / "out" / "mutation" / "check-tree"
-
-
-def _copy() -> None:
-    shutil.rmtree(TREE, ignore_errors=True)
-    shutil.copytree(ROOT, TREE, ignore=shutil.ignore_patterns(
-        ".venv", "out", ".git", "build", "*.c", "*.cpp", "__pycache__"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import _copy_tree  # noqa: E402 (the checkout's copy, as run.py makes it)
 
 
 def _apply(text: str, old: str, new: str, nth: int | None) -> str:
@@ -45,16 +38,16 @@ def main() -> int:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     cases = json.loads(Path(sys.argv[1]).read_text())
-    _copy()
+    tree = _copy_tree("check")
     survived = 0
     for c in cases:
-        f = TREE / c["file"]
+        f = tree / c["file"]
         original = f.read_text()
         f.write_text(_apply(original, c["old"], c["new"], c.get("nth")))
         try:
             r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
                                 "no:cacheprovider", "-p", "no:randomly", *c["tests"],
-                                "-k", c.get("k", "")], cwd=TREE, capture_output=True,
+                                "-k", c.get("k", "")], cwd=tree, capture_output=True,
                                text=True)
         finally:
             f.write_text(original)

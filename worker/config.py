@@ -733,17 +733,16 @@ def _check_file_secrets(data: dict, where: str) -> None:
     kafka = data.get("kafka")
     if not isinstance(kafka, dict) or kafka.get("allow_secrets_in_file") is True:
         return
-    found = [f"kafka.{k}" for k in SECRET_FIELDS if kafka.get(k) is not None]
+    fields = [k for k in SECRET_FIELDS if kafka.get(k) is not None]
     client = kafka.get("client")
-    if isinstance(client, dict):
-        found += [f"kafka.client.{k}" for k in client if is_secret_key(k)]
+    in_client = [k for k in client if is_secret_key(k)] if isinstance(client, dict) else []
+    found = [f"kafka.{k}" for k in fields] + [f"kafka.client.{k}" for k in in_client]
     if found:
         # every one named, each with its own way in (the first named alone, with the SASL
-        # password's way for all, misled: found by mutation testing)
-        ways = [f"{ENV_PREFIX}KAFKA__{k.upper()} or kafka.{SECRET_FIELDS[k]}"
-                for k in SECRET_FIELDS if kafka.get(k) is not None]
-        if len(found) > len(ways):  # kafka.client's: the whole dictionary, as JSON
-            ways.append(f"{ENV_PREFIX}KAFKA__CLIENT")
+        # password's way for all, misled: found by mutation testing); kafka.client's: the
+        # whole dictionary from the environment, as JSON
+        ways = [f"{ENV_PREFIX}KAFKA__{k.upper()} or kafka.{SECRET_FIELDS[k]}" for k in fields]
+        ways += [f"{ENV_PREFIX}KAFKA__CLIENT"] if in_client else []
         raise ConfigError(f"config error: {', '.join(found)}: "
                           f"{'a password' if len(found) == 1 else 'passwords'} in {where}; "
                           f"set {'it' if len(found) == 1 else 'them'} from the environment or "
