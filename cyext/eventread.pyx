@@ -458,3 +458,38 @@ def encode_scores(const int64_t[::1] offsets, const unsigned char[::1] singles,
             out.push_back(b"]")
         values.append(<bytes>out)
     return values
+
+
+# ---- serve: what a JSON request would build, before it is built ------------------------------
+
+def json_shape(const unsigned char[::1] buf, Py_ssize_t max_depth, Py_ssize_t max_containers):
+    """(deepest nesting, arrays and objects) of the JSON text ``buf``, strings skipped (their
+    escapes honoured), without building anything; the scan stops as soon as either passes its
+    bound (the caller refuses the request: issue 50, 16 MiB of ``[]`` took 674 MiB to parse).
+    A text that is not JSON is left to the parser to refuse."""
+    cdef Py_ssize_t i = 0, n = buf.shape[0], depth = 0, most = 0, containers = 0
+    cdef unsigned char c
+    with nogil:
+        while i < n:
+            c = buf[i]
+            if c == 34:  # a string: to its closing quote
+                i += 1
+                while i < n:
+                    c = buf[i]
+                    if c == 92:  # a backslash: the next byte is escaped
+                        i += 2
+                        continue
+                    if c == 34:
+                        break
+                    i += 1
+            elif c == 91 or c == 123:
+                depth += 1
+                containers += 1
+                if depth > most:
+                    most = depth
+                if most > max_depth or containers > max_containers:
+                    break
+            elif c == 93 or c == 125:
+                depth -= 1
+            i += 1
+    return most, containers

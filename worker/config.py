@@ -542,10 +542,11 @@ class ServeConfig(_Section):
     """Most rows one request may have reason codes for (413 beyond; scoring.explain on: every
     request's rows): each row's codes cost top_k names and values to find and to answer."""
     max_connections: int = Field(1024, ge=1, le=1_000_000)
-    """Open connections at most; more are closed as they arrive."""
+    """Open connections at most; more are answered 503 and closed as they arrive (kept below
+    the process's open-file limit, less 64)."""
     request_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     """A request's headers and body must arrive within this (408, and the connection is
-    closed: slow clients)."""
+    closed: slow clients); a connection that sends nothing is closed after it."""
     keepalive_timeout_ms: int = Field(30_000, ge=100, le=3_600_000)
     """An idle keep-alive connection is closed after this."""
     allow_missing: bool = False

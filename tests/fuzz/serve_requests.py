@@ -182,17 +182,38 @@ def _f32(v, datatype: str) -> float:
             return float(np.float32(np.float16(float(v) if abs(v) < 2**1000 else
                                                math.copysign(math.inf, v))))
     if type(v) is int:
-        if -2**63 <= v < 2**63:
-            return float(pa.array([v], pa.int64()).cast(pa.float32(), safe=False)[0].as_py())
-        if 0 <= v < 2**64:
-            return float(pa.array([v], pa.uint64()).cast(pa.float32(), safe=False)[0].as_py())
-        return float(np.float32(float(v))) if abs(v) < 2**1000 else math.copysign(math.inf, v)
+        if datatype == "FP64":  # float64s, as an FP64 tensor's binary form holds them
+            with np.errstate(over="ignore"):
+                return float(np.float32(float(v))) if abs(v) < 2**1000 else \
+                    math.copysign(math.inf, v)
+        return _int_f32(v)
     if type(v) is float:
         if datatype[0] in "IU" and math.isfinite(v) and not v.is_integer():
             raise Refused(400, "an integer type with a fraction")
         with np.errstate(over="ignore"):
             return float(np.float32(v))
     raise Refused(400, f"{type(v).__name__} value")
+
+
+def _int_f32(v: int) -> float:
+    """An integer as float32 as Arrow casts int64 and uint64 (one rounding)."""
+    if -2**63 <= v < 2**63:
+        return float(pa.array([v], pa.int64()).cast(pa.float32(), safe=False)[0].as_py())
+    if 0 <= v < 2**64:
+        return float(pa.array([v], pa.uint64()).cast(pa.float32(), safe=False)[0].as_py())
+    return float(np.float32(float(v))) if abs(v) < 2**1000 else math.copysign(math.inf, v)
+
+
+def _nesting(doc) -> tuple[int, int]:
+    """(deepest nesting, arrays and objects) of a parsed JSON document."""
+    most, count, stack = 0, 0, [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if type(v) in (list, dict):
+            count += 1
+            most = max(most, depth)
+            stack.extend((x, depth + 1) for x in (v.values() if type(v) is dict else v))
+    return most, count
 
 
 def _values(t: dict, count: int, binary: bytes, pos: int, shape: list
@@ -216,7 +237,7 @@ def _values(t: dict, count: int, binary: bytes, pos: int, shape: list
         out = []
         for v in vals:
             if type(v) is int:
-                out.append(_f32(v, "FP64"))
+                out.append(_int_f32(v))
             else:
                 with np.errstate(over="ignore"):
                     out.append(float(np.float32(v)))
@@ -255,6 +276,9 @@ def reference(body: bytes, hlen: int | None, explainable: bool) -> tuple[np.ndar
         json.dumps(doc).encode("utf-8")  # strings the answer can carry (no lone surrogates)
     except (ValueError, RecursionError, UnicodeError):
         raise Refused(400, "json") from None
+    depth, containers = _nesting(doc)
+    if depth > 8 or containers > 2 * MAX_ROWS + 4 * 4096 + 1024:
+        raise Refused(400, "nesting")  # what the parse would build, bounded before it
     if type(doc) is not dict:
         raise Refused(400, "not an object")
     for key, kind in (("id", str), ("parameters", dict)):
@@ -298,6 +322,8 @@ def reference(body: bytes, hlen: int | None, explainable: bool) -> tuple[np.ndar
             X[:, FEATURES.index(name)] = vals
     if pos != len(binary):
         raise Refused(400, "trailing binary")
+    if not len(X):
+        raise Refused(400, "no rows")
     params = doc.get("parameters") or {}
     flag = params.get("binary_data_output")
     top_k = params.get("top_k")

@@ -37,7 +37,9 @@ DTYPES = {
     "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
     "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
 }
+_FP64 = DTYPES["FP64"]
 MATRIX_INPUT = "input-0"
+MAX_DEPTH = 8  # JSON nesting: a request nests 5 (object, inputs, tensor, data, a row)
 MAX_TENSORS = 4096  # inputs or outputs named in one request
 MAX_NAME = 256  # bytes of a tensor's name
 HEADER_LENGTH = "inference-header-content-length"
@@ -129,6 +131,7 @@ def parse_infer(body: bytes, header_length: int | None, contract: Contract | dic
             raise bad(f"Inference-Header-Content-Length {header_length} is outside the body "
                       f"({len(body)} bytes)")
         header, binary = body[:header_length], memoryview(body)[header_length:]
+    _bound_json(header, max_rows)
     doc = _loads(header)
     if not isinstance(doc, dict):
         raise bad("the request must be a JSON object")
@@ -148,6 +151,21 @@ def parse_infer(body: bytes, header_length: int | None, contract: Contract | dic
     if top_k is not None and (type(top_k) is not int or not 1 <= top_k <= 64):
         raise bad("parameters.top_k must be an integer from 1 to 64")
     return InferRequest(req_id, X, outputs, binary_out, explain, top_k, unseen)
+
+
+def _bound_json(header, max_rows: int) -> None:
+    """What parsing ``header`` would build, bounded before it is built: arrays and objects
+    cost ~60 bytes each and nothing a request needs asks for more than two a row, and four
+    a tensor."""
+    from .._eventread import json_shape
+
+    most = 2 * max_rows + 4 * MAX_TENSORS + 1024
+    depth, containers = json_shape(header, MAX_DEPTH, most)
+    if depth > MAX_DEPTH:
+        raise bad(f"the JSON nests deeper than {MAX_DEPTH} levels (a request nests 5)")
+    if containers > most:
+        raise bad(f"the JSON has more than {most:,} arrays and objects (2 x serve.max_rows + "
+                  f"{4 * MAX_TENSORS + 1024:,}): send each tensor's data as one flat list")
 
 
 def _loads(header) -> object:
@@ -258,6 +276,8 @@ def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
             X[:, j] = col
     if pos != len(binary):
         raise bad(f"{len(binary) - pos} bytes of binary data after the last binary input")
+    if not len(X):  # as an Arrow body of no rows is (issue 50: JSON said 200, Arrow 400)
+        raise bad("the request has no rows")
     return X
 
 
@@ -375,8 +395,10 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
             a = np.asarray(data, dtype=np.float64)  # null: NaN
     except OverflowError:  # an integer beyond float64 (JSON allows it)
         a = np.array([_to_float64(v) for v in data], dtype=np.float64)
+    # digits lost on the way? (an FP64 tensor's integers are float64s, as its binary form
+    # is: issue 50 found JSON and binary FP64 read 2^53 + 2^29 + 1 apart)
     with np.errstate(invalid="ignore"):  # (NaN and null compare false: not big)
-        big = int in kinds and bool(np.any(np.abs(a) > 2**53))  # digits lost on the way?
+        big = int in kinds and dtype != _FP64 and bool(np.any(np.abs(a) > 2**53))
     if big:
         a = a.astype(object)
         for i, v in enumerate(data):  # the integers beyond 2^53: cast once, as Arrow does

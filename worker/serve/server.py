@@ -1,18 +1,7 @@
-"""The HTTP/1.1 server of ``scoring-worker serve``: asyncio (uvloop's loop where installed)
-with httptools' parser (llhttp, the parser uvicorn uses), around ``Service.handle``.
-
-Chosen by measurement (bench/serve.py, bench/SERVE-RESULTS.md): uvicorn with httptools and
-granian ran the same ``Service`` behind their ASGI interfaces; this one, without the ASGI
-layer, answered the most one-row requests per second on one core.
-
-Bounds, each answered and counted, never a crash: a body over ``serve.max_body_bytes``
-(413 from its Content-Length before a byte of it is read, or as soon as a chunked body
-passes it; the connection is closed), request line and headers over
-``serve.max_header_bytes`` (431), a request not complete within
-``serve.max_request_timeout_ms`` (408: slow clients), an idle keep-alive connection (closed
-after ``serve.keepalive_timeout_ms``), more than ``serve.max_connections`` open (closed at
-once). A request is answered in the loop's thread: scoring a row takes microseconds, and a
-request's answer is written before the next one on the connection is read.
+"""The server of ``scoring-worker serve``: one process (or ``serve.workers`` sharing a port),
+each an event loop (uvloop's where installed) serving ``Service`` over HTTP/1.1 with uvicorn's
+httptools protocol, bounded as ``worker.serve.http`` says (issue 50: a maintained server
+replaced the hand-written one; bench/SERVE-RESULTS.md has both measured).
 """
 
 from __future__ import annotations
@@ -25,283 +14,13 @@ import socket
 import sys
 import time
 
-import httptools
-import orjson
 import structlog
+
+from .http import protocol_for
 
 log = structlog.get_logger("worker.serve")
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
-            408: b"Request Timeout", 413: b"Content Too Large", 415: b"Unsupported Media Type",
-            431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
-            501: b"Not Implemented", 503: b"Service Unavailable"}
-
-
-def response_bytes(status: int, ctype: bytes, body: bytes, extra: list, keep_alive: bool,
-                   head_only: bool = False) -> bytes:
-    parts = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
-             % (status, _REASONS.get(status, b"Error"), ctype, len(body))]
-    for k, v in extra:
-        parts.append(k + b": " + v + b"\r\n")
-    if not keep_alive:
-        parts.append(b"connection: close\r\n")
-    parts.append(b"\r\n")
-    if not head_only:
-        parts.append(body)
-    return b"".join(parts)
-
-
-LINGER_S = 2.0  # after an error answer: how long the rest of a request is read and dropped
-LINGER_BYTES = 8 << 20  # and how much of it
-MAX_HEADER_LINES = 256
-WRITE_HIGH = 1 << 20  # answers waiting for the client past this: stop reading from it
-WRITE_MAX = 16 << 20  # past this (pipelined requests answered from one read): closed
-
-
-class _Limits:
-    __slots__ = ("max_body", "max_header", "request_timeout", "keepalive_timeout",
-                 "max_connections", "max_buffered")
-
-    def __init__(self, serve):
-        self.max_body = serve.max_body_bytes
-        self.max_header = serve.max_header_bytes
-        self.request_timeout = serve.request_timeout_ms / 1000
-        self.keepalive_timeout = serve.keepalive_timeout_ms / 1000
-        self.max_connections = serve.max_connections
-        self.max_buffered = serve.max_buffered_bytes
-
-
-class _State:
-    """What every connection of one server shares."""
-
-    def __init__(self, service, limits: _Limits):
-        self.service, self.limits = service, limits
-        self.open = 0
-        self.connections: set = set()
-        self.buffered = 0  # request body bytes held, all connections (serve.max_buffered_bytes)
-
-
-class HttpProtocol(asyncio.Protocol):
-    __slots__ = ("state", "loop", "transport", "parser", "url", "headers", "body", "size",
-                 "header_bytes", "header_lines", "head_seen", "in_head", "timer", "closing",
-                 "t0", "buffered", "stalled")
-
-    def __init__(self, state: _State, loop):
-        self.state, self.loop = state, loop
-        self.transport = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.url = b""
-        self.headers: dict[bytes, bytes] = {}
-        self.body: list[bytes] = []
-        self.size = 0
-        self.header_bytes = 0
-        self.header_lines = 0
-        self.head_seen = 0  # bytes received since the request began, until its headers end
-        self.in_head = True
-        self.timer = None
-        self.closing = False
-        self.buffered = 0  # this request's body bytes counted in the server's budget
-        self.stalled = False  # answers wait for a client that does not read them
-
-    # ---- the connection ------------------------------------------------------------------
-    def connection_made(self, transport):
-        self.transport = transport
-        st = self.state
-        if st.open >= st.limits.max_connections:
-            st.service.metrics.connections_refused.inc()
-            self.closing = True
-            transport.abort()  # over the cap: closed at once, nothing read
-            return
-        st.open += 1
-        st.connections.add(self)
-        st.service.metrics.connections.set(st.open)
-        transport.set_write_buffer_limits(high=WRITE_HIGH)
-        self._arm(st.limits.keepalive_timeout, self._idle)
-
-    def connection_lost(self, exc):
-        st = self.state
-        if self in st.connections:
-            st.connections.discard(self)
-            st.open -= 1
-            st.service.metrics.connections.set(st.open)
-        self._release()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def pause_writing(self):
-        # the client is not reading its answers: read nothing more from it until it does,
-        # and drop it if it does not within the keep-alive timeout (no request re-arms it)
-        self.stalled = True
-        self.transport.pause_reading()
-        self._arm(self.state.limits.keepalive_timeout, self._idle)
-
-    def resume_writing(self):
-        self.stalled = False
-        if not self.closing:
-            self.transport.resume_reading()
-            self._arm(self.state.limits.request_timeout, self._too_slow)
-
-    def _arm(self, after: float, then) -> None:
-        if self.stalled and then != self._idle:
-            return  # the stall's deadline stands
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(after, then)
-
-    def _idle(self):
-        # abort, not close: a close waits for the answers a client that stopped reading
-        # never takes, and would hold the connection (and its slot) for ever
-        self.timer = None
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _too_slow(self):
-        self.timer = None
-        self._fail(408, "the request did not arrive within serve.request_timeout_ms")
-
-    def _release(self) -> None:
-        if self.buffered:
-            self.state.buffered -= self.buffered
-            self.buffered = 0
-
-    def data_received(self, data: bytes):
-        if self.closing:  # lingering after an error answer: what still comes is dropped
-            self.size += len(data)
-            if self.size > LINGER_BYTES:
-                self.transport.abort()
-            return
-        if self.in_head:
-            self.head_seen += len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            if not self.closing:
-                self._fail(400, f"malformed HTTP request: {exc}")
-        # httptools keeps a header's value until it ends: bounded here, a chunk at a time
-        if self.in_head and not self.closing and \
-                self.head_seen > self.state.limits.max_header + 65536:
-            self._fail(431, "the request line and headers are larger than "
-                            "serve.max_header_bytes")
-
-    def _fail(self, status: int, message: str, route: str = "http") -> None:
-        """Answer ``status`` and close the connection (what was read of it is unusable)."""
-        if self.closing:
-            return
-        self.closing = True
-        self._release()
-        self.body = []
-        self.state.service.metrics.answered(route, status)
-        self.transport.write(response_bytes(status, b"application/json",
-                                            orjson.dumps({"error": message}), [], False))
-        # a lingering close: the answer, then our end shut while what the client still sends
-        # is read and dropped (closing at once with unread data resets the connection, and
-        # the client may lose the answer), for LINGER_S or LINGER_BYTES at most
-        self.size = 0
-        self.transport.resume_reading()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-            self._arm(LINGER_S, self.transport.abort)
-        else:
-            self.transport.close()
-
-    # ---- httptools' callbacks ------------------------------------------------------------
-    def on_message_begin(self):
-        self.url = b""
-        self.headers = {}
-        self.body = []
-        self.size = 0
-        self.header_bytes = 0
-        self.header_lines = 0
-        self.t0 = time.perf_counter()
-        self._arm(self.state.limits.request_timeout, self._too_slow)
-
-    def on_url(self, url: bytes):
-        self.url += url
-        self.header_bytes += len(url)
-        if self.header_bytes > self.state.limits.max_header:
-            self._fail(431, "the request line is longer than serve.max_header_bytes")
-            raise httptools.HttpParserError("too long")
-
-    def on_header(self, name: bytes, value: bytes):
-        self.header_bytes += len(name) + len(value) + 4
-        self.header_lines += 1
-        if self.header_bytes > self.state.limits.max_header:
-            self._fail(431, "the headers are larger than serve.max_header_bytes")
-            raise httptools.HttpParserError("too long")
-        if self.header_lines > MAX_HEADER_LINES:
-            self._fail(431, f"more than {MAX_HEADER_LINES} header lines")
-            raise httptools.HttpParserError("too many")
-        name = name.lower()
-        if name in self.headers:  # a repeated header: its values joined, as HTTP says
-            self.headers[name] += b"," + value
-        else:
-            self.headers[name] = value
-
-    def on_headers_complete(self):
-        self.in_head = False
-        if self.parser.should_upgrade():  # Upgrade, CONNECT: refused before any answer
-            self._fail(400, "protocol upgrades and CONNECT are not supported")
-            raise httptools.HttpParserError("upgrade")
-        coding = self.headers.get(b"transfer-encoding")
-        if coding is not None and coding.strip().lower() != b"chunked":
-            self._fail(501, "Transfer-Encoding other than chunked is not supported")
-            raise httptools.HttpParserError("coding")
-        length = self.headers.get(b"content-length")
-        limits = self.state.limits
-        if length is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                n = -1
-            if n > limits.max_body:
-                self._fail(413, f"the body ({n} bytes) is larger than serve.max_body_bytes "
-                                f"({limits.max_body})", "infer")
-                raise httptools.HttpParserError("too large")
-
-    def on_body(self, body: bytes):
-        self.size += len(body)
-        limits = self.state.limits
-        if self.size > limits.max_body:
-            self._fail(413, f"the body is larger than serve.max_body_bytes "
-                            f"({limits.max_body})", "infer")
-            raise httptools.HttpParserError("too large")
-        st = self.state
-        if st.buffered + len(body) > limits.max_buffered:
-            self._fail(503, "the server holds serve.max_buffered_bytes of request bodies: "
-                            "try again", "infer")
-            raise httptools.HttpParserError("busy")
-        st.buffered += len(body)
-        self.buffered += len(body)
-        self.body.append(body)
-
-    def on_message_complete(self):
-        self.in_head = True
-        self.head_seen = 0
-        if self.closing:
-            return
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        self.body = []
-        self._release()
-        method = self.parser.get_method()
-        keep_alive = self.parser.should_keep_alive()
-        status, ctype, out, extra = self.state.service.handle(method, self.url, self.headers,
-                                                              body)
-        self.transport.write(response_bytes(status, ctype, out, extra, keep_alive,
-                                            method == b"HEAD"))
-        if self.transport.get_write_buffer_size() > WRITE_MAX:
-            # pipelined requests whose answers are not read: the client is not keeping up
-            self.closing = True
-            self.transport.abort()
-            return
-        if keep_alive:
-            self._arm(self.state.limits.keepalive_timeout, self._idle)
-        else:
-            self.closing = True
-            self.transport.close()
-            self._arm(self.state.limits.keepalive_timeout, self._idle)  # abort if stuck
+SHUTDOWN_S = 5.0  # requests being answered at SIGTERM are given this long
 
 
 def new_event_loop():
@@ -339,7 +58,7 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
             return 2
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    state = _State(service, _Limits(service.serve))
+    factory, state = protocol_for(service, loop)
     stop = asyncio.Event()
     result = {"code": 0}
 
@@ -358,16 +77,18 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
 
     async def main():
         sock.listen(4096)
-        server = await loop.create_server(lambda: HttpProtocol(state, loop), sock=sock,
-                                          backlog=4096)
+        server = await loop.create_server(factory, sock=sock, backlog=4096)
         if on_listening is not None:
             on_listening(sock.getsockname())
         loader = loop.create_task(load())
         await stop.wait()
         server.close()
-        for conn in list(state.connections):  # finish nothing half-read: close them
-            if conn.transport is not None:
-                conn.transport.close()
+        for conn in list(state.connections):  # idle ones closed, the others after answering
+            conn.shutdown()
+        if state.tasks:
+            await asyncio.wait(list(state.tasks), timeout=SHUTDOWN_S)
+        for conn in list(state.connections):
+            conn.transport.abort()
         loader.cancel()
 
     try:

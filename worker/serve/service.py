@@ -228,7 +228,8 @@ class Service:
         self.current = m
         if old is not None:
             self.metrics.model_info.labels(old.model.model_id).set(0)
-            self.metrics.model_info.remove(old.model.model_id)
+            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # there: 0, as the others'
+                self.metrics.model_info.remove(old.model.model_id)  # (it cannot remove)
             self.metrics.model_swaps.labels("live").inc()
         self.metrics.model_info.labels(m.model.model_id).set(1)
 
@@ -324,20 +325,20 @@ class Service:
                 (503, JSON, _error("the model is loading"), [])))
         if tail == [b"infer"]:
             if method != b"POST":
-                return self._simple("infer", 405, "use POST")
+                return self._simple("infer", 405, "use POST", [(b"allow", b"POST")])
             return self._infer(headers, body, m)
         return self._simple("other", 404, "not found")
 
     def _get(self, method: bytes, route: str, answer):
         if method not in (b"GET", b"HEAD"):
-            return self._simple(route, 405, "use GET")
+            return self._simple(route, 405, "use GET", [(b"allow", b"GET, HEAD")])
         status, ctype, body, extra = answer()
         self.metrics.answered(route, status)
         return status, ctype, body, extra
 
-    def _simple(self, route: str, status: int, message: str):
+    def _simple(self, route: str, status: int, message: str, extra: list | None = None):
         self.metrics.answered(route, status)
-        return status, JSON, _error(message), []
+        return status, JSON, _error(message), extra or []
 
     def _infer(self, headers: dict, body: bytes, m: _Model | None):
         t0 = time.perf_counter()

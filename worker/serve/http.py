@@ -1,0 +1,431 @@
+"""HTTP/1.1 for ``scoring-worker serve``: uvicorn's httptools protocol (llhttp through httptools,
+uvloop's loop), around ``Service.handle`` as an ASGI app.
+
+uvicorn parses, frames and writes every request and answer (pipelining order, keep-alive,
+HTTP/1.0, HEAD, ``Expect: 100-continue``). What it leaves to the application or does not bound,
+``BoundedProtocol`` bounds; it counts and times, and parses or writes nothing of HTTP but its own
+error answers (issue 50: the hand-written server this replaces had twelve faults):
+
+- a connection past ``serve.max_connections`` is answered 503 and closed (counted, logged);
+  the cap is kept below the process's open-file limit (``effective_max_connections``);
+- a connection that sends nothing is closed after ``serve.request_timeout_ms``, a request not
+  whole by then answered 408; an idle keep-alive connection closed after
+  ``serve.keepalive_timeout_ms``, as is one whose answers are not read;
+- request target over ``serve.max_header_bytes``: 414; request line and headers: 431; a Host
+  not sent exactly once: 400; Upgrade and CONNECT: 400; a transfer coding but chunked: 501;
+- a body over ``serve.max_body_bytes``: 413 from its Content-Length before any of it is read
+  (and before a 100 Continue), or as soon as a chunked body passes it; bodies held by all
+  connections together over ``serve.max_buffered_bytes``: 503;
+- chunk extensions and trailer fields count against ``serve.max_header_bytes`` (431), and
+  trailer fields are read and dropped: never headers (RFC 9110 6.5.1).
+
+uvicorn's protocol is not a public API: the attributes used here are checked by a test, and
+the version is pinned to a minor release in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+
+import httptools
+import orjson
+import structlog
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+log = structlog.get_logger("worker.serve")
+
+LINGER_S = 2.0  # after an error answer: how long the rest of a request is read and dropped
+LINGER_BYTES = 8 << 20  # and how much of it
+REFUSED_LINGER = 64  # connections answered 503 at the cap still lingering; past it: reset
+REFUSED_LINGER_S = 0.25  # and for how long
+MAX_HEADER_LINES = 256
+MAX_PIPELINED = 128  # requests read ahead of their answers; past it the connection is reset
+SLACK = 64 << 10  # one read's worth beyond a bound before it is checked
+CHUNK_FRAMING = 16  # bytes a chunk's size line and CRLFs may take ("ffffffff\r\n" + "\r\n")
+RESERVED_FILES = 64  # descriptors kept for the model, metrics, logs and the loop itself
+
+_REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+            414: "URI Too Long", 431: "Request Header Fields Too Large",
+            501: "Not Implemented", 503: "Service Unavailable"}
+
+
+def error_bytes(status: int, message: str) -> bytes:
+    body = orjson.dumps({"error": message})
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % (status, _REASONS[status].encode(), len(body))
+            ) + body
+
+
+def effective_max_connections(configured: int) -> int:
+    """``serve.max_connections``, kept below the open-file limit: the soft limit is raised to
+    the hard one first; past what is left (less RESERVED_FILES), connections would fail to be
+    accepted unanswered and uncounted (issue 50, fault 9)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    room = max(1, soft - RESERVED_FILES) if soft != resource.RLIM_INFINITY else configured
+    if configured > room:
+        log.warning(f"serve.max_connections ({configured}) is more than the open-file limit "
+                    f"allows ({soft} descriptors, {RESERVED_FILES} kept): {room} connections "
+                    "at most (raise the limit, e.g. ulimit -n, to allow more)",
+                    max_connections=room)
+        return room
+    return configured
+
+
+class Bounds:
+    """What every connection of one server shares: its limits and their counts."""
+
+    def __init__(self, service, serve):
+        self.service = service
+        self.metrics = service.metrics
+        self.max_body = serve.max_body_bytes
+        self.max_header = serve.max_header_bytes
+        self.request_timeout = serve.request_timeout_ms / 1000
+        self.keepalive_timeout = serve.keepalive_timeout_ms / 1000
+        self.max_connections = effective_max_connections(serve.max_connections)
+        self.max_buffered = serve.max_buffered_bytes
+        self.open = 0  # connections served (not those answered 503)
+        self.refusing = 0  # connections answered 503, lingering
+        self.buffered = 0  # request body bytes held, all connections
+        self.refused_logged = 0.0
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the bounds above."""
+
+    bounds: Bounds  # set on the subclass a server makes (``protocol_for``)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.access_log = False
+        self.closing = False
+        self.served = False  # counted in bounds.open
+        self.timer: asyncio.TimerHandle | None = None  # the request's (or silence's) deadline
+        self.stall: asyncio.TimerHandle | None = None  # answers not read: dropped at this
+        self.seen = 0  # bytes received since this request began
+        self.body_size = 0
+        self.chunks = 0
+        self.header_bytes = 0
+        self.header_lines = 0
+        self.hosts = 0
+        self.in_head = True
+        self.head_done = False  # headers complete: what on_header gets now are trailers
+        self.buffered = 0  # this connection's body bytes in bounds.buffered
+        self.req_cycle = None  # the cycle made for the request being read
+        self.linger = 0
+        self.in_message = False
+
+    # ---- the connection ------------------------------------------------------------------
+    def connection_made(self, transport):
+        b = self.bounds
+        if b.open >= b.max_connections:
+            self.transport = transport
+            self.closing = True
+            b.metrics.connections_refused.inc()
+            now = self.loop.time()
+            if now - b.refused_logged > 10:  # at most a line every 10 s
+                b.refused_logged = now
+                log.warning("connection refused: serve.max_connections are open",
+                            max_connections=b.max_connections)
+            if b.refusing >= REFUSED_LINGER:
+                transport.abort()
+                return
+            b.refusing += 1
+            self.served = None  # counted in bounds.refusing
+            transport.write(error_bytes(503, "serve.max_connections connections are open: "
+                                             "try again"))
+            self._linger(REFUSED_LINGER_S)
+            return
+        super().connection_made(transport)
+        b.open += 1
+        self.served = True
+        b.metrics.connections.set(b.open)
+        # a connection that sends nothing is held no longer than a request may take
+        self.timer = self.loop.call_later(b.request_timeout, self._silent)
+
+    def connection_lost(self, exc):
+        b = self.bounds
+        if self.served:
+            b.open -= 1
+            b.metrics.connections.set(b.open)
+        elif self.served is None:
+            b.refusing -= 1
+        self.served = False
+        self._release()
+        for t in (self.timer, self.stall):
+            if t is not None:
+                t.cancel()
+        self.timer = self.stall = None
+        super().connection_lost(exc)
+
+    def pause_writing(self):
+        # answers the client does not read: dropped if it does not within the keep-alive
+        # timeout (reading stops too: uvicorn pauses it while an answer waits)
+        super().pause_writing()
+        if self.stall is None:
+            self.stall = self.loop.call_later(self.bounds.keepalive_timeout,
+                                              self.transport.abort)
+
+    def resume_writing(self):
+        super().resume_writing()
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
+
+    def _silent(self):
+        # no request began within serve.request_timeout_ms: nothing asked, nothing answered
+        self.timer = None
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.abort()
+
+    def _too_slow(self):
+        self.timer = None
+        self._fail(408, "the request did not arrive within serve.request_timeout_ms")
+
+    def _release(self) -> None:
+        if self.buffered:
+            self.bounds.buffered -= self.buffered
+            self.buffered = 0
+
+    def on_response_complete(self):
+        self._release()
+        if self.timer is not None and not self.in_message:  # keep-alive's timer now
+            self.timer.cancel()
+            self.timer = None
+        super().on_response_complete()
+
+    def data_received(self, data: bytes):
+        if self.closing:  # lingering after an error answer: what still comes is dropped
+            self.linger += len(data)
+            if self.linger > LINGER_BYTES:
+                self.transport.abort()
+            return
+        self._unset_keepalive_if_required()
+        self.seen += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            if not self.closing:
+                self._fail(400, f"malformed HTTP request: {exc}")
+        if self.closing:
+            return
+        if not self.in_message and self.timer is None:  # bytes that begin no request
+            self.timer = self.loop.call_later(self.bounds.request_timeout, self._silent)
+        # httptools holds a header's (or trailer's) value until it ends, and reads chunk
+        # extensions whatever their size: what is not body is bounded here, a read at a time
+        b = self.bounds
+        if self.in_head:
+            if self.seen > b.max_header + SLACK:
+                self._fail(431, "the request line and headers are larger than "
+                                "serve.max_header_bytes")
+        elif self.seen - self.body_size > 2 * b.max_header + SLACK + \
+                CHUNK_FRAMING * self.chunks:
+            self._fail(431, "chunk extensions and trailer fields are larger than "
+                            "serve.max_header_bytes")
+
+    def _fail(self, status: int, message: str, route: str = "http") -> None:
+        """Answer ``status`` and close the connection (what was read of it is unusable)."""
+        if self.closing:
+            return
+        self.closing = True
+        self._release()
+        self.pipeline.clear()
+        b = self.bounds
+        b.metrics.answered(route, status)
+        cycle = self.cycle
+        if cycle is not None and cycle is not self.req_cycle and not cycle.response_complete:
+            # an earlier request is still being answered: an answer now would come before
+            # it; the connection is reset instead
+            cycle.disconnected = True
+            cycle.message_event.set()
+            self.transport.abort()
+            return
+        if self.req_cycle is not None:  # its application waits for the body: it ends
+            self.req_cycle.disconnected = True
+            self.req_cycle.message_event.set()
+        self.transport.write(error_bytes(status, message))
+        self._linger()
+
+    def _linger(self, seconds: float = LINGER_S) -> None:
+        # a lingering close: the answer, then our end shut while what the client still sends
+        # is read and dropped (closing at once with unread data resets the connection, and
+        # the client may lose the answer), for LINGER_S or LINGER_BYTES at most
+        t = self.transport
+        if self.flow is not None:
+            self.flow.resume_reading()
+        else:
+            t.resume_reading()
+        if self.timer is not None:
+            self.timer.cancel()
+        if t.can_write_eof():
+            t.write_eof()
+            self.timer = self.loop.call_later(seconds, t.abort)
+        else:
+            self.timer = None
+            t.close()
+
+    # ---- httptools' callbacks ------------------------------------------------------------
+    def on_message_begin(self):
+        super().on_message_begin()
+        self.seen = self.body_size = self.chunks = 0
+        self.header_bytes = self.header_lines = self.hosts = 0
+        self.in_head, self.head_done = True, False
+        self.req_cycle = None
+        self.in_message = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(self.bounds.request_timeout, self._too_slow)
+
+    def on_url(self, url: bytes):
+        self.header_bytes += len(url)
+        if self.header_bytes > self.bounds.max_header:
+            self._fail(414, "the request target is longer than serve.max_header_bytes")
+            raise httptools.HttpParserError("too long")
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes):
+        self.header_bytes += len(name) + len(value) + 4
+        self.header_lines += 1
+        if self.header_bytes > self.bounds.max_header * (2 if self.head_done else 1):
+            self._fail(431, "the headers are larger than serve.max_header_bytes" if not
+                       self.head_done else "the trailer fields are larger than "
+                                           "serve.max_header_bytes")
+            raise httptools.HttpParserError("too long")
+        if self.header_lines > MAX_HEADER_LINES * (2 if self.head_done else 1):
+            self._fail(431, f"more than {MAX_HEADER_LINES} header lines")
+            raise httptools.HttpParserError("too many")
+        if self.head_done:
+            return  # a trailer field: read, and dropped (never a header)
+        if len(name) == 4 and name.lower() == b"host":
+            self.hosts += 1
+        super().on_header(name, value)
+
+    def on_headers_complete(self):
+        self.in_head = False
+        self.head_done = True
+        p = self.parser
+        if p.should_upgrade():  # Upgrade, CONNECT: refused before any answer
+            self._fail(400, "protocol upgrades and CONNECT are not supported")
+            raise httptools.HttpParserError("upgrade")
+        if self.hosts > 1 or (self.hosts == 0 and p.get_http_version() != "1.0"):
+            self._fail(400, "a request must send one Host header (RFC 9112 3.2)")
+            raise httptools.HttpParserError("host")
+        coding = length = None
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                coding = value if coding is None else coding + b"," + value
+            elif name == b"content-length":
+                length = value
+        if coding is not None and coding.strip().lower() != b"chunked":
+            self._fail(501, "Transfer-Encoding other than chunked is not supported")
+            raise httptools.HttpParserError("coding")
+        b = self.bounds
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                n = -1
+            if n > b.max_body:
+                self._fail(413, f"the body ({n} bytes) is larger than serve.max_body_bytes "
+                                f"({b.max_body})", "infer")
+                raise httptools.HttpParserError("too large")
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # requests sent ahead of answers not read (uvicorn reads on while an answer is
+            # found): held no further; an answer now would come before the earlier ones
+            self._fail(503, "too many requests pipelined")
+            raise httptools.HttpParserError("pipelined")
+        super().on_headers_complete()
+        self.req_cycle = self.cycle
+
+    def on_chunk_header(self):
+        self.chunks += 1
+
+    def on_body(self, body: bytes):
+        n = len(body)
+        self.body_size += n
+        b = self.bounds
+        if self.body_size > b.max_body:
+            self._fail(413, f"the body is larger than serve.max_body_bytes ({b.max_body})",
+                       "infer")
+            raise httptools.HttpParserError("too large")
+        if b.buffered + n > b.max_buffered:
+            self._fail(503, "the server holds serve.max_buffered_bytes of request bodies: "
+                            "try again", "infer")
+            raise httptools.HttpParserError("busy")
+        b.buffered += n
+        self.buffered += n
+        super().on_body(body)
+
+    def on_message_complete(self):
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.in_head = True
+        self.in_message = False
+        self.seen = 0
+        super().on_message_complete()
+
+
+def make_app(service):
+    """``service.handle`` as an ASGI application: the request's headers as they were when the
+    head ended (trailers never reach it), its path as sent (absolute-form targets routed by
+    their path), one answer with its length."""
+    handle = service.handle
+
+    async def app(scope, receive, send):
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope["headers"]:
+            if k in headers:  # a repeated header: its values joined, as HTTP says
+                headers[k] += b"," + v
+            else:
+                headers[k] = v
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return
+        body = msg["body"]
+        if msg.get("more_body"):
+            parts = [body]
+            while True:
+                msg = await receive()
+                if msg["type"] != "http.request":
+                    return
+                parts.append(msg["body"])
+                if not msg.get("more_body"):
+                    break
+            body = b"".join(parts)
+        status, ctype, out, extra = handle(scope["method"].encode(), scope["raw_path"],
+                                           headers, body)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype),
+                                (b"content-length", b"%d" % len(out)), *extra]})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
+
+
+def protocol_for(service, loop):
+    """A protocol factory for ``loop.create_server``, and the server state its connections
+    share (graceful shutdown reads it)."""
+    serve = service.serve
+    config = Config(make_app(service), http=BoundedProtocol, interface="asgi3",
+                    lifespan="off", ws="none", log_config=None, access_log=False,
+                    proxy_headers=False, server_header=False, date_header=False,
+                    timeout_keep_alive=serve.keepalive_timeout_ms / 1000)
+    config.load()
+    state = ServerState()
+    cls = type("Protocol", (BoundedProtocol,), {"bounds": Bounds(service, serve)})
+
+    def factory():
+        return cls(config=config, server_state=state, app_state={}, _loop=loop)
+
+    return factory, state
