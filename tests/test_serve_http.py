@@ -97,7 +97,8 @@ def test_nested_empty_arrays_are_refused_before_they_are_built(http):
     assert status == 400, out[:300]
     assert b"arrays and objects (2 x serve.max_rows" in out, out[:300]
     assert took < 0.5, took
-    assert _rss_mb(http.proc.pid) - before < 16
+    # the body's 16 MiB (and a copy as it is joined), not the 674 MiB its parse built
+    assert _rss_mb(http.proc.pid) - before < 64
 
 
 def test_json_nested_deeper_than_a_request_is_refused(http):
@@ -369,3 +370,116 @@ def test_the_uvicorn_internals_the_bounds_use_are_there():
     cycle = inspect.getsource(RequestResponseCycle)
     for attr in ("self.disconnected", "self.message_event", "self.response_complete"):
         assert attr in cycle, attr
+
+
+# ---- fault 2 (second half): an answer's size is bounded before it is built -----------------
+
+def _service(artifacts, **serve):  # noqa: F811
+    import os
+
+    from worker.config import load_settings
+    from worker.serve.service import Service
+
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(artifacts["binary"])}, serve=serve)
+    svc = Service(s, str(artifacts["binary"]), "m")
+    svc.load()
+    return svc
+
+
+def _request(rows: int, outputs: list[str], binary: bool, top_k: int | None, rid: str | None,
+             seed: int) -> bytes:
+    X = M.hostile_rows(rows, np.linspace(-2, 2, 9).astype(np.float32), seed)
+    doc = {"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES], "datatype": "FP32",
+                       "data": [None if not np.isfinite(v) else float(v)
+                                for v in X.reshape(-1)]}],
+           "outputs": [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]}
+    if top_k is not None:
+        doc["parameters"] = {"top_k": top_k}
+    if rid is not None:
+        doc["id"] = rid
+    return json.dumps(doc).encode()
+
+
+def test_the_answer_bound_is_never_below_the_answer(artifacts):  # noqa: F811
+    from worker.serve import oip
+
+    svc = _service(artifacts)
+    m = svc.current
+    rng = np.random.default_rng(50)
+    every = ["score", "label", "decision", "work_units", "stop_reason", "reason_feature",
+             "reason_value"]
+    for i in range(60):
+        outputs = [o for o in every if rng.random() < 0.6] or ["score"]
+        rows = int(rng.choice([1, 2, 31, 257]))
+        binary = bool(rng.random() < 0.5)
+        top_k = int(rng.choice([1, 3, M.N_FEATURES, 64]))
+        rid = None if rng.random() < 0.5 else '"\\\n\u2028' * int(rng.integers(0, 40))
+        body = _request(rows, outputs, binary, top_k, rid, i)
+        req = oip.parse_infer(body, None, m.contract, 1000, True, False)
+        k = min(top_k, M.N_FEATURES) if req.explain else 0
+        bound = oip.answer_bound(req, rows, k, m.stop_longest, m.feature_longest)
+        status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", {}, body)
+        assert status == 200, out[:300]
+        assert len(out) <= bound, (outputs, rows, binary, top_k, len(out), bound)
+    svc.close()
+
+
+def test_serve_max_response_bytes_at_its_edge(artifacts):  # noqa: F811
+    from worker.serve import oip
+
+    body = _request(200, ["score", "stop_reason", "reason_feature"], False, 5, "r", 1)
+    svc = _service(artifacts)
+    req = oip.parse_infer(body, None, svc.current.contract, 1000, True, False)
+    bound = oip.answer_bound(req, 200, 5, svc.current.stop_longest,
+                             svc.current.feature_longest)
+    svc.close()
+    for limit, want in ((bound, 200), (bound - 1, 413)):
+        svc = _service(artifacts, max_response_bytes=limit)
+        status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", {}, body)
+        assert status == want, out[:300]
+        svc.close()
+    assert b"serve.max_response_bytes" in out and b"binary outputs" in out
+
+
+def test_an_arrow_answer_is_within_its_bound(artifacts):  # noqa: F811
+    import os
+
+    import pyarrow as pa
+
+    from worker.config import load_settings
+    from worker.serve import service as S
+
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(artifacts["binary"])},
+                      scoring={"explain": {"top_k": 64, "min_score": -1e9},
+                               "id_column": "event_id"})
+    svc = S.Service(s, str(artifacts["binary"]), "m")
+    svc.load()
+    m = svc.current
+    for rows in (1, 100, 4000):
+        X = M.hostile_rows(rows, np.linspace(-2, 2, 9).astype(np.float32), rows)
+        cols = [pa.array(X[:, j]) for j in range(M.N_FEATURES)]
+        ids = pa.array([f"id-{i}-" + "x" * (i % 50) for i in range(rows)])
+        batch = pa.RecordBatch.from_arrays([ids, *cols],
+                                           names=["event_id", *[f"feat_{j}" for j in
+                                                                range(M.N_FEATURES)]])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        body = sink.getvalue().to_pybytes()
+        status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", {
+            b"content-type": b"application/vnd.apache.arrow.stream"}, body)
+        assert status == 200, out[:300]
+        bound = S.arrow_answer_bound(m, rows, M.N_FEATURES, len(body))
+        assert len(out) <= bound, (rows, len(out), bound)
+    svc.close()
+    # and the bound refuses: one byte under it, 413 naming the setting
+    s2 = s.model_copy(update={"serve": s.serve.model_copy(update={
+        "max_response_bytes": bound - 1})})
+    svc = S.Service(s2, str(artifacts["binary"]), "m")
+    svc.load()
+    status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", {
+        b"content-type": b"application/vnd.apache.arrow.stream"}, body)
+    assert status == 413 and b"serve.max_response_bytes" in out, out[:300]
+    svc.close()

@@ -541,6 +541,9 @@ class ServeConfig(_Section):
     max_explain_rows: int = Field(10_000, ge=1, le=10_000_000)
     """Most rows one request may have reason codes for (413 beyond; scoring.explain on: every
     request's rows): each row's codes cost top_k names and values to find and to answer."""
+    max_response_bytes: int = Field(64 << 20, ge=1024, le=1 << 34)
+    """Largest answer: its size at most (rows, outputs, reason codes, text or binary) is
+    worked out before scoring, and a request that could pass it is answered 413."""
     max_connections: int = Field(1024, ge=1, le=1_000_000)
     """Open connections at most; more are answered 503 and closed as they arrive (kept below
     the process's open-file limit, less 64)."""

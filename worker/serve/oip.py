@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from .._eventread import json_shape
+
 # the protocol's numeric tensor types (BYTES, BF16: not features)
 DTYPES = {
     "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
@@ -157,8 +159,8 @@ def _bound_json(header, max_rows: int) -> None:
     """What parsing ``header`` would build, bounded before it is built: arrays and objects
     cost ~60 bytes each and nothing a request needs asks for more than two a row, and four
     a tensor."""
-    from .._eventread import json_shape
-
+    if len(header) < 4096 and header.count(b"[") + header.count(b"{") <= MAX_DEPTH:
+        return  # (a one-row request: no deeper than its count, far from the bound)
     most = 2 * max_rows + 4 * MAX_TENSORS + 1024
     depth, containers = json_shape(header, MAX_DEPTH, most)
     if depth > MAX_DEPTH:
@@ -518,6 +520,41 @@ def output_arrays(r, names: list[str], feature_names: list[str], stop_names: np.
                     v[r.reason_feature < 0] = np.nan
                 out[name] = ("FP32", list(v.shape), v.reshape(-1))
     return out
+
+
+# the most bytes a value of each output type takes in a JSON answer (its comma too: -x.xe-xxx
+# in orjson's shortest form, null for NaN; an INT64's 20 digits and sign) and in a binary one
+_JSON_WIDTH = {"FP64": 25, "FP32": 25, "INT64": 21, "INT32": 12, "INT8": 5}
+_BINARY_WIDTH = {"FP64": 8, "FP32": 4, "INT64": 8, "INT32": 4, "INT8": 1}
+_DATATYPE = {s.name: s.datatype for s in output_specs(True) + list(REASON_OUTPUTS)}
+ANSWER_OVERHEAD = 1024  # the answer's names, ids and brackets, its outputs' own aside
+OUTPUT_OVERHEAD = 256  # an output's name, datatype, shape and parameters
+
+
+def answer_bound(req: InferRequest, n: int, k: int, stop_longest: tuple[int, int],
+                 feature_longest: tuple[int, int]) -> int:
+    """The most bytes ``encode_response`` can write for ``req`` of ``n`` rows with ``k``
+    reason codes a row, before anything is scored: ``*_longest`` are (the longest JSON
+    string with its quotes and escapes, the longest UTF-8 name) of the stop reasons and the
+    feature names."""
+    total = ANSWER_OVERHEAD + (6 * len(req.id) if req.id else 0)
+    for name in req.outputs:
+        datatype = _DATATYPE[name]
+        binary = name in req.binary
+        if datatype == "BYTES":
+            text, raw = stop_longest if name == "stop_reason" else feature_longest
+            width = 4 + raw if binary else text + 1
+        else:
+            width = (_BINARY_WIDTH if binary else _JSON_WIDTH)[datatype]
+        total += OUTPUT_OVERHEAD + (n * k if name.startswith("reason_") else n) * width
+    return total
+
+
+def longest(names) -> tuple[int, int]:
+    """(the longest JSON string of ``names``, quotes and escapes in, the longest UTF-8)."""
+    names = list(names)
+    return (max((len(orjson.dumps(x)) for x in names), default=2),
+            max((len(x.encode()) for x in names), default=0))
 
 
 def encode_response(model_name: str, model_id: str, req: InferRequest, arrays: dict

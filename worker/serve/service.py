@@ -42,6 +42,7 @@ JSON = b"application/json"
 ARROW = b"application/vnd.apache.arrow.stream"
 _LATENCY = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
             1, 2.5)
+ARROW_OVERHEAD = 64 << 10  # an Arrow answer's schema, metadata and buffer padding
 SMALL_REQUEST_ROWS = 1024  # fewer rows than this: one kernel thread (no pool to wake)
 
 
@@ -121,6 +122,8 @@ class _Model:
     id_header: list  # the response's model-id header
     explain_error: str | None  # why this model gives no reason codes (None: it does)
     id_name: bytes | None  # scoring.id_column, as a schema holds it
+    stop_longest: tuple[int, int]  # the longest stop reason, JSON and UTF-8 (answer bound)
+    feature_longest: tuple[int, int]  # and feature name
 
 
 class Service:
@@ -221,7 +224,8 @@ class Service:
         return _Model(model, pipeline, anonymous, orjson.dumps(meta), STOP_REASONS,
                       classifier, oip.Contract.of(model, self.serve.allow_missing),
                       [(b"model-id", model.model_id.encode())], explain_error,
-                      self.scoring.id_column.encode() if self.scoring.id_column else None)
+                      self.scoring.id_column.encode() if self.scoring.id_column else None,
+                      oip.longest(STOP_REASONS.tolist()), oip.longest(model.feature_names))
 
     def _install(self, m: _Model) -> None:
         old = self.current
@@ -369,8 +373,13 @@ class Service:
                                   m.classifier, self.scoring.explain is not None)
             if req.explain and m.explain_error is not None:
                 raise oip.bad(f"reason codes: {m.explain_error}")
+            k = 0
             if req.explain:
                 self._explain_bounds(len(req.X))
+                ex = self.scoring.explain
+                k = min(req.top_k or (ex.top_k if ex else 3), m.model.n_features)
+            self._answer_bounds(oip.answer_bound(req, len(req.X), k, m.stop_longest,
+                                                 m.feature_longest))
             self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
             r = self._score(m, req)
             arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
@@ -396,6 +405,15 @@ class Service:
             raise oip.RequestError(413, f"{rows} rows with reason codes, more than "
                                         f"serve.max_explain_rows ({self.serve.max_explain_rows})"
                                         ": send them in smaller requests")
+
+    def _answer_bounds(self, most: int) -> None:
+        """An answer's size, bounded before it is scored (issue 50: answers past 16 MiB were
+        cut off, and rows, outputs and reason codes multiply)."""
+        limit = self.serve.max_response_bytes
+        if most > limit:
+            raise oip.RequestError(413, f"the answer could take {most:,} bytes, more than "
+                                        f"serve.max_response_bytes ({limit:,}): ask for fewer "
+                                        "rows, outputs or reason codes, or binary outputs")
 
     def _score(self, m: _Model, req: oip.InferRequest):
         s = self.scoring
@@ -430,8 +448,11 @@ class Service:
         if isinstance(msg, InvalidMessage):
             status = 413 if msg.code == "too_large" else 400
             return status, JSON, _error(f"{msg.code}: {msg.detail}"), []
+        k = 0
         if self.scoring.explain is not None:  # every row explained
             self._explain_bounds(msg.rows)
+            k = min(self.scoring.explain.top_k, m.model.n_features)
+        self._answer_bounds(arrow_answer_bound(m, msg.rows, k, len(body)))
         pipeline.threads = 1 if msg.rows < SMALL_REQUEST_ROWS else self.threads
         outs, dead, stats = pipeline.process([(rec, msg)])
         if dead:
@@ -441,6 +462,15 @@ class Service:
         self.metrics.rows.inc(stats.rows)
         self.metrics.work_units.inc(stats.work_units)
         return 200, ARROW, outs[0].value, m.id_header
+
+
+def arrow_answer_bound(m: _Model, rows: int, k: int, body_bytes: int) -> int:
+    """The most bytes the worker's output stream takes for an Arrow body of ``rows`` rows
+    and ``k`` reason codes a row: the numeric columns, the stop reason and reason codes as
+    strings with their offsets, the ids as they came (within the body), each buffer's
+    padding."""
+    return ARROW_OVERHEAD + body_bytes + rows * (
+        8 + 8 + 1 + 4 + 4 + m.stop_longest[1] + k * (8 + m.feature_longest[1] + 4))
 
 
 def _schema_bytes(body: bytes) -> bytes:
