@@ -38,7 +38,7 @@ test: build
 
 # The edit loop: every test that needs no broker and no cluster (CI runs everything, make test)
 test-fast: build
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not kafka and not cluster" \
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not kafka and not cluster and not alone" \
 		--durations=15
 
 # The chaos suite's long forms (~60 minutes; make test runs the short ones): pauses past the

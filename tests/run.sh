@@ -40,6 +40,13 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 $BROKER start || exit 1
+alone=0
+if ! (($#)); then
+  # the timing tests first, with nothing beside them, not even the secured brokers starting
+  # (tests/test_serve_fairness.py: a client's p99 against its idle p99 while attacks run)
+  "$PY" -m pytest -q -p no:cacheprovider --durations=5 -m alone
+  alone=$?
+fi
 # the secured brokers start beside the first tests (tests/test_security.py's fixtures wait
 # for them, or start them if this failed)
 ((sasl_up)) || $BROKER --security sasl_ssl start >/dev/null 2>&1 &
@@ -53,7 +60,7 @@ fi
 # cluster's tests flaked when four processes of the whole suite ran beside them), the rest
 # (B, these files) beside the broker tests, whose processes mostly wait too; each report
 # follows its phase's.
-FREE="not kafka and not cluster and not serial"
+FREE="not kafka and not cluster and not serial and not alone"
 FREE_B=(tests/test_fuzz.py tests/test_onnx.py tests/test_onnx5.py tests/test_serve.py
         tests/test_categorical.py)
 free_a_log=$(mktemp)
@@ -77,4 +84,5 @@ wait $free_pid
 free_b=$?
 cat "$free_b_log"
 free=$((free_a ? free_a : free_b))
+serial=$((alone ? alone : serial))
 ((parallel == 0 && serial == 0 && free == 0)) || exit $((serial ? serial : free ? free : parallel))

@@ -483,3 +483,62 @@ def test_an_arrow_answer_is_within_its_bound(artifacts):  # noqa: F811
         b"content-type": b"application/vnd.apache.arrow.stream"}, body)
     assert status == 413 and b"serve.max_response_bytes" in out, out[:300]
     svc.close()
+
+
+def test_a_large_json_answer_written_in_pieces_is_the_same_bytes():
+    """Outputs past oip.PIECE values are written a piece at a time (the loop gets the GIL
+    between pieces): the same JSON as written whole, NaN, -0.0 and extremes included."""
+    import orjson
+
+    from worker.serve import oip
+
+    rng = np.random.default_rng(3)
+    for n in (oip.PIECE - 1, oip.PIECE, oip.PIECE + 1, 3 * oip.PIECE + 17):
+        f64 = rng.normal(size=n) * 10.0 ** rng.integers(-300, 300, n)
+        f64[:5] = [np.nan, -0.0, np.finfo(np.float64).max, -np.finfo(np.float64).tiny, 0.0]
+        with np.errstate(over="ignore"):
+            f32 = f64.astype(np.float32)
+        i64 = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
+        text = [f"f\\\"{i % 97}\u2028" for i in range(n)]
+        for values in (f64, f32, i64, i64.astype(np.int8)):
+            want = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+            assert orjson.dumps(oip._pieces(values), option=orjson.OPT_SERIALIZE_NUMPY) == \
+                want, (n, values.dtype)
+        assert orjson.dumps(oip._pieces(text)) == orjson.dumps(text)
+
+
+# ---- large requests are answered off the loop: the same answers --------------------------------
+
+def test_large_requests_answered_off_the_loop_score_as_the_model(http, artifacts):  # noqa: F811
+    """JSON past 256 KiB is parsed in a process apart, bodies past 64 KiB answered on the
+    heavy lane (issue 50): scores equal the model's on hostile rows, a refusal found there
+    is the same 400, and a parsing process that died is started again."""
+    import subprocess
+
+    import worker
+    from worker.serve.service import PARSE_APART
+
+    model = worker.load_model(artifacts["binary"])
+    rows = 4000
+    X = M.hostile_rows(rows, np.linspace(-2, 2, 9).astype(np.float32), 5)
+    body = json.dumps({"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES],
+                                   "datatype": "FP32",
+                                   "data": [None if np.isnan(v) else float(v) if np.isfinite(v)
+                                            else (3.4e38 if v > 0 else -3.4e38) * 10
+                                            for v in X.reshape(-1)]}]}).encode()
+    assert len(body) > PARSE_APART
+    want = model.score_batch(X).score  # (numbers past float32 are its infinities)
+    for _ in range(2):
+        status, _, out = post(http, "/v2/models/binary/infer", body)
+        assert status == 200, out[:300]
+        np.testing.assert_array_equal(np.array(json.loads(out)["outputs"][0]["data"]), want)
+        # the parsing process killed: the next large request starts another
+        children = subprocess.run(["pgrep", "-P", str(http.proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        assert children, "no parsing process"
+        for pid in children:
+            subprocess.run(["kill", "-9", pid])
+        time.sleep(0.2)
+    bad = body.replace(b'"datatype": "FP32"', b'"datatype": "INT8"')
+    status, _, out = post(http, "/v2/models/binary/infer", bad)
+    assert status == 400 and b"INT8" in out, out[:300]

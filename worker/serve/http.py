@@ -26,7 +26,9 @@ the version is pinned to a minor release in pyproject.toml.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
+from concurrent.futures import ThreadPoolExecutor
 
 import httptools
 import orjson
@@ -45,6 +47,7 @@ MAX_HEADER_LINES = 256
 MAX_PIPELINED = 128  # requests read ahead of their answers; past it the connection is reset
 SLACK = 64 << 10  # one read's worth beyond a bound before it is checked
 CHUNK_FRAMING = 16  # bytes a chunk's size line and CRLFs may take ("ffffffff\r\n" + "\r\n")
+BODY = "scoring_worker.body"  # the scope extension holding a request's body pieces
 RESERVED_FILES = 64  # descriptors kept for the model, metrics, logs and the loop itself
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
@@ -122,6 +125,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self.req_cycle = None  # the cycle made for the request being read
         self.linger = 0
         self.in_message = False
+        self.pieces: list[bytes] = []  # the request's body, as read
 
     # ---- the connection ------------------------------------------------------------------
     def connection_made(self, transport):
@@ -207,6 +211,8 @@ class BoundedProtocol(HttpToolsProtocol):
             self.linger += len(data)
             if self.linger > LINGER_BYTES:
                 self.transport.abort()
+            else:
+                self._yield_loop()
             return
         self._unset_keepalive_if_required()
         self.seen += len(data)
@@ -219,6 +225,8 @@ class BoundedProtocol(HttpToolsProtocol):
                 self._fail(400, f"malformed HTTP request: {exc}")
         if self.closing:
             return
+        if not self.in_head:
+            self._yield_loop()
         if not self.in_message and self.timer is None:  # bytes that begin no request
             self.timer = self.loop.call_later(self.bounds.request_timeout, self._silent)
         # httptools holds a header's (or trailer's) value until it ends, and reads chunk
@@ -232,6 +240,19 @@ class BoundedProtocol(HttpToolsProtocol):
                 CHUNK_FRAMING * self.chunks:
             self._fail(431, "chunk extensions and trailer fields are larger than "
                             "serve.max_header_bytes")
+
+    def _yield_loop(self) -> None:
+        """A body is read a read at a time: reading stops until the loop's next turn, so the
+        other connections are served between (libuv reads up to 32 times a turn from one
+        that keeps sending: eight clients streaming bodies made every other wait ~10 ms)."""
+        flow = self.flow
+        if flow is not None and not flow.read_paused:
+            flow.pause_reading()
+            self.loop.call_soon(self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        if self.flow is not None and not self.transport.is_closing():
+            self.flow.resume_reading()
 
     def _fail(self, status: int, message: str, route: str = "http") -> None:
         """Answer ``status`` and close the connection (what was read of it is unusable)."""
@@ -281,6 +302,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self.header_bytes = self.header_lines = self.hosts = 0
         self.in_head, self.head_done = True, False
         self.req_cycle = None
+        self.pieces = []
+        self.scope["extensions"] = {BODY: self.pieces}
         self.in_message = True
         if self.timer is not None:
             self.timer.cancel()
@@ -364,7 +387,10 @@ class BoundedProtocol(HttpToolsProtocol):
             raise httptools.HttpParserError("busy")
         b.buffered += n
         self.buffered += n
-        super().on_body(body)
+        # kept as read, for the application to take whole when the message ends (its size
+        # is bounded above): uvicorn's growing buffer and 64 KiB hand-overs copied it
+        # several times on the loop's thread, and a large body is joined off it
+        self.pieces.append(body)
 
     def on_message_complete(self):
         if self.timer is not None:
@@ -376,35 +402,71 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
 
-def make_app(service):
+HEAVY_BODY = 64 << 10  # a body past this is parsed and scored off the loop
+HEAVY_EXPLAINED = 2048  # as is one past this asking for reason codes
+MAX_HEAVY_WAITING = 4  # heavy requests waiting for the lane; past it 503 (Retry-After)
+_BUSY = orjson.dumps({"error": f"{MAX_HEAVY_WAITING} large requests wait to be answered: "
+                               "try again"})
+
+
+def _lower_priority() -> None:
+    """The heavy lane's thread (and the OpenMP team it starts, which inherits it) yields the
+    cores to the loop's thread: a one-row request is not kept waiting by a large one."""
+    import os
+    import threading
+
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+def heavy_lane() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="serve-heavy", initializer=_lower_priority)
+
+
+def make_app(service, lane: ThreadPoolExecutor | None = None):
     """``service.handle`` as an ASGI application: the request's headers as they were when the
     head ended (trailers never reach it), its path as sent (absolute-form targets routed by
-    their path), one answer with its length."""
+    their path), one answer with its length. A large request (a body past HEAVY_BODY, or past
+    HEAVY_EXPLAINED asking for reason codes) is answered on ``lane``, one at a time, so the
+    loop goes on reading and answering the others (the kernels and TreeSHAP release the GIL);
+    more than MAX_HEAVY_WAITING of them waiting are answered 503 with Retry-After."""
     handle = service.handle
+    explain_on = service.scoring.explain is not None
+    waiting = 0
 
     async def app(scope, receive, send):
+        nonlocal waiting
         headers: dict[bytes, bytes] = {}
         for k, v in scope["headers"]:
             if k in headers:  # a repeated header: its values joined, as HTTP says
                 headers[k] += b"," + v
             else:
                 headers[k] = v
-        msg = await receive()
-        if msg["type"] != "http.request":
-            return
-        body = msg["body"]
-        if msg.get("more_body"):
-            parts = [body]
-            while True:
-                msg = await receive()
-                if msg["type"] != "http.request":
-                    return
-                parts.append(msg["body"])
-                if not msg.get("more_body"):
-                    break
-            body = b"".join(parts)
-        status, ctype, out, extra = handle(scope["method"].encode(), scope["raw_path"],
-                                           headers, body)
+        while True:  # the body is the protocol's (BODY): receive() says when it has ended
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return
+            if not msg.get("more_body"):
+                break
+        pieces = scope["extensions"][BODY]
+        n = sum(map(len, pieces))
+        method, path = scope["method"].encode(), scope["raw_path"]
+        if lane is not None and (n > HEAVY_BODY or n > HEAVY_EXPLAINED and (
+                explain_on or any(b"reason_" in p for p in pieces))):
+            if waiting >= MAX_HEAVY_WAITING:
+                service.metrics.answered("infer", 503)
+                status, ctype, out, extra = 503, b"application/json", _BUSY, [
+                    (b"retry-after", b"1")]
+            else:
+                waiting += 1
+                try:
+                    status, ctype, out, extra = await asyncio.get_running_loop(
+                    ).run_in_executor(lane, handle, method, path, headers, pieces, True)
+                finally:
+                    waiting -= 1
+        else:
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            status, ctype, out, extra = handle(method, path, headers, body)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype),
                                 (b"content-length", b"%d" % len(out)), *extra]})
@@ -414,10 +476,11 @@ def make_app(service):
 
 
 def protocol_for(service, loop):
-    """A protocol factory for ``loop.create_server``, and the server state its connections
-    share (graceful shutdown reads it)."""
+    """A protocol factory for ``loop.create_server``, the server state its connections share
+    (graceful shutdown reads it) and the heavy lane (shut down after)."""
     serve = service.serve
-    config = Config(make_app(service), http=BoundedProtocol, interface="asgi3",
+    lane = heavy_lane()
+    config = Config(make_app(service, lane), http=BoundedProtocol, interface="asgi3",
                     lifespan="off", ws="none", log_config=None, access_log=False,
                     proxy_headers=False, server_header=False, date_header=False,
                     timeout_keep_alive=serve.keepalive_timeout_ms / 1000)
@@ -428,4 +491,4 @@ def protocol_for(service, loop):
     def factory():
         return cls(config=config, server_state=state, app_state={}, _loop=loop)
 
-    return factory, state
+    return factory, state, lane

@@ -55,6 +55,9 @@ class RequestError(Exception):
         self.status = status
         self.message = message
 
+    def __reduce__(self):  # raised in the parsing process, raised again here
+        return RequestError, (self.status, self.message)
+
 
 def bad(message: str) -> RequestError:
     return RequestError(400, message)
@@ -557,6 +560,21 @@ def longest(names) -> tuple[int, int]:
             max((len(x.encode()) for x in names), default=0))
 
 
+PIECE = 8192  # values written to JSON at a time (the GIL is held while orjson writes)
+
+
+def _pieces(values):
+    """``values`` for orjson: as they are, or past PIECE values as the JSON array written a
+    PIECE at a time (the same bytes), so a large answer encoded off the loop gives the loop's
+    thread the GIL between pieces."""
+    n = len(values)
+    if n <= PIECE:
+        return values
+    parts = [orjson.dumps(values[i:i + PIECE], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+             for i in range(0, n, PIECE)]
+    return orjson.Fragment(b"[" + b",".join(parts) + b"]")
+
+
 def encode_response(model_name: str, model_id: str, req: InferRequest, arrays: dict
                     ) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when any output is binary."""
@@ -573,9 +591,9 @@ def encode_response(model_name: str, model_id: str, req: InferRequest, arrays: d
             o["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         elif datatype == "BYTES":
-            o["data"] = [s.decode() for s in values]
+            o["data"] = _pieces([s.decode() for s in values])
         else:
-            o["data"] = values
+            o["data"] = _pieces(values)
         outputs.append(o)
     doc = {"model_name": model_name, "model_version": model_id, "outputs": outputs,
            "parameters": {"model_id": model_id}}

@@ -58,7 +58,7 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
             return 2
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    factory, state = protocol_for(service, loop)
+    factory, state, lane = protocol_for(service, loop)
     stop = asyncio.Event()
     result = {"code": 0}
 
@@ -91,9 +91,11 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
             conn.transport.abort()
         loader.cancel()
 
+    sys.setswitchinterval(0.001)  # Python on the heavy lane yields the GIL within 1 ms
     try:
         loop.run_until_complete(main())
     finally:
+        lane.shutdown(wait=False, cancel_futures=True)
         service.close()
         loop.close()
     return result["code"]

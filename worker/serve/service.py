@@ -35,6 +35,7 @@ from ..formats.base import InvalidMessage
 from ..io.records import Record
 from ..model.result import STOP_REASONS, default_threads
 from . import oip
+from .apart import Parser
 
 log = structlog.get_logger("worker.serve")
 
@@ -42,6 +43,7 @@ JSON = b"application/json"
 ARROW = b"application/vnd.apache.arrow.stream"
 _LATENCY = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
             1, 2.5)
+PARSE_APART = 256 << 10  # JSON past this, on the heavy lane, is parsed in a process apart
 ARROW_OVERHEAD = 64 << 10  # an Arrow answer's schema, metadata and buffer padding
 SMALL_REQUEST_ROWS = 1024  # fewer rows than this: one kernel thread (no pool to wake)
 
@@ -113,8 +115,10 @@ class _Model:
     """The model answering a request (a hot swap replaces the whole of it)."""
 
     model: object
-    pipeline: object  # the Arrow body's (worker.pipeline.Pipeline), with the id column
-    anonymous: object  # the same without one (a body without scoring.id_column)
+    # the Arrow body's (worker.pipeline.Pipeline) with the id column, and the same without
+    # one (a body without scoring.id_column): a pair for the loop, a pair for the heavy lane
+    # (a pipeline's codec keeps per-message state: one thread at a time uses each)
+    pipelines: tuple
     metadata: bytes
     stop_names: np.ndarray
     classifier: bool
@@ -143,6 +147,8 @@ class Service:
         self.watcher = None
         self._staged: _Model | None = None  # prepared, swapped in at the next request
         self._preparing = False
+        self._swap = threading.Lock()
+        self._parser = Parser()  # the process large JSON requests are parsed in
 
     # ---- the model's life ----------------------------------------------------------------
     def load(self) -> None:
@@ -181,10 +187,13 @@ class Service:
             "delivery": s.delivery.model_copy(update={
                 "max_message_rows": self.serve.max_rows}),
         })
-        pipeline = Pipeline(model, arrow, "serve")
-        anonymous = pipeline if not self.scoring.id_column else Pipeline(
-            model, arrow.model_copy(update={"scoring": arrow.scoring.model_copy(
-                update={"id_column": None})}), "serve")
+        anonymous_settings = arrow.model_copy(update={"scoring": arrow.scoring.model_copy(
+            update={"id_column": None})})
+        pipelines = []
+        for _ in ("loop", "lane"):
+            pipeline = Pipeline(model, arrow, "serve")
+            pipelines.append((pipeline, pipeline if not self.scoring.id_column else
+                              Pipeline(model, anonymous_settings, "serve")))
         classifier = model.task != "regression"
         explain_on = self.scoring.explain is not None
         outputs = oip.output_specs(classifier) + (list(oip.REASON_OUTPUTS) if explain_on
@@ -221,7 +230,7 @@ class Service:
             explain_error = str(exc)
             if self.scoring.explain is not None:  # asked for every request: cannot serve
                 raise ValueError(f"scoring.explain: {exc}") from None
-        return _Model(model, pipeline, anonymous, orjson.dumps(meta), STOP_REASONS,
+        return _Model(model, tuple(pipelines), orjson.dumps(meta), STOP_REASONS,
                       classifier, oip.Contract.of(model, self.serve.allow_missing),
                       [(b"model-id", model.model_id.encode())], explain_error,
                       self.scoring.id_column.encode() if self.scoring.id_column else None,
@@ -241,17 +250,19 @@ class Service:
         """The model for this request: a new one once it is ready. The watcher verifies a
         new artifact off the request path; it is prepared (warmed up, its pipelines built)
         in a thread of its own too, then swapped in between two requests."""
-        staged = self._staged
-        if staged is not None:
-            self._staged = None
-            self._install(staged)
-            log.info("model swapped in", model_id=staged.model.model_id[:12])
+        if self._staged is not None:
+            with self._swap:  # the loop's thread and the heavy lane's: one installs it
+                staged, self._staged = self._staged, None
+                if staged is not None:
+                    self._install(staged)
+                    log.info("model swapped in", model_id=staged.model.model_id[:12])
         if self.watcher is not None and not self._preparing:
-            new = self.watcher.take()
-            if new is not None:
-                self._preparing = True
-                threading.Thread(target=self._stage, args=(new,), name="model-prepare",
-                                 daemon=True).start()
+            with self._swap:
+                new = None if self._preparing else self.watcher.take()
+                if new is not None:
+                    self._preparing = True
+                    threading.Thread(target=self._stage, args=(new,), name="model-prepare",
+                                     daemon=True).start()
         return self.current
 
     def _stage(self, model) -> None:
@@ -266,13 +277,17 @@ class Service:
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        self._parser.close()
 
     # ---- requests -------------------------------------------------------------------------
-    def handle(self, method: bytes, path: bytes, headers: dict[bytes, bytes], body: bytes
-               ) -> tuple[int, bytes, bytes, list]:
-        """One request's answer: (status, content type, body, extra headers). Never raises."""
+    def handle(self, method: bytes, path: bytes, headers: dict[bytes, bytes],
+               body: bytes | list, heavy: bool = False) -> tuple[int, bytes, bytes, list]:
+        """One request's answer: (status, content type, body, extra headers). Never raises.
+        ``body``: bytes, or the pieces it was read in (joined here only where needed: a
+        large JSON body goes to its parsing process piece by piece); ``heavy``: called on the
+        heavy lane's thread (its own Arrow pipelines, JSON parsed apart)."""
         try:
-            return self._route(method, path.split(b"?", 1)[0], headers, body)
+            return self._route(method, path.split(b"?", 1)[0], headers, body, heavy)
         except oip.RequestError as exc:
             self.metrics.answered("infer", exc.status)
             return exc.status, JSON, _error(exc.message), []
@@ -283,7 +298,7 @@ class Service:
             self.metrics.answered("infer", 500)
             return 500, JSON, _error(f"internal error: {type(exc).__name__}"), []
 
-    def _route(self, method: bytes, path: bytes, headers: dict, body: bytes):
+    def _route(self, method: bytes, path: bytes, headers: dict, body: bytes, heavy: bool):
         parts = path.strip(b"/").split(b"/")
         if parts[:1] == [b"metrics"] and len(parts) == 1:
             return self._get(method, "metrics", lambda: (
@@ -330,7 +345,7 @@ class Service:
         if tail == [b"infer"]:
             if method != b"POST":
                 return self._simple("infer", 405, "use POST", [(b"allow", b"POST")])
-            return self._infer(headers, body, m)
+            return self._infer(headers, body, m, heavy)
         return self._simple("other", 404, "not found")
 
     def _get(self, method: bytes, route: str, answer):
@@ -344,7 +359,7 @@ class Service:
         self.metrics.answered(route, status)
         return status, JSON, _error(message), extra or []
 
-    def _infer(self, headers: dict, body: bytes, m: _Model | None):
+    def _infer(self, headers: dict, body: bytes | list, m: _Model | None, heavy: bool):
         t0 = time.perf_counter()
         if m is None:
             return self._simple("infer", 503, "the model is loading")
@@ -354,7 +369,7 @@ class Service:
                                               "supported (send the body uncompressed)")
         ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
         if ctype == ARROW:
-            status, out_type, out, extra = self._infer_arrow(m, body)
+            status, out_type, out, extra = self._infer_arrow(m, _whole(body), heavy)
             kind = "arrow"
         else:
             length = headers.get(oip.HEADER_LENGTH.encode())
@@ -364,13 +379,18 @@ class Service:
                 except ValueError:
                     raise oip.bad("Inference-Header-Content-Length is not an integer") \
                         from None
-            json_size = len(body) if length is None else length  # (a length outside
-            if json_size > self.serve.max_json_bytes and json_size <= len(body):  # it: 400)
+            size = len(body) if type(body) is bytes else sum(map(len, body))
+            json_size = size if length is None else length  # (a length outside it: 400)
+            if json_size > self.serve.max_json_bytes and json_size <= size:
                 raise oip.RequestError(413, f"the JSON ({json_size} bytes) is larger than "
                                             f"serve.max_json_bytes ({self.serve.max_json_bytes})"
                                             ": send large requests as binary tensors or Arrow")
-            req = oip.parse_infer(body, length, m.contract, self.serve.max_rows,
-                                  m.classifier, self.scoring.explain is not None)
+            if heavy and json_size > PARSE_APART:
+                req = self._parser.parse(body, length, m.contract, self.serve.max_rows,
+                                         m.classifier, self.scoring.explain is not None)
+            else:
+                req = oip.parse_infer(_whole(body), length, m.contract, self.serve.max_rows,
+                                      m.classifier, self.scoring.explain is not None)
             if req.explain and m.explain_error is not None:
                 raise oip.bad(f"reason codes: {m.explain_error}")
             k = 0
@@ -434,16 +454,17 @@ class Service:
         self.rows_seen += n
         return r
 
-    def _infer_arrow(self, m: _Model, body: bytes):
+    def _infer_arrow(self, m: _Model, body: bytes, heavy: bool):
         rec = Record("serve", 0, 0, None, body)
         # the id column's name not in the stream's first message (its schema): no id column,
         # the rows are numbered (a name found may be part of another: then tried, then not)
-        pipeline = m.pipeline if m.id_name is not None and m.id_name in _schema_bytes(body) \
-            else m.anonymous
+        named, anonymous = m.pipelines[heavy]
+        pipeline = named if m.id_name is not None and m.id_name in _schema_bytes(body) \
+            else anonymous
         msg = pipeline.decode(rec)
         if isinstance(msg, InvalidMessage) and msg.code == "missing_column" and \
-                pipeline is not m.anonymous and "id column" in msg.detail:
-            pipeline = m.anonymous
+                pipeline is not anonymous and "id column" in msg.detail:
+            pipeline = anonymous
             msg = pipeline.decode(rec)
         if isinstance(msg, InvalidMessage):
             status = 413 if msg.code == "too_large" else 400
@@ -471,6 +492,13 @@ def arrow_answer_bound(m: _Model, rows: int, k: int, body_bytes: int) -> int:
     padding."""
     return ARROW_OVERHEAD + body_bytes + rows * (
         8 + 8 + 1 + 4 + 4 + m.stop_longest[1] + k * (8 + m.feature_longest[1] + 4))
+
+
+def _whole(body: bytes | list) -> bytes:
+    """A body as bytes: the pieces the server read it in (a large one's), joined."""
+    if type(body) is bytes:
+        return body
+    return body[0] if len(body) == 1 else b"".join(body)
 
 
 def _schema_bytes(body: bytes) -> bytes:
