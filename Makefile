@@ -96,11 +96,12 @@ bench-e2e: build
 	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
 	$(PY) bench/e2e.py
 
-# `scoring-worker serve` against MLServer (its own virtualenv, bench/out/mlserver-venv) and its
-# server against uvicorn and granian: wrk (Debian's package) on one core, each server on the
-# other; writes bench/SERVE-RESULTS.md and bench/serve-latency.png (~5 minutes).
+# `scoring-worker serve` against MLServer at its default and fastest settings (its own
+# virtualenv, bench/out/mlserver-venv) and against serve before issue 50 (a worktree built
+# there): wrk (Debian's package) on one core, each server on the other; writes
+# bench/SERVE-RESULTS.md and bench/serve-latency.png (~10 minutes the first time).
 bench-serve: build
-	$(PY) -m pip install -q "uvicorn[standard]>=0.30" "granian>=2.0" "xgboost==3.2.0" matplotlib
+	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
 	$(PY) bench/serve.py
 
 # What TLS and SASL cost: exactly-once one-row throughput on the plaintext broker against the

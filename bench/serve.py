@@ -1,7 +1,9 @@
 """make bench-serve: `scoring-worker serve` against MLServer (mlserver-xgboost) serving the same
-300-tree XGBoost booster, and its own server against uvicorn and granian carrying the same
-service, with `wrk` (1 thread, 8 connections, 10 s) pinned to one core and each server pinned
-to the other; writes bench/SERVE-RESULTS.md, bench/serve-latency.png, bench/out/serve.json.
+300-tree XGBoost booster, at its default settings and at its fastest for a small model
+(`parallel_workers: 0`, inference in its main process), and against `serve` as it was before
+issue 50 (its hand-written HTTP server, commit BEFORE, run from a worktree built here), with
+`wrk` (1 thread, 8 connections, 10 s) pinned to one core and each server pinned to the other;
+writes bench/SERVE-RESULTS.md, bench/serve-latency.png, bench/out/serve.json.
 
     python bench/serve.py [--seconds 10] [--quick] [--mlserver-python PATH]
 
@@ -150,17 +152,19 @@ def ours(art: Path, port: int) -> Server:
                                            "--port", str(port)], port, "xgb300")
 
 
-def asgi(kind: str, art: Path, port: int) -> Server:
-    env = _env(SERVE_MODEL=str(art), SERVE_NAME="xgb300")
-    if kind == "uvicorn":
-        cmd = [sys.executable, "-m", "uvicorn", "bench.serve_asgi:app", "--http", "httptools",
-               "--loop", "uvloop", "--port", str(port), "--log-level", "warning",
-               "--no-access-log"]
-    else:
-        cmd = [sys.executable, "-m", "granian", "--interface", "asgi", "--port", str(port),
-               "--workers", "1", "--runtime-threads", "1", "--loop", "uvloop",
-               "--log-level", "warning", "--no-ws", "bench.serve_asgi:app"]
-    return Server(f"{kind} (ASGI, same service)", cmd, port, "xgb300", env)
+BEFORE = "fe43014"  # serve on its hand-written HTTP/1.1 server (issue 50 replaced it)
+
+
+def before(art: Path, port: int) -> Server:
+    """``serve`` at BEFORE, from a worktree with its own extensions (bench/worktree.py)."""
+    import worktree
+
+    tree = worktree.checkout(BEFORE, HERE / "out" / "serve-before-tree")
+    env = _env()
+    env["PYTHONPATH"] = str(tree)
+    return Server(f"scoring-worker serve at {BEFORE} (hand-written server)",
+                  [sys.executable, "-m", "worker.cli", "serve", "--model", str(art),
+                   "--name", "xgb300", "--port", str(port)], port, "xgb300", env, cwd=tree)
 
 
 def mlserver_python(given: str | None) -> str:
@@ -178,22 +182,27 @@ def mlserver_python(given: str | None) -> str:
     return str(py)
 
 
-def mlserver(py: str, src: Path, port: int) -> Server:
+def mlserver(py: str, src: Path, port: int, parallel_workers: int | None = None) -> Server:
+    """MLServer serving the booster: at its default settings, or with ``parallel_workers``
+    (0: inference in its main process, its fastest for a small model: no hop to a worker)."""
     d = OUT / "mlserver"
     shutil.rmtree(d, ignore_errors=True)
     (d / "xgb300").mkdir(parents=True)
     shutil.copy(src, d / "xgb300" / "model.json")
-    (d / "settings.json").write_text(json.dumps({
-        "http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
-        "host": "127.0.0.1", "debug": False}))
+    settings = {"http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
+                "host": "127.0.0.1", "debug": False}
+    if parallel_workers is not None:
+        settings["parallel_workers"] = parallel_workers
+    (d / "settings.json").write_text(json.dumps(settings))
     (d / "xgb300" / "model-settings.json").write_text(json.dumps({
         "name": "xgb300", "implementation": "mlserver_xgboost.XGBoostModel",
         "parameters": {"uri": "./model.json"}}))
     mls = str(Path(py).parent / "mlserver")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
-    return Server("MLServer 1.7 (mlserver-xgboost)", [mls, "start", str(d)], port, "xgb300",
-                  env, cwd=d)
+    label = "MLServer 1.7 (mlserver-xgboost)" + (
+        "" if parallel_workers is None else f", parallel_workers: {parallel_workers}")
+    return Server(label, [mls, "start", str(d)], port, "xgb300", env, cwd=d)
 
 
 # ---- requests -----------------------------------------------------------------------------
@@ -300,17 +309,17 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
 
     body1 = json_body(one)
     body1m = json_body(one_missing)
-    # ours: the server comparison, then the loads
-    for kind in ("ours", "uvicorn", "granian"):
+    # ours, then as it was before issue 50 (its hand-written server), on the same loads
+    for kind in ("ours", "before"):
         port = free_port()
-        s = ours(art, port) if kind == "ours" else asgi(kind, art, port)
+        s = ours(art, port) if kind == "ours" else before(art, port)
         try:
             s.wait_ready()
             first = json.loads(post(s.infer_url, body1, "application/json"))
             res.setdefault("answers", {})[kind] = first["outputs"][0]["data"][0]
             measure(f"{kind} 1-row json", s, body1, "application/json")
+            measure(f"{kind} 1-row json missing", s, body1m, "application/json")
             if kind == "ours":
-                measure("ours 1-row json missing", s, body1m, "application/json")
                 top = runs["ours 1-row json"]["rps"]
                 # half the maximum rate: 8 connections, each waiting d ms between requests
                 d = max(1, round(8 * 1000 / (top / 2)))
@@ -330,17 +339,18 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
     print(f"score_batch 1000-row blocks, 1 thread: {res['score_batch_rows_per_s']:,.0f} rows/s",
           flush=True)
     py = mlserver_python(mls_py)
-    port = free_port()
-    s = mlserver(py, src, port)
-    try:
-        s.wait_ready()
-        first = json.loads(post(s.infer_url, body1, "application/json"))
-        res.setdefault("answers", {})["mlserver"] = first["outputs"][0]["data"]
-        measure("mlserver 1-row json", s, body1, "application/json")
-        measure("mlserver 1-row json missing", s, body1m, "application/json")
-        measure("mlserver 1000-row json", s, json_body(thousand), "application/json")
-    finally:
-        s.stop()
+    for key, workers in (("mlserver", None), ("mlserver pw0", 0)):
+        port = free_port()
+        s = mlserver(py, src, port, workers)
+        try:
+            s.wait_ready()
+            first = json.loads(post(s.infer_url, body1, "application/json"))
+            res.setdefault("answers", {})[key] = first["outputs"][0]["data"]
+            measure(f"{key} 1-row json", s, body1, "application/json")
+            measure(f"{key} 1-row json missing", s, body1m, "application/json")
+            measure(f"{key} 1000-row json", s, json_body(thousand), "application/json")
+        finally:
+            s.stop()
     return res
 
 
@@ -361,10 +371,24 @@ def report(res: dict) -> str:
                 f"{p['50'] / 1e3:.2f} | {p['99'] / 1e3:.2f} | {p['99.9'] / 1e3:.2f} | "
                 f"{r['errors']} |")
 
-    ours1, mls1 = runs["ours 1-row json"], runs["mlserver 1-row json"]
-    ours1m, mls1m = runs["ours 1-row json missing"], runs["mlserver 1-row json missing"]
+    ours1, ours1m = runs["ours 1-row json"], runs["ours 1-row json missing"]
     sb = res["score_batch_rows_per_s"]
     half = runs["ours 1-row json half rate"]
+    ratios = []  # against MLServer at its fastest setting, then at its default
+    for missing in ("", " missing"):
+        ours = runs[f"ours 1-row json{missing}"]["rps"]
+        best = max(("mlserver", "mlserver pw0"),
+                   key=lambda k, m=missing: runs[f"{k} 1-row json{m}"]["rps"])
+        for key in dict.fromkeys((best, "mlserver")):
+            theirs = runs[f"{key} 1-row json{missing}"]
+            setting = "parallel_workers: 0" if key.endswith("pw0") else "default settings"
+            ratios.append(
+                (ours / theirs["rps"],
+                 f"| one-row requests/s >= 10x MLServer's ({setting}"
+                 f"{', its fastest' if key == best else ''}; "
+                 f"{'rows with missing values' if missing else 'dense rows'}) | "
+                 f"{ours:,.0f} vs {theirs['rps']:,.0f}: {ours / theirs['rps']:.1f}x | "
+                 f"{'yes' if ours >= 10 * theirs['rps'] else 'no'} |"))
     lines = [
         "# `scoring-worker serve` against MLServer",
         "",
@@ -377,15 +401,7 @@ def report(res: dict) -> str:
         "",
         "| target | measured | met |",
         "|---|---|---|",
-        *sorted([  # the less flattering ratio first
-            f"| one-row requests/s >= 10x MLServer's (rows with missing values) | "
-            f"{ours1m['rps']:,.0f} vs {mls1m['rps']:,.0f}: "
-            f"{ours1m['rps'] / mls1m['rps']:.1f}x | "
-            f"{'yes' if ours1m['rps'] >= 10 * mls1m['rps'] else 'no'} |",
-            f"| one-row requests/s >= 10x MLServer's (dense rows) | "
-            f"{ours1['rps']:,.0f} vs {mls1['rps']:,.0f}: {ours1['rps'] / mls1['rps']:.1f}x | "
-            f"{'yes' if ours1['rps'] >= 10 * mls1['rps'] else 'no'} |"],
-            key=lambda line: float(line.split(": ")[1].split("x")[0])),
+        *[line for _, line in sorted(ratios)],  # the less flattering ratio first
         f"| p99 <= 5 ms at 8 connections (one row, at the maximum rate) | "
         f"{ours1['percentiles_us']['99'] / 1e3:.2f} ms | "
         f"{'yes' if ours1['percentiles_us']['99'] <= 5000 else 'no'} |",
@@ -417,10 +433,13 @@ def report(res: dict) -> str:
         "Answers to the first one-row request (score; MLServer's: `predict_proba`'s two "
         f"columns): {json.dumps(res['answers'])}.",
         "",
-        "The server comparison (the rows \"ours\", \"uvicorn\" and \"granian\" 1-row json): "
-        "the same `Service` (routes, parsing, scoring) behind `scoring-worker serve`'s own "
-        "asyncio + httptools server, and behind uvicorn (httptools, uvloop) and granian "
-        "through ASGI (bench/serve_asgi.py).",
+        f"Before and after issue 50 (the rows \"before\" and \"ours\"): `serve` at {BEFORE} "
+        "on its hand-written HTTP/1.1 server (asyncio + httptools), and now on uvicorn's "
+        "httptools protocol with the bounds of worker/serve/http.py, on the same loads: "
+        f"one-row JSON {runs['before 1-row json']['rps']:,.0f} -> {ours1['rps']:,.0f} "
+        f"requests/s ({ours1['rps'] / runs['before 1-row json']['rps'] - 1:+.0%}), with "
+        f"missing values {runs['before 1-row json missing']['rps']:,.0f} -> "
+        f"{ours1m['rps']:,.0f}.",
         "",
         "![latency CDF](serve-latency.png)",
         "",
@@ -435,8 +454,8 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for key in ("ours 1-row json", "ours 1-row json half rate", "uvicorn 1-row json",
-                "granian 1-row json", "mlserver 1-row json"):
+    for key in ("ours 1-row json", "ours 1-row json half rate", "before 1-row json",
+                "mlserver 1-row json", "mlserver pw0 1-row json"):
         r = res["runs"].get(key)
         if r is None:
             continue

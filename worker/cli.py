@@ -406,10 +406,13 @@ def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, 
 @click.option("--port", type=int, default=None, help="Port (default 8080; 0: any free one).")
 @click.option("--workers", type=int, default=None,
               help="Processes sharing the port (default 1).")
+@click.option("--grpc-port", "grpc_port", type=int, default=None,
+              help="Also serve the protocol's gRPC half on this port (0: any free one; "
+              "default: the config's serve.grpc_port, else no gRPC).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               default=None, help="Worker config: its serve, scoring, model and logging "
               "sections apply.")
-def serve_cmd(model_path, name, host, port, workers, config_path) -> None:
+def serve_cmd(model_path, name, host, port, workers, grpc_port, config_path) -> None:
     """Synchronous scoring over the Open Inference Protocol (KServe v2): JSON, binary tensors
     and Arrow bodies at POST /v2/models/NAME/infer."""
     from . import startup
@@ -422,7 +425,8 @@ def serve_cmd(model_path, name, host, port, workers, config_path) -> None:
     if model_path:
         over["model"] = {"path": model_path}
     serve = {k: v for k, v in (("name", name), ("host", host), ("port", port),
-                               ("workers", workers)) if v is not None}
+                               ("workers", workers), ("grpc_port", grpc_port))
+             if v is not None}
     if serve:
         over["serve"] = serve
     # serve reads no source: a config without one (or none at all) is complete
@@ -441,16 +445,18 @@ def serve_cmd(model_path, name, host, port, workers, config_path) -> None:
     model_name = settings.serve.name or Path(path).stem
     s = settings.serve
 
-    def listening(address) -> None:
-        click.echo(f"serving {model_name!r} on http://{address[0]}:{address[1]}/v2 "
+    def listening(address, grpc_bound) -> None:
+        also = "" if grpc_bound is None else f" and grpc on {address[0]}:{grpc_bound}"
+        click.echo(f"serving {model_name!r} on http://{address[0]}:{address[1]}/v2{also} "
                    f"({s.workers} worker{'s' if s.workers > 1 else ''})", err=True)
 
     try:
         rc = serve_workers(lambda: Service(settings, path, model_name), s.host, s.port,
-                           s.workers, listening)
+                           s.workers, listening, s.grpc_port)
     except OSError as exc:  # the address is taken, not ours, unknown
-        _config_exit(f"serve.port: cannot listen on {s.host}:{s.port}: "
-                     f"{exc.strerror or exc}")
+        key, at = ("serve.grpc_port", s.grpc_port) if "gRPC" in str(exc) else \
+            ("serve.port", s.port)
+        _config_exit(f"{key}: cannot listen on {s.host}:{at}: {exc.strerror or exc}")
     sys.exit(rc)
 
 

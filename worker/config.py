@@ -524,6 +524,13 @@ class ServeConfig(_Section):
     """Port; 0 takes one the system picks (printed at start-up)."""
     name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")
     """The model's name in the URLs; default: the artifact's file stem."""
+    grpc_port: int | None = Field(None, ge=0, le=65535)
+    """The Open Inference Protocol's gRPC half (KServe v2) on this port too (0: one the system
+    picks, printed at start-up); none by default."""
+    grpc_max_message_bytes: int = Field(4 << 20, ge=1024, le=1 << 31)
+    """Largest gRPC request message (RESOURCE_EXHAUSTED beyond, before it is read whole);
+    gRPC calls at once: serve.max_buffered_bytes / this. Send large batches over HTTP as
+    binary tensors or Arrow."""
     workers: int = Field(1, ge=1, le=64)
     """Processes sharing the port (SO_REUSEPORT), each with its own copy of the model."""
     max_body_bytes: int = Field(64 << 20, ge=1024, le=1 << 31)

@@ -137,7 +137,15 @@ def parse_infer(body: bytes, header_length: int | None, contract: Contract | dic
                       f"({len(body)} bytes)")
         header, binary = body[:header_length], memoryview(body)[header_length:]
     _bound_json(header, max_rows)
-    doc = _loads(header)
+    return parse_doc(_loads(header), binary, contract, max_rows, classifier, explain_on)
+
+
+def parse_doc(doc, binary: memoryview | bytes, contract: Contract | dict, max_rows: int,
+              classifier: bool, explain_on: bool) -> InferRequest:
+    """A request's document (the JSON's, or one a gRPC request was turned into: its raw
+    tensors in ``binary``, as the binary extension has them) read and checked."""
+    if not isinstance(contract, Contract):
+        contract = Contract(contract, {}, True)
     if not isinstance(doc, dict):
         raise bad("the request must be a JSON object")
     req_id = doc.get("id")

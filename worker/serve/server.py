@@ -43,13 +43,15 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bool = False
-                 ) -> int:
+def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bool = False,
+                 grpc_port: int | None = None, grpc_reuse: bool = False) -> int:
     """Serve on the bound ``sock`` until SIGTERM/SIGINT; load the model in a thread meanwhile
     (live at once, ready once it is loaded), or with ``load_first`` before listening (one of
     several processes on a port: the kernel gives connections only to those listening, so
-    none is sent to a process still loading). Exit code: 0, or 2 if the model cannot
-    load."""
+    none is sent to a process still loading). With ``grpc_port`` (0: one the system picks)
+    the protocol's gRPC half too, on the same loop and service (``grpc_reuse``: the port is
+    shared with other processes). ``on_listening(http address, grpc port or None)``. Exit
+    code: 0, or 2 if the model cannot load."""
     if load_first:
         try:
             service.load()
@@ -78,11 +80,19 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
     async def main():
         sock.listen(4096)
         server = await loop.create_server(factory, sock=sock, backlog=4096)
+        gserver = gport = None
+        if grpc_port is not None:
+            from . import kserve_grpc
+
+            gserver, gport = await kserve_grpc.start(service, lane, sock.getsockname()[0],
+                                                     grpc_port, grpc_reuse)
         if on_listening is not None:
-            on_listening(sock.getsockname())
+            on_listening(sock.getsockname(), gport)
         loader = loop.create_task(load())
         await stop.wait()
         server.close()
+        if gserver is not None:
+            await gserver.stop(SHUTDOWN_S)
         for conn in list(state.connections):  # idle ones closed, the others after answering
             conn.shutdown()
         if state.tasks:
@@ -106,14 +116,19 @@ def _load_failed(exc: BaseException) -> None:
     print(f"config error: model: {text}", file=sys.stderr)
 
 
-def serve_workers(make_service, host: str, port: int, workers: int, on_listening=None) -> int:
+def serve_workers(make_service, host: str, port: int, workers: int, on_listening=None,
+                  grpc_port: int | None = None) -> int:
     """``workers`` processes, each with its own socket on one port (SO_REUSEPORT: the kernel
-    spreads connections) and its own model; one that dies is started again. SIGTERM/SIGINT
-    stop them all."""
+    spreads connections) and its own model (and gRPC on ``grpc_port`` the same way); one
+    that dies is started again. SIGTERM/SIGINT stop them all."""
     if workers == 1:
         sock = bind(host, port, reuse_port=False)
-        return serve_socket(make_service(), sock, on_listening)
+        return serve_socket(make_service(), sock, on_listening, grpc_port=grpc_port)
     first = bind(host, port, reuse_port=True)  # the port (0: the one the system picked)
+    # gRPC's port, held (not listened on) so that 0 resolves once for every process
+    grpc_hold = None if grpc_port is None else bind(host, grpc_port, reuse_port=True)
+    if grpc_hold is not None:
+        grpc_port = grpc_hold.getsockname()[1]
     # metrics: every process writes its values to files here, any of them answers /metrics
     # (prometheus_client's multiprocess mode, chosen before a metric is made)
     import tempfile
@@ -136,7 +151,8 @@ def serve_workers(make_service, host: str, port: int, workers: int, on_listening
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 sock = first if i == 0 else bind(host, port, reuse_port=True)
-                code = serve_socket(make_service(), sock, load_first=True)
+                code = serve_socket(make_service(), sock, load_first=True,
+                                    grpc_port=grpc_port, grpc_reuse=True)
             finally:
                 os._exit(code)
         children[pid] = i
@@ -153,7 +169,7 @@ def serve_workers(make_service, host: str, port: int, workers: int, on_listening
     for i in range(workers):
         spawn(i)
     if on_listening is not None:
-        on_listening(first.getsockname())
+        on_listening(first.getsockname(), grpc_port)
     code = 0
     while children:
         try:

@@ -90,7 +90,7 @@ class ServeMetrics:
             self.exposition = CollectorRegistry()
             multiprocess.MultiProcessCollector(self.exposition)
         # the seconds histogram's children, looked up once
-        self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow")}
+        self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow", "grpc")}
         self._counts: dict[tuple[str, int], object] = {}
 
     def count_features(self, names: list[str], X: np.ndarray, unseen: dict) -> None:
@@ -120,6 +120,7 @@ class _Model:
     # (a pipeline's codec keeps per-message state: one thread at a time uses each)
     pipelines: tuple
     metadata: bytes
+    meta: dict  # the same, as it was made (gRPC's ModelMetadata)
     stop_names: np.ndarray
     classifier: bool
     contract: oip.Contract  # each feature's column, category names, missing allowed
@@ -230,7 +231,7 @@ class Service:
             explain_error = str(exc)
             if self.scoring.explain is not None:  # asked for every request: cannot serve
                 raise ValueError(f"scoring.explain: {exc}") from None
-        return _Model(model, tuple(pipelines), orjson.dumps(meta), STOP_REASONS,
+        return _Model(model, tuple(pipelines), orjson.dumps(meta), meta, STOP_REASONS,
                       classifier, oip.Contract.of(model, self.serve.allow_missing),
                       [(b"model-id", model.model_id.encode())], explain_error,
                       self.scoring.id_column.encode() if self.scoring.id_column else None,
@@ -391,18 +392,7 @@ class Service:
             else:
                 req = oip.parse_infer(_whole(body), length, m.contract, self.serve.max_rows,
                                       m.classifier, self.scoring.explain is not None)
-            if req.explain and m.explain_error is not None:
-                raise oip.bad(f"reason codes: {m.explain_error}")
-            k = 0
-            if req.explain:
-                self._explain_bounds(len(req.X))
-                ex = self.scoring.explain
-                k = min(req.top_k or (ex.top_k if ex else 3), m.model.n_features)
-            self._answer_bounds(oip.answer_bound(req, len(req.X), k, m.stop_longest,
-                                                 m.feature_longest))
-            self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
-            r = self._score(m, req)
-            arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
+            arrays = self.infer_tensors(m, req)
             out, head = oip.encode_response(self.name, m.model.model_id, req, arrays)
             status, extra = 200, m.id_header
             if head is not None:
@@ -410,12 +400,29 @@ class Service:
                 out_type, kind = b"application/octet-stream", "binary"
             else:
                 out_type, kind = JSON, "binary" if length is not None else "json"
-            self.metrics.rows.inc(len(r))
-            self.metrics.work_units.inc(int(r.work_units.sum()))
         self.metrics.answered("infer", status)
         if status == 200:
             self.metrics.by_kind[kind].observe(time.perf_counter() - t0)
         return status, out_type, out, extra
+
+    def infer_tensors(self, m: _Model, req: oip.InferRequest) -> dict:
+        """A parsed request scored: each asked-for output's (datatype, shape, values), every
+        bound checked before the work is done (HTTP's JSON and binary bodies, and gRPC)."""
+        if req.explain and m.explain_error is not None:
+            raise oip.bad(f"reason codes: {m.explain_error}")
+        k = 0
+        if req.explain:
+            self._explain_bounds(len(req.X))
+            ex = self.scoring.explain
+            k = min(req.top_k or (ex.top_k if ex else 3), m.model.n_features)
+        self._answer_bounds(oip.answer_bound(req, len(req.X), k, m.stop_longest,
+                                             m.feature_longest))
+        self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
+        r = self._score(m, req)
+        arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
+        self.metrics.rows.inc(len(r))
+        self.metrics.work_units.inc(int(r.work_units.sum()))
+        return arrays
 
     def _explain_bounds(self, rows: int) -> None:
         """Reason codes cost work and answer bytes a row and a code: bounded before they are
