@@ -102,6 +102,8 @@ bench-e2e: build
 # bench/SERVE-RESULTS.md and bench/serve-latency.png (~10 minutes the first time).
 bench-serve: build
 	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
+	command -v ghz >/dev/null || test -x "$$(go env GOPATH)/bin/ghz" || \
+		go install github.com/bojand/ghz/cmd/ghz@v0.93.0
 	$(PY) bench/serve.py
 
 # What TLS and SASL cost: exactly-once one-row throughput on the plaintext broker against the

@@ -146,10 +146,56 @@ class Server:
         self.log.close()
 
 
-def ours(art: Path, port: int) -> Server:
-    return Server("scoring-worker serve", [sys.executable, "-m", "worker.cli", "serve",
-                                           "--model", str(art), "--name", "xgb300",
-                                           "--port", str(port)], port, "xgb300")
+def ours(art: Path, port: int, grpc_port: int | None = None) -> Server:
+    s = Server("scoring-worker serve", [sys.executable, "-m", "worker.cli", "serve",
+                                        "--model", str(art), "--name", "xgb300",
+                                        "--port", str(port)] +
+               ([] if grpc_port is None else ["--grpc-port", str(grpc_port)]), port, "xgb300")
+    s.grpc_port = grpc_port
+    return s
+
+
+# ---- gRPC: ghz (8 concurrent streams on one connection) -------------------------------------
+GHZ = "github.com/bojand/ghz/cmd/ghz@v0.93.0"
+
+
+def ghz_path() -> str | None:
+    """ghz, from PATH or Go's bin directory (make bench-serve installs it)."""
+    found = shutil.which("ghz")
+    if found:
+        return found
+    gobin = Path(os.environ.get("GOBIN") or Path.home() / "go" / "bin") / "ghz"
+    return str(gobin) if gobin.exists() else None
+
+
+def ghz(port: int, model: str, X: np.ndarray, seconds: float, streams: int = 8) -> dict:
+    """ModelInfer with one raw FP32 tensor, ``streams`` at once on one connection, for
+    ``seconds``; the protocol's messages from worker/serve/kserve_grpc.py as a protoset."""
+    import base64
+
+    from google.protobuf import descriptor_pb2
+
+    from worker.serve import kserve_grpc
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    protoset = OUT / "oip.protoset"
+    protoset.write_bytes(descriptor_pb2.FileDescriptorSet(
+        file=[kserve_grpc._file()]).SerializeToString())
+    data = {"model_name": model, "inputs": [{"name": "input-0", "datatype": "FP32",
+                                            "shape": list(X.shape)}],
+            "raw_input_contents": [base64.b64encode(
+                np.ascontiguousarray(X, np.float32).tobytes()).decode()]}
+    out = subprocess.run(
+        ["taskset", "-c", CLIENT_CPU, ghz_path(), "--insecure", "--protoset", str(protoset),
+         "--call", f"{kserve_grpc.SERVICE}/ModelInfer", "-d", json.dumps(data),
+         "-c", str(streams), "--connections", "1", "--cpus", "1", "-z", f"{seconds:g}s",
+         "-O", "json", f"127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
+    r = json.loads(out)
+    lat = {d["percentage"]: d["latency"] / 1e3 for d in r.get("latencyDistribution") or []}
+    errors = sum(v for k, v in (r.get("statusCodeDistribution") or {}).items() if k != "OK")
+    return {"rps": r["rps"], "requests": r["count"], "errors": errors,
+            "percentiles_us": {str(p): lat.get(p, float("nan")) for p in (50, 90, 95, 99)},
+            "streams": streams}
 
 
 BEFORE = "fe43014"  # serve on its hand-written HTTP/1.1 server (issue 50 replaced it)
@@ -189,7 +235,8 @@ def mlserver(py: str, src: Path, port: int, parallel_workers: int | None = None)
     shutil.rmtree(d, ignore_errors=True)
     (d / "xgb300").mkdir(parents=True)
     shutil.copy(src, d / "xgb300" / "model.json")
-    settings = {"http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
+    grpc_port = free_port()
+    settings = {"http_port": port, "grpc_port": grpc_port, "metrics_port": free_port(),
                 "host": "127.0.0.1", "debug": False}
     if parallel_workers is not None:
         settings["parallel_workers"] = parallel_workers
@@ -202,7 +249,9 @@ def mlserver(py: str, src: Path, port: int, parallel_workers: int | None = None)
     env.pop("PYTHONPATH", None)
     label = "MLServer 1.7 (mlserver-xgboost)" + (
         "" if parallel_workers is None else f", parallel_workers: {parallel_workers}")
-    return Server(label, [mls, "start", str(d)], port, "xgb300", env, cwd=d)
+    s = Server(label, [mls, "start", str(d)], port, "xgb300", env, cwd=d)
+    s.grpc_port = grpc_port
+    return s
 
 
 # ---- requests -----------------------------------------------------------------------------
@@ -298,6 +347,18 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
                  f"{n_features} features", "runs": {}}
     runs = res["runs"]
 
+    def grpc_measure(key: str, server: Server, port: int, X: np.ndarray) -> dict | None:
+        if ghz_path() is None:
+            print(f"{key}: no ghz (go install {GHZ})", flush=True)
+            return None
+        r = ghz(port, "xgb300", X, seconds)
+        r["server"] = server.label + " (gRPC)"
+        runs[key] = r
+        print(f"{key:<34} {r['rps']:>10,.0f} req/s  p50 {r['percentiles_us']['50'] / 1e3:6.2f}"
+              f" ms  p99 {r['percentiles_us']['99'] / 1e3:6.2f} ms  errors {r['errors']}",
+              flush=True)
+        return r
+
     def measure(key: str, server: Server, body: bytes, ctype: str, **kw) -> dict:
         r = wrk(server.infer_url, body, ctype, seconds, **kw)
         r["server"] = server.label
@@ -312,7 +373,7 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
     # ours, then as it was before issue 50 (its hand-written server), on the same loads
     for kind in ("ours", "before"):
         port = free_port()
-        s = ours(art, port) if kind == "ours" else before(art, port)
+        s = ours(art, port, free_port()) if kind == "ours" else before(art, port)
         try:
             s.wait_ready()
             first = json.loads(post(s.infer_url, body1, "application/json"))
@@ -333,6 +394,8 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
                         "application/vnd.apache.arrow.stream")
                 measure("ours 1000-row json", s, json_body(thousand, ["score"]),
                         "application/json")
+                grpc_measure("ours grpc 1-row", s, s.grpc_port, one)
+                grpc_measure("ours grpc 1-row missing", s, s.grpc_port, one_missing)
         finally:
             s.stop()
     res["score_batch_rows_per_s"] = score_batch_rate(art, thousand)
@@ -349,6 +412,7 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
             measure(f"{key} 1-row json", s, body1, "application/json")
             measure(f"{key} 1-row json missing", s, body1m, "application/json")
             measure(f"{key} 1000-row json", s, json_body(thousand), "application/json")
+            grpc_measure(f"{key} grpc 1-row", s, s.grpc_port, one)
         finally:
             s.stop()
     return res
@@ -367,9 +431,9 @@ def report(res: dict) -> str:
     def row(key, rows=1):
         r = runs[key]
         p = r["percentiles_us"]
+        p999 = f"{p['99.9'] / 1e3:.2f}" if "99.9" in p else "-"  # (ghz reports to p99)
         return (f"| {key} | {r['server']} | {r['rps']:,.0f} | {r['rps'] * rows:,.0f} | "
-                f"{p['50'] / 1e3:.2f} | {p['99'] / 1e3:.2f} | {p['99.9'] / 1e3:.2f} | "
-                f"{r['errors']} |")
+                f"{p['50'] / 1e3:.2f} | {p['99'] / 1e3:.2f} | {p999} | {r['errors']} |")
 
     ours1, ours1m = runs["ours 1-row json"], runs["ours 1-row json missing"]
     sb = res["score_batch_rows_per_s"]
@@ -406,6 +470,17 @@ def report(res: dict) -> str:
         f"{ours1['percentiles_us']['99'] / 1e3:.2f} ms | "
         f"{'yes' if ours1['percentiles_us']['99'] <= 5000 else 'no'} |",
     ]
+    grpc_rows = []
+    for key in ("mlserver pw0 grpc 1-row", "mlserver grpc 1-row"):
+        if "ours grpc 1-row" in runs and key in runs:
+            o, t = runs["ours grpc 1-row"], runs[key]
+            setting = "parallel_workers: 0" if "pw0" in key else "default settings"
+            grpc_rows.append((o["rps"] / t["rps"], (
+                f"| gRPC one-row requests/s, 8 streams, against MLServer's gRPC ({setting}) | "
+                f"{o['rps']:,.0f} vs {t['rps']:,.0f}: {o['rps'] / t['rps']:.1f}x; p50 "
+                f"{o['percentiles_us']['50'] / 1e3:.2f} ms, p99 "
+                f"{o['percentiles_us']['99'] / 1e3:.2f} ms | - |")))
+    lines += [line for _, line in sorted(grpc_rows)]
     for kind in ("binary", "arrow"):
         r = runs[f"ours 1000-row {kind}"]
         share = r["rps"] * 1000 / sb
