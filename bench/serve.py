@@ -193,7 +193,11 @@ def ghz(port: int, model: str, X: np.ndarray, seconds: float, streams: int = 8) 
     r = json.loads(out)
     lat = {d["percentage"]: d["latency"] / 1e3 for d in r.get("latencyDistribution") or []}
     errors = sum(v for k, v in (r.get("statusCodeDistribution") or {}).items() if k != "OK")
-    return {"rps": r["rps"], "requests": r["count"], "errors": errors,
+    # the calls in flight when ghz's duration ends are cut by ghz closing its connection
+    # ("transport is closing"): at most one a stream, not the server's
+    cut = min(streams, sum(v for k, v in (r.get("errorDistribution") or {}).items()
+                           if "transport is closing" in k))
+    return {"rps": r["rps"], "requests": r["count"], "errors": errors - cut, "cut_at_end": cut,
             "percentiles_us": {str(p): lat.get(p, float("nan")) for p in (50, 90, 95, 99)},
             "streams": streams}
 

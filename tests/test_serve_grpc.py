@@ -81,9 +81,11 @@ def test_the_messages_are_the_clients_on_the_wire():
         assert ours == {n: want[n] for n in ours}, path
         assert set(want) == set(ours), (path, set(want) - set(ours))
     methods = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
-    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                 "ModelMetadata", "ModelInfer"):
-        assert methods[name].input_type.name == f"{name}Request"
+    ours = kserve_grpc._FILE.services_by_name["GRPCInferenceService"].methods_by_name
+    assert set(ours) == set(kserve_grpc.METHODS)
+    for name in kserve_grpc.METHODS:
+        assert methods[name].input_type.name == ours[name].input_type.name == f"{name}Request"
+        assert methods[name].output_type.name == ours[name].output_type.name
 
 
 def test_health_and_metadata(client, gserver, artifacts):  # noqa: F811

@@ -28,6 +28,8 @@ from .. import __version__
 from . import oip
 
 SERVICE = "inference.GRPCInferenceService"
+METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+           "ModelInfer")
 _F = descriptor_pb2.FieldDescriptorProto
 _OPT, _REP = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
 _T = {"bool": _F.TYPE_BOOL, "int32": _F.TYPE_INT32, "int64": _F.TYPE_INT64,
@@ -124,6 +126,10 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
                 fd.type_name = ".inference." + kind
             if repeated and kind in _T and kind not in ("string", "bytes"):
                 fd.options.packed = True
+    service = f.service.add(name=SERVICE.split(".")[1])
+    for name in METHODS:
+        service.method.add(name=name, input_type=f".inference.{name}Request",
+                           output_type=f".inference.{name}Response")
     return f
 
 
@@ -297,9 +303,7 @@ def _handlers(h: Handlers) -> grpc.GenericRpcHandler:
             response_serializer=M[resp].SerializeToString)
 
     return grpc.method_handlers_generic_handler(SERVICE, {
-        n: unary(n, f"{n}Request", f"{n}Response")
-        for n in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                  "ModelMetadata", "ModelInfer")})
+        n: unary(n, f"{n}Request", f"{n}Response") for n in METHODS})
 
 
 def server_options(serve, reuse_port: bool) -> list[tuple[str, int]]:
