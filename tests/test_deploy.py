@@ -162,16 +162,19 @@ def test_the_chart_renders_valid_files_that_keep_the_guarantees(tmp_path, values
         assert s.sink.shadow_topic == "scores-shadow"
 
 
-@pytest.mark.parametrize("hpa", [True, False])
-def test_the_chart_renders_serve_mode(tmp_path, hpa):
+@pytest.mark.parametrize("hpa,grpc", [(True, False), (False, False), (True, True)])
+def test_the_chart_renders_serve_mode(tmp_path, hpa, grpc):
     """mode: serve renders a Deployment, a Service and (unless turned off) a
     HorizontalPodAutoscaler, ready on /v2/health/ready, hardened like the worker, no broker
-    egress, and a serve config the command accepts."""
+    egress, and a serve config the command accepts; with serve.grpcPort the gRPC half on its
+    port (container, Service, NetworkPolicy, config)."""
     from worker.config import load_settings
 
     args = [_helm(), "template", "fraud", str(CHART), "--set", "mode=serve"]
     if not hpa:
         args += ["--set", "serve.hpa.enabled=false"]
+    if grpc:
+        args += ["--set", "serve.grpcPort=8081"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -188,19 +191,27 @@ def test_the_chart_renders_serve_mode(tmp_path, hpa):
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert ("replicas" in dep["spec"]) == (not hpa)
+    grpc_port = [{"name": "grpc", "port": 8081, "targetPort": "grpc"}] if grpc else []
+    assert c["ports"] == [{"name": "http", "containerPort": 8080}] + (
+        [{"name": "grpc", "containerPort": 8081}] if grpc else [])
     svc = next(d for d in docs if d["kind"] == "Service")
-    assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http"},
+                                    *grpc_port]
     assert "clusterIP" not in svc["spec"]
     if hpa:
         h = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
         assert h["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                                "name": "fraud-scoring-worker"}
     np_ = next(d for d in docs if d["kind"] == "NetworkPolicy")
-    assert [r["ports"] for r in np_["spec"]["ingress"]] == [[{"port": 8080, "protocol": "TCP"}]]
+    assert [r["ports"] for r in np_["spec"]["ingress"]] == [
+        [{"port": 8080, "protocol": "TCP"}] + ([{"port": 8081, "protocol": "TCP"}] if grpc
+                                               else [])]
     assert sorted(p["port"] for r in np_["spec"]["egress"] for p in r["ports"]) == [53, 53]
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(cm["data"]["serve.yaml"])
     s = load_settings(str(cfg), defaults={"source": {"type": "file", "path": os.devnull}})
     assert (s.serve.host, s.serve.port, s.serve.name) == ("0.0.0.0", 8080, "fraud")
+    assert s.serve.grpc_port == (8081 if grpc else None)
+    assert (s.serve.max_explain_rows, s.serve.max_response_bytes) == (10_000, 64 << 20)
     assert s.model.path == "/var/lib/scoring-worker/models/fraud.model" and s.model.reload
