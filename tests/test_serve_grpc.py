@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 import worker
 from tests import models as M
@@ -254,3 +256,120 @@ def test_grpc_with_two_workers(artifacts, tmp_path):  # noqa: F811
     finally:
         c.close()
         assert s.stop() == 0
+
+
+# ---- the gRPC request as the HTTP one: the same rows, or the same refusal ----------------------
+
+_FIELD_VALUES = {
+    "int_contents": st.integers(-2**31, 2**31 - 1),
+    "int64_contents": st.integers(-2**63, 2**63 - 1),
+    "uint_contents": st.integers(0, 2**32 - 1), "uint64_contents": st.integers(0, 2**64 - 1),
+    "fp32_contents": st.floats(width=32), "fp64_contents": st.floats(),
+    "bool_contents": st.booleans()}
+_EDGE = st.sampled_from([0, 1, -1, 127, 128, 255, 256, -129, 2**31 - 1, 2**31, 2**53 + 1,
+                         2**63 - 1, -2**63, 2**64 - 1, 16777217])
+
+
+@st.composite
+def _typed_request(draw):
+    """One input per feature, typed contents: a datatype, and the contents field its
+    protocol's table gives it (or, in a fifth of the requests, another for one input)."""
+    rows = draw(st.integers(1, 4))
+    req = pb.ModelInferRequest(model_name="m")
+    inputs = []
+    wrong = draw(st.sampled_from([None] * 28 + NAMES))  # a fifth of the time, one input
+    for name in NAMES:
+        datatype = draw(st.sampled_from(sorted(kserve_grpc._CONTENTS.keys() - {"BYTES"})))
+        field = kserve_grpc._CONTENTS[datatype]
+        if name == wrong:
+            field = draw(st.sampled_from(sorted(_FIELD_VALUES)))
+        small = st.integers(0, 100) if field.startswith("uint") else st.integers(-100, 100)
+        values = draw(st.lists(st.one_of(_FIELD_VALUES[field], _edges(field)) if
+                               field in ("bool_contents", "fp32_contents", "fp64_contents")
+                               else st.one_of(small, _FIELD_VALUES[field], _edges(field)),
+                               min_size=rows, max_size=rows))
+        t = req.inputs.add(name=name, datatype=datatype, shape=[rows])
+        getattr(t.contents, field).extend(values)
+        inputs.append((name, datatype, field, values))
+    return req, inputs, rows
+
+
+def _edges(field: str):
+    """Values at the edges the parser holds integers and floats to, as the field holds."""
+    if field == "bool_contents":
+        return st.booleans()
+    if field in ("fp32_contents", "fp64_contents"):
+        return st.sampled_from([0.0, -0.0, 16777217.0, 2.0**53 + 2.0, 3.4e38, -2.0**63,
+                                2.0**64, 255.0, 256.0, 0.5])
+    lo, hi = {"int_contents": (-2**31, 2**31 - 1), "int64_contents": (-2**63, 2**63 - 1),
+              "uint_contents": (0, 2**32 - 1), "uint64_contents": (0, 2**64 - 1)}[field]
+    return _EDGE.filter(lambda v: lo <= v <= hi)
+
+
+def _outcome(fn):
+    from worker.serve import oip
+
+    try:
+        return fn().X
+    except oip.RequestError as exc:
+        return exc.status
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_typed_request())
+def test_typed_contents_read_as_the_same_json_values(case):
+    """A gRPC request of typed contents reads as the HTTP JSON request of the same values
+    (written by the test, not by the code under test): the same rows, or the same status."""
+    import math
+
+    from worker.serve import oip
+
+    req, inputs, rows = case
+    index = {f: j for j, f in enumerate(NAMES)}
+    got = _outcome(lambda: oip.parse_doc(*kserve_grpc.to_doc(req), index, 100, True, False))
+    if any(field != kserve_grpc._CONTENTS[dt] for _, dt, field, _ in inputs):
+        assert got == 400  # values in the wrong field for their datatype
+        event("wrong field")
+        return
+    js = [{"name": n, "datatype": dt, "shape": [rows],
+           "data": [v if not (type(v) is float and not math.isfinite(v)) else None
+                    for v in vals]} for n, dt, _, vals in inputs]
+    if any(type(v) is float and not math.isfinite(v) for _, _, _, vals in inputs
+           for v in vals):
+        event("not finite")
+        return  # JSON cannot say NaN or infinity as numbers (tested through binary below)
+    want = _outcome(lambda: oip.parse_infer(json.dumps({"inputs": js}).encode(), None, index,
+                                            100, True, False))
+    event(f"compared: {'refused' if isinstance(want, int) else 'rows'}")
+    if isinstance(want, int) or isinstance(got, int):
+        assert got == want
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.sampled_from(["FP32", "FP64", "INT32", "UINT8", "FP16", "BOOL",
+                                           "INT64"]),
+       st.binary(min_size=0, max_size=64), st.booleans())
+def test_raw_contents_read_as_the_same_binary_tensors(rows, datatype, noise, short):
+    """A gRPC request of raw tensors reads as the HTTP binary-extension request of the same
+    bytes: the same rows (NaN, infinities and all), or the same status."""
+    from worker.serve import oip
+
+    width = oip.DTYPES[datatype].itemsize * rows * M.N_FEATURES
+    raw = (noise * (width // max(1, len(noise)) + 1))[:width] if noise else b"\0" * width
+    if short:
+        raw = raw[:-1]
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="input-0", datatype=datatype, shape=[rows, M.N_FEATURES])
+    req.raw_input_contents.append(raw)
+    index = {f: j for j, f in enumerate(NAMES)}
+    got = _outcome(lambda: oip.parse_doc(*kserve_grpc.to_doc(req), index, 100, True, False))
+    head = json.dumps({"inputs": [{"name": "input-0", "datatype": datatype,
+                                   "shape": [rows, M.N_FEATURES],
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    want = _outcome(lambda: oip.parse_infer(head + raw, len(head), index, 100, True, False))
+    if isinstance(want, int) or isinstance(got, int):
+        assert got == want
+    else:
+        np.testing.assert_array_equal(got, want)
