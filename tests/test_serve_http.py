@@ -542,3 +542,26 @@ def test_large_requests_answered_off_the_loop_score_as_the_model(http, artifacts
     bad = body.replace(b'"datatype": "FP32"', b'"datatype": "INT8"')
     status, _, out = post(http, "/v2/models/binary/infer", bad)
     assert status == 400 and b"INT8" in out, out[:300]
+
+
+def test_pipelined_requests_at_the_bound(http):
+    """http.MAX_PIPELINED (128) requests read ahead of their answers: one in flight and 128
+    waiting are all answered, in order; one more and the connection is reset (an answer
+    now would come before the earlier ones)."""
+    from worker.serve.http import MAX_PIPELINED
+
+    def send(n: int) -> int:
+        got = b""
+        with socket.create_connection((http.host, http.port), timeout=2) as s:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+            with contextlib.suppress(OSError):  # a timeout: all answered; a reset
+                while got.count(b"HTTP/1.1 200") < n:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+        return got.count(b"HTTP/1.1 200")
+
+    assert send(MAX_PIPELINED + 1) == MAX_PIPELINED + 1
+    assert send(MAX_PIPELINED + 2) < MAX_PIPELINED + 2
+    assert get(http, "/v2/health/live")[0] == 200
