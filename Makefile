@@ -7,7 +7,7 @@ SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
 .PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain fidelity mutate \
-	bench-categorical bench-tls bench-serve bench-runtimes golden clean \
+	bench-categorical bench-tls bench-serve bench-serve-fairness bench-runtimes golden clean \
 	broker-start \
 	broker-stop fuzz soak chaos
 
@@ -105,6 +105,12 @@ bench-serve: build
 	command -v ghz >/dev/null || test -x "$$(go env GOPATH)/bin/ghz" || \
 		go install github.com/bojand/ghz/cmd/ghz@v0.93.0
 	$(PY) bench/serve.py
+
+# A good client's latency while each attack of issue 50 runs, serve now and before issue 50 (a
+# worktree built there); writes bench/SERVE-FAIRNESS.md (~5 minutes, 4 more the first time).
+bench-serve-fairness: build
+	$(PY) -m pip install -q "xgboost==3.2.0"
+	$(PY) bench/serve_fairness.py
 
 # What TLS and SASL cost: exactly-once one-row throughput on the plaintext broker against the
 # SASL_SSL one (started here), alternating; writes bench/SECURITY-RESULTS.md (~5 minutes).

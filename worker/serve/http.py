@@ -227,8 +227,9 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         if not self.in_head:
             self._yield_loop()
-        if not self.in_message and self.timer is None:  # bytes that begin no request
-            self.timer = self.loop.call_later(self.bounds.request_timeout, self._silent)
+        if not self.in_message and self.timer is None and (
+                self.cycle is None or self.cycle.response_complete):  # bytes that begin
+            self.timer = self.loop.call_later(self.bounds.request_timeout, self._silent)  # none
         # httptools holds a header's (or trailer's) value until it ends, and reads chunk
         # extensions whatever their size: what is not body is bounded here, a read at a time
         b = self.bounds
