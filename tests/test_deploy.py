@@ -215,3 +215,32 @@ def test_the_chart_renders_serve_mode(tmp_path, hpa, grpc):
     assert s.serve.grpc_port == (8081 if grpc else None)
     assert (s.serve.max_explain_rows, s.serve.max_response_bytes) == (10_000, 64 << 20)
     assert s.model.path == "/var/lib/scoring-worker/models/fraud.model" and s.model.reload
+
+
+@pytest.mark.parametrize("port", ["0", "8080"])
+def test_the_chart_refuses_a_grpc_port_a_pod_cannot_have(port):
+    """serve.grpcPort 0 (a port the system picks: nothing a Service can point at) or equal
+    to serve.port: the render fails naming the value (a new user's walkthrough rendered
+    both, the second crashing at start)."""
+    out = subprocess.run([_helm(), "template", "fraud", str(CHART), "--set", "mode=serve",
+                          "--set", f"serve.grpcPort={port}"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and f"serve.grpcPort ({port})" in out.stderr, out.stderr
+
+
+def test_serve_mode_lets_prometheus_in_when_callers_are_named():
+    """networkPolicy.serveFrom and metricsFrom both set: the callers reach serve's ports,
+    Prometheus its port (/metrics shares it), nobody else."""
+    out = subprocess.run([_helm(), "template", "fraud", str(CHART), "--set", "mode=serve",
+                          "--set", "serve.grpcPort=8081",
+                          "--set-json", 'networkPolicy.serveFrom=[{"podSelector": '
+                                        '{"matchLabels": {"app": "auth"}}}]',
+                          "--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelector": '
+                                        '{"matchLabels": {"name": "monitoring"}}}]'],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    np_ = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "NetworkPolicy")
+    assert [(sorted(p["port"] for p in r["ports"]), r["from"]) for r in
+            np_["spec"]["ingress"]] == [
+        ([8080, 8081], [{"podSelector": {"matchLabels": {"app": "auth"}}}]),
+        ([8080], [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}])]

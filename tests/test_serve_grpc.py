@@ -373,3 +373,26 @@ def test_raw_contents_read_as_the_same_binary_tensors(rows, datatype, noise, sho
         assert got == want
     else:
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_grpc_port_taken_or_shared_with_http_exits_2_naming_it(artifacts, tmp_path):  # noqa: F811
+    """A new user's walkthrough: a busy gRPC port gave a traceback and exit 1."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.test_serve import ROOT
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for args, key in ((["--port", "0", "--grpc-port", str(port)], "serve.grpc_port: "
+                           f"cannot listen on 127.0.0.1:{port}"),
+                          (["--port", "18977", "--grpc-port", "18977"],
+                           "serve.grpc_port (18977) is serve.port")):
+            out = subprocess.run([sys.executable, "-m", "worker.cli", "serve", "--model",
+                                  str(artifacts["binary"]), *args], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 2, out.stderr
+            assert key in out.stderr and "Traceback" not in out.stderr, out.stderr

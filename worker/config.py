@@ -526,7 +526,7 @@ class ServeConfig(_Section):
     """The model's name in the URLs; default: the artifact's file stem."""
     grpc_port: int | None = Field(None, ge=0, le=65535)
     """The Open Inference Protocol's gRPC half (KServe v2) on this port too (0: one the system
-    picks, printed at start-up); none by default."""
+    picks, printed at start-up); none by default. Not serve.port."""
     grpc_max_message_bytes: int = Field(4 << 20, ge=1024, le=1 << 31)
     """Largest gRPC request message (RESOURCE_EXHAUSTED beyond, before it is read whole);
     gRPC calls at once: serve.max_buffered_bytes / this. Send large batches over HTTP as
@@ -563,6 +563,13 @@ class ServeConfig(_Section):
     """Fail-open: a request that leaves features out is scored with them missing in every
     row. By default it is answered 400 naming them (send null for a value that is
     missing)."""
+
+    @model_validator(mode="after")
+    def _ports(self):
+        if self.grpc_port is not None and self.grpc_port != 0 and self.grpc_port == self.port:
+            raise ValueError(f"serve.grpc_port ({self.grpc_port}) is serve.port: gRPC needs a "
+                             "port of its own")
+        return self
 
 
 class LoggingConfig(_Section):

@@ -66,6 +66,12 @@ class Parser:
             return out[1]
         raise oip.RequestError(out[1], out[2])
 
+    def start(self) -> None:
+        """Started ahead of the first large request (spawning takes a second of CPU)."""
+        with self._lock:
+            if self._proc is None:
+                self._start()
+
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()

@@ -144,8 +144,8 @@ class BoundedProtocol(HttpToolsProtocol):
                 return
             b.refusing += 1
             self.served = None  # counted in bounds.refusing
-            transport.write(error_bytes(503, "serve.max_connections connections are open: "
-                                             "try again"))
+            transport.write(error_bytes(503, f"serve.max_connections ({b.max_connections}) "
+                                             "connections are open: try again"))
             self._linger(REFUSED_LINGER_S)
             return
         super().connection_made(transport)

@@ -18,6 +18,7 @@ INTERNAL) with the message HTTP would give.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 
 import grpc
@@ -245,8 +246,9 @@ class Handlers:
         if m is None:
             raise oip.RequestError(503, "the model is loading")
         if version and (len(version) < 6 or not m.model.model_id.startswith(version)):
-            raise oip.RequestError(404, f"model {name!r} has no version {version[:80]!r} "
-                                        f"(it serves {m.model.model_id})")
+            from .service import version_refused
+
+            raise oip.RequestError(404, version_refused(name, version, m))
         return m
 
     async def ModelMetadata(self, request, context):  # noqa: N802
@@ -329,8 +331,12 @@ async def start(service, lane, host: str, port: int, reuse_port: bool = False):
     server = grpc.aio.server(options=server_options(serve, reuse_port),
                              maximum_concurrent_rpcs=calls)
     server.add_generic_rpc_handlers((_handlers(Handlers(service, lane)),))
-    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else
+                                         f"{host}:{port}")
+    except RuntimeError:  # grpc's "Failed to bind": the port is taken, or not ours
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port} for gRPC")
+        raise OSError(errno.EADDRINUSE, "the gRPC port is in use, or not allowed")
     await server.start()
     return server, bound

@@ -248,7 +248,8 @@ def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
                       f"model's {n_features} features; or one input per feature name)")
         if shape[0] > max_rows:
             raise RequestError(413, f"input {name!r}: {shape[0]} rows, more than "
-                                    f"serve.max_rows ({max_rows})")
+                                    f"serve.max_rows ({max_rows}): send them in smaller "
+                                    "requests")
         values, pos = _values(t, name, shape[0] * n_features, binary, pos, shape)
         X = np.ascontiguousarray(values.reshape(shape[0], n_features))
     else:
@@ -268,7 +269,8 @@ def _rows(inputs: list, binary: memoryview | bytes, contract: Contract,
                 n = shape[0]
                 if n > max_rows:
                     raise RequestError(413, f"input {name!r}: {n} rows, more than "
-                                            f"serve.max_rows ({max_rows})")
+                                            f"serve.max_rows ({max_rows}): send them in "
+                                            "smaller requests")
             elif shape[0] != n:
                 raise bad(f"input {name!r}: {shape[0]} rows, the other inputs have {n}")
             codes = contract.categories.get(j)

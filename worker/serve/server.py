@@ -58,6 +58,7 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
         except Exception as exc:  # noqa: BLE001 (reported, and the process exits 2)
             _load_failed(exc)
             return 2
+        service.start_parser()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     factory, state, lane = protocol_for(service, loop)
@@ -76,6 +77,8 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
             _load_failed(exc)
             result["code"] = 2
             stop.set()
+            return
+        await loop.run_in_executor(None, service.start_parser)
 
     async def main():
         sock.listen(4096)

@@ -275,6 +275,10 @@ class Service:
         finally:
             self._preparing = False
 
+    def start_parser(self) -> None:
+        """The process large JSON requests are parsed in, started ahead of the first."""
+        self._parser.start()
+
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
@@ -331,9 +335,7 @@ class Service:
         if len(tail) >= 2 and tail[0] == b"versions":
             version = tail[1].decode("utf-8", "replace")
             if m is None or len(version) < 6 or not m.model.model_id.startswith(version):
-                serves = f" (it serves {m.model.model_id})" if m is not None else ""
-                return self._simple("model", 404, f"model {name!r} has no version "
-                                                  f"{version[:80]!r}{serves}")
+                return self._simple("model", 404, version_refused(name, version, m))
             tail = tail[2:]
         if not tail:
             if m is None:
@@ -416,7 +418,8 @@ class Service:
             ex = self.scoring.explain
             k = min(req.top_k or (ex.top_k if ex else 3), m.model.n_features)
         self._answer_bounds(oip.answer_bound(req, len(req.X), k, m.stop_longest,
-                                             m.feature_longest))
+                                             m.feature_longest),
+                            binary_possible=req.binary != set(req.outputs))
         self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
         r = self._score(m, req)
         arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
@@ -429,18 +432,21 @@ class Service:
         found (issue 50: 100,000 rows of 64 codes took 1.2 GiB and the loop for seconds);
         a row's codes are at most the model's features (the model caps top_k)."""
         if rows > self.serve.max_explain_rows:
-            raise oip.RequestError(413, f"{rows} rows with reason codes, more than "
+            why = " (scoring.explain is on: every request's rows have them)" if \
+                self.scoring.explain is not None else ""
+            raise oip.RequestError(413, f"{rows} rows with reason codes{why}, more than "
                                         f"serve.max_explain_rows ({self.serve.max_explain_rows})"
                                         ": send them in smaller requests")
 
-    def _answer_bounds(self, most: int) -> None:
+    def _answer_bounds(self, most: int, binary_possible: bool = True) -> None:
         """An answer's size, bounded before it is scored (issue 50: answers past 16 MiB were
         cut off, and rows, outputs and reason codes multiply)."""
         limit = self.serve.max_response_bytes
         if most > limit:
             raise oip.RequestError(413, f"the answer could take {most:,} bytes, more than "
                                         f"serve.max_response_bytes ({limit:,}): ask for fewer "
-                                        "rows, outputs or reason codes, or binary outputs")
+                                        "rows, outputs or reason codes" +
+                                        (", or binary outputs" if binary_possible else ""))
 
     def _score(self, m: _Model, req: oip.InferRequest):
         s = self.scoring
@@ -475,12 +481,14 @@ class Service:
             msg = pipeline.decode(rec)
         if isinstance(msg, InvalidMessage):
             status = 413 if msg.code == "too_large" else 400
-            return status, JSON, _error(f"{msg.code}: {msg.detail}"), []
+            # the pipeline is the stream's: its row bound is serve.max_rows here
+            detail = msg.detail.replace("delivery.max_message_rows", "serve.max_rows")
+            return status, JSON, _error(f"{msg.code}: {detail}"), []
         k = 0
         if self.scoring.explain is not None:  # every row explained
             self._explain_bounds(msg.rows)
             k = min(self.scoring.explain.top_k, m.model.n_features)
-        self._answer_bounds(arrow_answer_bound(m, msg.rows, k, len(body)))
+        self._answer_bounds(arrow_answer_bound(m, msg.rows, k, len(body)), False)
         pipeline.threads = 1 if msg.rows < SMALL_REQUEST_ROWS else self.threads
         outs, dead, stats = pipeline.process([(rec, msg)])
         if dead:
@@ -490,6 +498,14 @@ class Service:
         self.metrics.rows.inc(stats.rows)
         self.metrics.work_units.inc(stats.work_units)
         return 200, ARROW, outs[0].value, m.id_header
+
+
+def version_refused(name: str, version: str, m: _Model | None) -> str:
+    """The 404 for a version not served: which one is, and how a version is named."""
+    serves = f" (it serves {m.model.model_id}" if m is not None else " (it serves none yet"
+    short = "; a version is the model id or a prefix of 6 or more of its characters" if \
+        len(version) < 6 else ""
+    return f"model {name!r} has no version {version[:80]!r}{serves}{short})"
 
 
 def arrow_answer_bound(m: _Model, rows: int, k: int, body_bytes: int) -> int:
