@@ -396,3 +396,46 @@ def test_a_grpc_port_taken_or_shared_with_http_exits_2_naming_it(artifacts, tmp_
                                  capture_output=True, text=True, timeout=120)
             assert out.returncode == 2, out.stderr
             assert key in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_hostile_messages_are_refused_cheaply(gserver):
+    """From a hostile review: a message of empty tensors was read by grpc before the handler
+    (44x its size) and turned into documents before the tensor count was checked (8 s and
+    1.4 GiB a 4 MiB message); undecodable bytes got UNKNOWN and a traceback; a long name was
+    echoed into a message past gRPC's metadata limit."""
+    channel = grpc.insecure_channel(gserver.grpc)
+    call = channel.unary_unary(f"/{kserve_grpc.SERVICE}/ModelInfer",
+                               request_serializer=None, response_deserializer=None)
+    try:
+        before = _rss_mb(gserver.proc.pid)
+        t0 = time.monotonic()
+        empty = b"\x0a\x06binary" + b"\x2a\x00" * 500_000  # 500,000 empty inputs (1 MB)
+        with pytest.raises(grpc.RpcError) as e:
+            call(empty)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 4096" in e.value.details()
+        assert time.monotonic() - t0 < 2 and _rss_mb(gserver.proc.pid) - before < 200
+        for raw in (b"\xff\xff\xff", b"\x0a\x02\xc3\x28"):  # truncated; invalid UTF-8
+            with pytest.raises(grpc.RpcError) as e:
+                call(raw)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+            assert "not a ModelInferRequest" in e.value.details()
+        req = pb.ModelInferRequest(model_name="binary")
+        req.inputs.add(name="x" * 20_000, datatype="FP32", shape=[1, M.N_FEATURES])
+        req.raw_input_contents.append(b"\0" * 4 * M.N_FEATURES)
+        with pytest.raises(grpc.RpcError) as e:
+            call(req.SerializeToString())
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert len(e.value.details()) < 300
+    finally:
+        channel.close()
+    assert "Traceback" not in gserver.output()
+
+
+def _rss_mb(pid: int) -> float:
+    from pathlib import Path
+
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")

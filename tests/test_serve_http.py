@@ -590,3 +590,55 @@ def test_refusals_a_new_user_met_say_what_to_do(artifacts):  # noqa: F811
                                    .encode(), {}, _one_row())
     assert status == 200, out
     svc.close()
+
+
+# ---- what a hostile review of the new server found (each failed before its fix) ---------------
+
+def test_a_body_in_tiny_chunks_is_refused_before_it_costs(http):
+    """60 MiB of 2-byte chunks took 2 GiB (a bytes object a chunk) and froze the loop."""
+    before = _rss_mb(http.proc.pid)
+    got = b""
+    with socket.create_connection((http.host, http.port), timeout=10) as s:
+        s.sendall(_INFER + b"Content-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        with contextlib.suppress(OSError):
+            s.sendall(b"2\r\n11\r\n" * 600_000)
+        with contextlib.suppress(OSError):
+            got = s.recv(4096)
+    assert got.startswith(b"HTTP/1.1 400") and b"chunks are smaller" in got, got[:300]
+    assert _rss_mb(http.proc.pid) - before < 32
+    # chunks of a legitimate size: read, and small reads joined (not kept one by one)
+    body = _one_row(50)
+    data = b"".join(b"%x\r\n" % len(body[i:i + 100]) + body[i:i + 100] + b"\r\n"
+                    for i in range(0, len(body), 100)) + b"0\r\n\r\n"
+    with socket.create_connection((http.host, http.port), timeout=10) as s:
+        s.sendall(_INFER + b"Content-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + data)
+        head, out = _read_response(s)
+    assert head.startswith(b"HTTP/1.1 200"), (head, out[:300])
+
+
+def test_an_error_behind_pipelined_requests_is_answered_after_them(http):
+    """A bad request pipelined behind a good one: the good one's 200 was lost and the error
+    answered in its place (and a traceback logged a time)."""
+    good = _one_row()
+    with socket.create_connection((http.host, http.port), timeout=10) as s:
+        s.sendall(_INFER + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                  % len(good) + good + _INFER + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+        first, _ = _read_response(s)
+        second, _ = _read_response(s)
+    assert first.startswith(b"HTTP/1.1 200"), first
+    assert second.startswith(b"HTTP/1.1 400"), second
+    assert "write() after write_eof" not in http.output()
+
+
+def test_a_client_that_half_closes_gets_its_answer(http):
+    """uvicorn closed the connection at the client's FIN, losing the answer being found."""
+    body = _one_row(3000)
+    with socket.create_connection((http.host, http.port), timeout=10) as s:
+        s.sendall(_INFER + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body)
+        s.shutdown(socket.SHUT_WR)
+        head, out = _read_response(s)
+    assert head.startswith(b"HTTP/1.1 200") and len(json.loads(out)["outputs"][0]["data"]) \
+        == 3000

@@ -48,6 +48,8 @@ MAX_PIPELINED = 128  # requests read ahead of their answers; past it the connect
 SLACK = 64 << 10  # one read's worth beyond a bound before it is checked
 CHUNK_FRAMING = 16  # bytes a chunk's size line and CRLFs may take ("ffffffff\r\n" + "\r\n")
 BODY = "scoring_worker.body"  # the scope extension holding a request's body pieces
+PIECE_BYTES = 64 << 10  # body reads smaller than this are joined into pieces of it
+MIN_CHUNKS, MIN_CHUNK_BYTES = 4096, 64  # past 4,096 chunks, at least 64 bytes a chunk
 RESERVED_FILES = 64  # descriptors kept for the model, metrics, logs and the loop itself
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
@@ -101,6 +103,15 @@ class Bounds:
         self.refused_logged = 0.0
 
 
+def _settle(cycle) -> None:
+    """A request's body let go: its bytes leave the server's count (once)."""
+    held = getattr(cycle, "sw_held", None)
+    if held is not None:
+        cycle.sw_held = None
+        bounds, n = held
+        bounds.buffered -= n
+
+
 class BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the bounds above."""
 
@@ -121,11 +132,15 @@ class BoundedProtocol(HttpToolsProtocol):
         self.hosts = 0
         self.in_head = True
         self.head_done = False  # headers complete: what on_header gets now are trailers
-        self.buffered = 0  # this connection's body bytes in bounds.buffered
+        self.partial = 0  # the body being read: its bytes in bounds.buffered
         self.req_cycle = None  # the cycle made for the request being read
         self.linger = 0
         self.in_message = False
-        self.pieces: list[bytes] = []  # the request's body, as read
+        self.pieces: list[bytes] = []  # the request's body, as read (small reads joined)
+        self.small = bytearray()  # small reads, joined until PIECE_BYTES
+        self.in_flight: list = []  # cycles made and not yet answered, in order
+        self.deferred: tuple[int, str] | None = None  # an error answered after those
+        self.eof = False  # the client closed its side: answer what it asked, then close
 
     # ---- the connection ------------------------------------------------------------------
     def connection_made(self, transport):
@@ -163,7 +178,12 @@ class BoundedProtocol(HttpToolsProtocol):
         elif self.served is None:
             b.refusing -= 1
         self.served = False
-        self._release()
+        self._drop_partial()
+        for cycle, _ in self.pipeline:  # asked, never started: their bodies are let go
+            _settle(cycle)
+        for cycle in self.in_flight:
+            cycle.disconnected = True
+            cycle.message_event.set()
         for t in (self.timer, self.stall):
             if t is not None:
                 t.cancel()
@@ -194,17 +214,35 @@ class BoundedProtocol(HttpToolsProtocol):
         self.timer = None
         self._fail(408, "the request did not arrive within serve.request_timeout_ms")
 
-    def _release(self) -> None:
-        if self.buffered:
-            self.bounds.buffered -= self.buffered
-            self.buffered = 0
+    def _drop_partial(self) -> None:
+        """The body being read is given up: its bytes leave the server's count."""
+        if self.partial:
+            self.bounds.buffered -= self.partial
+            self.partial = 0
+        self.pieces, self.small = [], bytearray()
+
+    def eof_received(self):
+        # the client closed its side after its requests: they are answered, then the
+        # connection closed (uvicorn closed it at once, losing the answers being found)
+        if self.in_flight and not self.in_message:
+            self.eof = True
+            return True
+        return None
 
     def on_response_complete(self):
-        self._release()
+        if self.in_flight:
+            self.in_flight.pop(0)  # answers complete in the order asked
         if self.timer is not None and not self.in_message:  # keep-alive's timer now
             self.timer.cancel()
             self.timer = None
         super().on_response_complete()
+        if not self.in_flight:
+            if self.deferred is not None:  # an error after the answers before it
+                status, message = self.deferred
+                self.deferred = None
+                self._answer_error(status, message)
+            elif self.eof:
+                self.transport.close()
 
     def data_received(self, data: bytes):
         if self.closing:  # lingering after an error answer: what still comes is dropped
@@ -256,25 +294,29 @@ class BoundedProtocol(HttpToolsProtocol):
             self.flow.resume_reading()
 
     def _fail(self, status: int, message: str, route: str = "http") -> None:
-        """Answer ``status`` and close the connection (what was read of it is unusable)."""
+        """Answer ``status`` and close the connection (what was read of it is unusable),
+        after the answers to the requests before it, in their order (RFC 9112 9.3.2)."""
         if self.closing:
             return
         self.closing = True
-        self._release()
-        self.pipeline.clear()
-        b = self.bounds
-        b.metrics.answered(route, status)
-        cycle = self.cycle
-        if cycle is not None and cycle is not self.req_cycle and not cycle.response_complete:
-            # an earlier request is still being answered: an answer now would come before
-            # it; the connection is reset instead
-            cycle.disconnected = True
-            cycle.message_event.set()
-            self.transport.abort()
+        self._drop_partial()
+        self.bounds.metrics.answered(route, status)
+        mine = self.req_cycle
+        if mine is not None and not mine.response_complete:  # its application ends
+            mine.disconnected = True
+            mine.message_event.set()
+            if mine in self.in_flight:
+                self.in_flight.remove(mine)
+            if any(c is mine for c, _ in self.pipeline):
+                self.pipeline = type(self.pipeline)(x for x in self.pipeline
+                                                    if x[0] is not mine)
+                _settle(mine)
+        if self.in_flight:
+            self.deferred = (status, message)
             return
-        if self.req_cycle is not None:  # its application waits for the body: it ends
-            self.req_cycle.disconnected = True
-            self.req_cycle.message_event.set()
+        self._answer_error(status, message)
+
+    def _answer_error(self, status: int, message: str) -> None:
         self.transport.write(error_bytes(status, message))
         self._linger()
 
@@ -370,9 +412,16 @@ class BoundedProtocol(HttpToolsProtocol):
             raise httptools.HttpParserError("pipelined")
         super().on_headers_complete()
         self.req_cycle = self.cycle
+        self.in_flight.append(self.cycle)
 
     def on_chunk_header(self):
         self.chunks += 1
+        # llhttp calls back a chunk at a time: a body in tiny chunks costs the loop a call
+        # a byte (60 MiB of 2-byte chunks froze it for seconds)
+        if self.chunks > MIN_CHUNKS and self.body_size < MIN_CHUNK_BYTES * self.chunks:
+            self._fail(400, f"the body's chunks are smaller than {MIN_CHUNK_BYTES} bytes on "
+                            f"average (after {MIN_CHUNKS:,}): send larger chunks")
+            raise httptools.HttpParserError("tiny chunks")
 
     def on_body(self, body: bytes):
         n = len(body)
@@ -387,13 +436,30 @@ class BoundedProtocol(HttpToolsProtocol):
                             "try again", "infer")
             raise httptools.HttpParserError("busy")
         b.buffered += n
-        self.buffered += n
+        self.partial += n
         # kept as read, for the application to take whole when the message ends (its size
         # is bounded above): uvicorn's growing buffer and 64 KiB hand-overs copied it
-        # several times on the loop's thread, and a large body is joined off it
-        self.pieces.append(body)
+        # several times on the loop's thread, and a large body is joined off it; small reads
+        # are joined as they come (a bytes object a chunk took 30 times the body's memory)
+        if n >= PIECE_BYTES:
+            if self.small:
+                self.pieces.append(bytes(self.small))
+                self.small = bytearray()
+            self.pieces.append(body)
+        else:
+            self.small += body
+            if len(self.small) >= PIECE_BYTES:
+                self.pieces.append(bytes(self.small))
+                self.small = bytearray()
 
     def on_message_complete(self):
+        if self.small:
+            self.pieces.append(bytes(self.small))
+            self.small = bytearray()
+        # the body is the application's now: its bytes leave the count when it is done
+        # with them (_settle), not when the connection goes
+        self.cycle.sw_held = (self.bounds, self.partial)
+        self.partial = 0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -420,11 +486,44 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
-def heavy_lane() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(1, thread_name_prefix="serve-heavy", initializer=_lower_priority)
+class Busy(Exception):
+    """MAX_HEAVY_WAITING large requests wait for the lane already."""
 
 
-def make_app(service, lane: ThreadPoolExecutor | None = None):
+class Lane:
+    """The heavy lane: one thread (nice 10) answering large requests one at a time, HTTP's
+    and gRPC's alike, at most MAX_HEAVY_WAITING waiting (``Busy`` past it)."""
+
+    def __init__(self):
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="serve-heavy",
+                                           initializer=_lower_priority)
+        self.waiting = 0
+
+    async def run(self, fn, *args):
+        if self.waiting >= MAX_HEAVY_WAITING:
+            raise Busy
+        self.waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self.waiting -= 1
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def heavy_lane() -> Lane:
+    return Lane()
+
+
+def _unless_gone(cycle, handle, method, path, headers, pieces):
+    """``handle`` on the heavy lane, unless the client left while it waited (None)."""
+    if cycle is not None and cycle.disconnected:
+        return None
+    return handle(method, path, headers, pieces, True)
+
+
+def make_app(service, lane: Lane | None = None):
     """``service.handle`` as an ASGI application: the request's headers as they were when the
     head ended (trailers never reach it), its path as sent (absolute-form targets routed by
     their path), one answer with its length. A large request (a body past HEAVY_BODY, or past
@@ -433,10 +532,16 @@ def make_app(service, lane: ThreadPoolExecutor | None = None):
     more than MAX_HEAVY_WAITING of them waiting are answered 503 with Retry-After."""
     handle = service.handle
     explain_on = service.scoring.explain is not None
-    waiting = 0
 
     async def app(scope, receive, send):
-        nonlocal waiting
+        cycle = getattr(receive, "__self__", None)  # uvicorn's (its disconnected flag)
+        try:
+            await answer(scope, receive, send, cycle)
+        finally:
+            if cycle is not None:
+                _settle(cycle)
+
+    async def answer(scope, receive, send, cycle):
         headers: dict[bytes, bytes] = {}
         for k, v in scope["headers"]:
             if k in headers:  # a repeated header: its values joined, as HTTP says
@@ -454,17 +559,15 @@ def make_app(service, lane: ThreadPoolExecutor | None = None):
         method, path = scope["method"].encode(), scope["raw_path"]
         if lane is not None and (n > HEAVY_BODY or n > HEAVY_EXPLAINED and (
                 explain_on or any(b"reason_" in p for p in pieces))):
-            if waiting >= MAX_HEAVY_WAITING:
+            try:
+                got = await lane.run(_unless_gone, cycle, handle, method, path, headers,
+                                     pieces)
+            except Busy:
                 service.metrics.answered("infer", 503)
-                status, ctype, out, extra = 503, b"application/json", _BUSY, [
-                    (b"retry-after", b"1")]
-            else:
-                waiting += 1
-                try:
-                    status, ctype, out, extra = await asyncio.get_running_loop(
-                    ).run_in_executor(lane, handle, method, path, headers, pieces, True)
-                finally:
-                    waiting -= 1
+                got = 503, b"application/json", _BUSY, [(b"retry-after", b"1")]
+            if got is None:  # the client left while the request waited: not done
+                return
+            status, ctype, out, extra = got
         else:
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             status, ctype, out, extra = handle(method, path, headers, body)

@@ -17,16 +17,17 @@ INTERNAL) with the message HTTP would give.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import time
 
 import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 from .. import __version__
 from . import oip
+from .http import MAX_HEAVY_WAITING, Busy
 
 SERVICE = "inference.GRPCInferenceService"
 METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
@@ -163,6 +164,9 @@ def to_doc(request) -> tuple[dict, bytes]:
         raise oip.bad(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
     inputs, blobs = [], []
     for i, t in enumerate(request.inputs):
+        if len(t.name.encode()) > oip.MAX_NAME or len(t.datatype) > 16:
+            raise oip.bad(f"inputs[{i}]: a name of at most {oip.MAX_NAME} bytes and a datatype "
+                          "of the protocol's are needed")
         d = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         params = {k: _param(v) for k, v in t.parameters.items()}
         has = [f.name for f, _ in t.contents.ListFields()] if t.HasField("contents") else []
@@ -274,18 +278,29 @@ class Handlers:
         arrays = svc.infer_tensors(m, req)
         return to_response(svc.name, m.model.model_id, req, arrays)
 
-    async def ModelInfer(self, request, context):  # noqa: N802
+    def _infer_raw(self, raw: bytes):
+        """A ModelInferRequest's bytes read (here, not by grpc before the handler: a message
+        of two million empty tensors took 176 MiB to read, and 64 calls were read at once),
+        its tensors counted before anything is built from them, then scored."""
+        request = _parse("ModelInferRequest", raw)
+        if len(request.inputs) > oip.MAX_TENSORS or len(request.outputs) > oip.MAX_TENSORS:
+            raise oip.bad(f"{len(request.inputs)} inputs and {len(request.outputs)} outputs: "
+                          f"at most {oip.MAX_TENSORS} of each")
+        m = self._model_for(request.model_name, request.model_version)
+        return self._infer(request, m)
+
+    async def ModelInfer(self, raw: bytes, context):  # noqa: N802
         svc = self.service
         t0 = time.perf_counter()
         try:
-            m = self._model_for(request.model_name, request.model_version)
-            if request.ByteSize() > HEAVY_MESSAGE or any(
-                    o.name.startswith("reason_") for o in request.outputs) or (
-                    svc.scoring.explain is not None and request.ByteSize() > 2048):
-                out = await asyncio.get_running_loop().run_in_executor(
-                    self.lane, self._infer, request, m)
+            if len(raw) > HEAVY_MESSAGE or b"reason_" in raw or (
+                    svc.scoring.explain is not None and len(raw) > 2048):
+                out = await self.lane.run(self._infer_raw, raw)
             else:
-                out = self._infer(request, m)
+                out = self._infer_raw(raw)
+        except Busy:
+            return await self._fail(context, 503, f"{MAX_HEAVY_WAITING} large requests wait "
+                                                  "to be answered: try again")
         except oip.RequestError as exc:
             return await self._fail(context, exc.status, exc.message)
         except Exception as exc:  # noqa: BLE001 (one request never stops the server)
@@ -298,10 +313,29 @@ class Handlers:
         return out
 
 
+def _parse(message: str, raw: bytes):
+    """``raw`` as the protocol's ``message``, or a 400 saying it is not one."""
+    try:
+        return M[message].FromString(raw)
+    except DecodeError as exc:
+        raise oip.bad(f"not a {message} (protobuf): {str(exc)[:200]}") from None
+
+
 def _handlers(h: Handlers) -> grpc.GenericRpcHandler:
     def unary(name: str, req: str, resp: str):
+        if name == "ModelInfer":  # read in its handler (Handlers._infer_raw)
+            handler = h.ModelInfer
+        else:
+            fn = getattr(h, name)
+
+            async def handler(raw, context, fn=fn, req=req):
+                try:
+                    request = _parse(req, raw)
+                except oip.RequestError as exc:
+                    return await h._fail(context, exc.status, exc.message)
+                return await fn(request, context)
         return grpc.unary_unary_rpc_method_handler(
-            getattr(h, name), request_deserializer=M[req].FromString,
+            handler, request_deserializer=None,
             response_serializer=M[resp].SerializeToString)
 
     return grpc.method_handlers_generic_handler(SERVICE, {
@@ -315,8 +349,13 @@ def server_options(serve, reuse_port: bool) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", serve.grpc_max_message_bytes),
             ("grpc.max_send_message_length", serve.max_response_bytes),
             ("grpc.max_metadata_size", serve.max_header_bytes),
-            ("grpc.max_concurrent_streams", 100),
+            # one connection holds at most 16 of the calls at once, and is recycled (GOAWAY,
+            # then request_timeout_ms for what it has in flight) after keepalive_timeout_ms:
+            # a call whose message never comes holds its slot that long at most
+            ("grpc.max_concurrent_streams", 16),
             ("grpc.max_connection_idle_ms", serve.keepalive_timeout_ms),
+            ("grpc.max_connection_age_ms", serve.keepalive_timeout_ms),
+            ("grpc.max_connection_age_grace_ms", serve.request_timeout_ms),
             ("grpc.server_handshake_timeout_ms", serve.request_timeout_ms),
             ("grpc.http2.max_ping_strikes", 2),
             ("grpc.so_reuseport", int(reuse_port))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -100,6 +101,12 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
             conn.shutdown()
         if state.tasks:
             await asyncio.wait(list(state.tasks), timeout=SHUTDOWN_S)
+        # requests still on the heavy lane after SHUTDOWN_S: given up, not logged as
+        # uvicorn's errors (their clients see the connection close)
+        logging.getLogger("uvicorn.error").disabled = True
+        service.close()  # the JSON parsing process first: a parse under way ends
+        for task in list(state.tasks):
+            task.cancel()
         for conn in list(state.connections):
             conn.transport.abort()
         loader.cancel()
@@ -108,7 +115,7 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
     try:
         loop.run_until_complete(main())
     finally:
-        lane.shutdown(wait=False, cancel_futures=True)
+        lane.shutdown()
         service.close()
         loop.close()
     return result["code"]
