@@ -222,22 +222,26 @@ def test_the_connection_cap_fits_the_open_file_limit(artifacts, tmp_path):  # no
                open_files=256)
     held = []
     try:
-        assert re.search(r"serve\.max_connections.*open-file limit", s.output()), s.output()
-        for _ in range(300):
-            with contextlib.suppress(OSError):
-                held.append(socket.create_connection((s.host, s.port), timeout=5))
-        time.sleep(1.0)  # those answered 503 closed (their lingering is short)
-        with socket.create_connection((s.host, s.port), timeout=5) as c:
-            c.sendall(_LIVE)
-            got = c.recv(4096)
-        assert got.startswith(b"HTTP/1.1 503"), got[:200]
+        _cap_refuses(s, held)
     finally:
         for c in held:
             c.close()
-    time.sleep(0.3)
-    text = get(s, "/metrics")[1].decode()
+        time.sleep(0.3)
+        text = get(s, "/metrics")[1].decode()
+        assert s.stop() == 0
     assert re.search(r"serve_connections_refused_total [1-9]", text)
-    assert s.stop() == 0
+
+
+def _cap_refuses(s, held: list) -> None:
+    assert re.search(r"serve\.max_connections.*open-file limit", s.output()), s.output()
+    for _ in range(300):
+        with contextlib.suppress(OSError):
+            held.append(socket.create_connection((s.host, s.port), timeout=5))
+    time.sleep(1.0)  # those answered 503 closed (their lingering is short)
+    with socket.create_connection((s.host, s.port), timeout=5) as c:
+        c.sendall(_LIVE)
+        got = c.recv(4096)
+    assert got.startswith(b"HTTP/1.1 503"), got[:200]
 
 
 # ---- fault 11: RFC 9112 --------------------------------------------------------------------
