@@ -384,6 +384,11 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
             res.setdefault("answers", {})[kind] = first["outputs"][0]["data"][0]
             measure(f"{kind} 1-row json", s, body1, "application/json")
             measure(f"{kind} 1-row json missing", s, body1m, "application/json")
+            if kind == "before":
+                b, hl = binary_body(thousand)
+                measure("before 1000-row binary", s, b, "application/octet-stream", hlen=hl)
+                measure("before 1000-row arrow", s, arrow_body(thousand, names),
+                        "application/vnd.apache.arrow.stream")
             if kind == "ours":
                 top = runs["ours 1-row json"]["rps"]
                 # half the maximum rate: 8 connections, each waiting d ms between requests
