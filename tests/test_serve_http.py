@@ -34,6 +34,17 @@ def _one_row(n: int = 1) -> bytes:
                                    "data": [0.5] * (n * M.N_FEATURES)}]}).encode()
 
 
+def _binary_request(rows: int) -> bytes:
+    """A whole HTTP request of ``rows`` rows as binary tensors (JSON answer)."""
+    X = np.full((rows, M.N_FEATURES), 0.5, np.float32).tobytes()
+    head = json.dumps({"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES],
+                                   "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(X)}}]}).encode()
+    return (_INFER + b"Content-Type: application/octet-stream\r\n"
+            b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+            % (len(head), len(head) + len(X)) + head + X)
+
+
 def _read_response(s: socket.socket, timeout: float = 10.0) -> tuple[bytes, bytes]:
     """One whole response from ``s`` (Content-Length framed): (head, body)."""
     s.settimeout(timeout)
@@ -66,14 +77,8 @@ def http(artifacts, tmp_path_factory):  # noqa: F811
 def test_an_answer_over_16_mib_arrives_whole(http):
     """Fault 2: a 200 with the full Content-Length was cut off past 16 MiB of answer."""
     rows = 520_000
-    X = np.full((rows, M.N_FEATURES), 0.5, np.float32).tobytes()
-    head = json.dumps({"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES],
-                                   "datatype": "FP32",
-                                   "parameters": {"binary_data_size": len(X)}}]}).encode()
     with socket.create_connection((http.host, http.port), timeout=30) as s:
-        s.sendall(_INFER + b"Content-Type: application/octet-stream\r\n"
-                  b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
-                  % (len(head), len(head) + len(X)) + head + X)
+        s.sendall(_binary_request(rows))
         h, body = _read_response(s, 60)
     assert h.startswith(b"HTTP/1.1 200"), h
     assert len(body) > 16 << 20
@@ -178,18 +183,11 @@ def test_expect_100_continue(http):
 
 def test_no_408_after_an_answer_read_slowly(http):
     """Fault 7: an answer read slowly was followed by a 408 no request asked for."""
-    rows = 300_000
-    X = np.full((rows, M.N_FEATURES), 0.5, np.float32).tobytes()
-    head = json.dumps({"inputs": [{"name": "x", "shape": [rows, M.N_FEATURES],
-                                   "datatype": "FP32",
-                                   "parameters": {"binary_data_size": len(X)}}]}).encode()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect((http.host, http.port))
     try:
-        s.sendall(_INFER + b"Content-Type: application/octet-stream\r\n"
-                  b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
-                  % (len(head), len(head) + len(X)) + head + X)
+        s.sendall(_binary_request(300_000))
         time.sleep(2.0)  # past request_timeout_ms with the answer unread
         h, body = _read_response(s, 10)
         assert h.startswith(b"HTTP/1.1 200")
