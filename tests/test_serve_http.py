@@ -45,6 +45,19 @@ def _binary_request(rows: int) -> bytes:
             % (len(head), len(head) + len(X)) + head + X)
 
 
+def _zeros_arrow(rows: int) -> bytes:
+    """An Arrow IPC stream of ``rows`` rows of zeros, one column a feature."""
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(np.zeros(rows, np.float32)) for _ in range(M.N_FEATURES)],
+        names=[f"feat_{i}" for i in range(M.N_FEATURES)])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
 def _read_response(s: socket.socket, timeout: float = 10.0) -> tuple[bytes, bytes]:
     """One whole response from ``s`` (Content-Length framed): (head, body)."""
     s.settimeout(timeout)
@@ -286,19 +299,11 @@ def test_http_1_0_keep_alive_is_said_or_closed(http):
 # ---- fault 12: the body kinds agree ---------------------------------------------------------
 
 def test_zero_rows_are_answered_alike_in_json_and_arrow(http):
-    import pyarrow as pa
 
     status_json, _, out = post(http, "/v2/models/binary/infer", json.dumps(
         {"inputs": [{"name": "x", "shape": [0, M.N_FEATURES], "datatype": "FP32",
                      "data": []}]}).encode())
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(np.zeros(0, np.float32)) for _ in range(M.N_FEATURES)],
-        names=[f"feat_{i}" for i in range(M.N_FEATURES)])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
-    status_arrow, _, out_arrow = post(http, "/v2/models/binary/infer",
-                                      sink.getvalue().to_pybytes(),
+    status_arrow, _, out_arrow = post(http, "/v2/models/binary/infer", _zeros_arrow(0),
                                       {"Content-Type": "application/vnd.apache.arrow.stream"})
     assert status_json == status_arrow == 400, (status_json, out, status_arrow, out_arrow)
 
@@ -573,17 +578,10 @@ def test_pipelined_requests_at_the_bound(http):
 def test_refusals_a_new_user_met_say_what_to_do(artifacts):  # noqa: F811
     """From a new user's walkthrough: an Arrow body over serve.max_rows named the stream's
     delivery.max_message_rows; a version prefix under 6 characters did not say why."""
-    import pyarrow as pa
 
     svc = _service(artifacts, max_rows=100)
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(np.zeros(101, np.float32)) for _ in range(M.N_FEATURES)],
-        names=[f"feat_{i}" for i in range(M.N_FEATURES)])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
     status, _, out, _ = svc.handle(b"POST", b"/v2/models/m/infer", {
-        b"content-type": b"application/vnd.apache.arrow.stream"}, sink.getvalue().to_pybytes())
+        b"content-type": b"application/vnd.apache.arrow.stream"}, _zeros_arrow(101))
     assert status == 413 and b"serve.max_rows (100)" in out and b"delivery" not in out, out
     model_id = svc.current.model.model_id
     status, _, out, _ = svc.handle(b"POST", f"/v2/models/m/versions/{model_id[:4]}/infer"
