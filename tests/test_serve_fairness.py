@@ -2,8 +2,8 @@
 connection is timed alone, then while each attack the issue reproduced runs against the same
 `scoring-worker serve` (explanations at serve.max_explain_rows, JSON at serve.max_json_bytes,
 16 MiB of nested empty arrays, endless trailers, a thousand silent connections, clients that
-pipeline and never read): its p99 stays within 10x its idle p99, and none of its requests
-fails.
+pipeline and never read): its p99 stays within 10x its idle p99 (or 5 ms, whichever is
+more), and none of its requests fails.
 
 The attacks run in a process of their own at the lowest CPU priority (an attacker is another
 machine; here it shares the two cores), the server as it runs in production."""
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.alone  # timed: nothing runs beside it (tests/run.sh)
 
 N_FEATURES = 32
 IDLE_S, ATTACK_S = 3.0, 4.0
+FLOOR_S = 0.005
 
 
 @pytest.fixture(scope="module")
@@ -215,4 +216,8 @@ def test_a_good_client_is_answered_while_an_attack_runs(server, idle_p99, kind):
     print(f"{kind}: idle p99 {idle_p99 * 1e3:.2f} ms, under attack p99 {p99 * 1e3:.2f} ms "
           f"(max {max(lat) * 1e3:.1f} ms, {len(lat)} requests, {failed} failed)")
     assert failed == 0
-    assert p99 <= 10 * idle_p99, (kind, p99, idle_p99)
+    # 10x the idle p99, and no less than FLOOR_S: on a machine quicker at one-row requests the
+    # fixed GIL holds of a large request (a 16 MiB body's copy, a few ms) would count against
+    # a smaller idle figure (here the attacks measured 5-7x: bench/SERVE-FAIRNESS.md; before
+    # issue 50, 900-11,000x)
+    assert p99 <= max(10 * idle_p99, FLOOR_S), (kind, p99, idle_p99)
