@@ -414,7 +414,7 @@ def replay_cmd(input_path, config_path, model_path, shadow_path, output, topic, 
               "sections apply.")
 def serve_cmd(model_path, name, host, port, workers, grpc_port, config_path) -> None:
     """Synchronous scoring over the Open Inference Protocol (KServe v2): JSON, binary tensors
-    and Arrow bodies at POST /v2/models/NAME/infer."""
+    and Arrow bodies at POST /v2/models/NAME/infer, and its gRPC half with --grpc-port."""
     from . import startup
     from .config import ConfigError, load_settings
     from .serve.server import serve_workers
