@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import worker
 from tests import models as M
-from tests.test_serve import NAMES, Server, artifacts, get  # noqa: F401 (fixture)
+from tests.test_serve import NAMES, Server, _rss_mb, artifacts, get  # noqa: F401 (fixture)
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 import grpc  # noqa: E402
@@ -431,11 +431,3 @@ def test_hostile_messages_are_refused_cheaply(gserver):
         channel.close()
     assert "Traceback" not in gserver.output()
 
-
-def _rss_mb(pid: int) -> float:
-    from pathlib import Path
-
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
