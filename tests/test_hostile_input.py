@@ -776,3 +776,35 @@ def test_a_message_of_several_batches_after_its_schema_is_cached_keeps_every_row
     assert got.num_rows == 6
     for name in demo.FEATURES:
         assert got.column(name).to_pylist() == t.column(name).to_pylist()[:6]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("primed", [True, False])
+@pytest.mark.parametrize("tail", ["second_stream", "garbage", "short"])
+def test_bytes_after_the_stream_are_refused_not_dropped(native, primed, tail):
+    # before: pyarrow's stream reader stops at the end-of-stream marker, so a message of two
+    # concatenated streams (a producer that appends) was scored from the first alone and the
+    # second's rows were dropped without a word
+    first, second = _pair(5)
+    extra = {"second_stream": second, "garbage": b"garbage" * 3, "short": b"\x00\x00"}[tail]
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, native=native)
+    if primed:
+        assert dec.decode(first).num_rows == 5
+    body = first + extra
+    with pytest.raises(codec.InvalidMessage, match="^not_arrow.*bytes after"):
+        dec.decode(body)
+    assert dec.decode(first).num_rows == 5  # the stream alone is read
+
+
+def test_a_message_of_two_streams_is_dead_lettered_by_replay(tmp_path):
+    first, second = _pair(5)
+    rec = _recording(tmp_path / "in.arrows", [first, first + second, second])
+    out = tmp_path / "out.arrows"
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "replay", str(rec), "--model",
+                           str(MODEL), "--output", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert len(list(read_records(out))) == 2
+    (dead,) = read_records(tmp_path / "out-dlq.arrows")
+    assert dict(dead.headers)["error_code"] == b"not_arrow"
+    assert dead.value == first + second

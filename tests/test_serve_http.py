@@ -302,6 +302,17 @@ def test_zero_rows_are_answered_alike_in_json_and_arrow(http):
     assert status_json == status_arrow == 400, (status_json, out, status_arrow, out_arrow)
 
 
+def test_an_arrow_body_of_two_streams_is_refused_not_scored_from_the_first(http):
+    # before: 200 with the first stream's rows; the second's were never read
+    one = _zeros_arrow(3)
+    status, _, out = post(http, "/v2/models/binary/infer", one + _zeros_arrow(4),
+                          {"Content-Type": "application/vnd.apache.arrow.stream"})
+    assert status == 400 and b"bytes after the end-of-stream" in out, (status, out)
+    status, _, _ = post(http, "/v2/models/binary/infer", one,
+                        {"Content-Type": "application/vnd.apache.arrow.stream"})
+    assert status == 200
+
+
 def test_an_integer_in_an_fp64_tensor_is_read_as_binary_fp64_reads_it(http):
     """Fault 12: JSON rounded 2^53 + 1 once to float32, binary FP64 through float64."""
     from worker.serve import oip

@@ -327,7 +327,11 @@ def _headers_walk(value: bytes, limit: int) -> int:
             if length == -1:  # the continuation marker, then the length
                 length = struct.unpack_from("<i", value, pos)[0]
                 pos += 4
-            if length == 0:  # end of stream
+            if length == 0:  # end of stream: the message ends with it (a second stream
+                # after it, or any other bytes, would go unread: refused, not dropped)
+                if pos != n:
+                    raise _Framing(f"{n - pos} bytes after the end-of-stream marker (one "
+                                   "stream a message)")
                 break
             if length < 0 or length > n - pos:
                 raise _Framing("a message is longer than the stream")
@@ -392,6 +396,9 @@ def _headers_walk(value: bytes, limit: int) -> int:
                     if work > limit:
                         raise _TooMuch(_SHARED.format(limit=limit))
             pos += body
+        else:
+            if pos != n:  # 1-3 bytes left: not a message's length
+                raise _Framing(f"{n - pos} bytes after the last message")
     except (struct.error, IndexError):
         raise _Framing("a message header outside the stream") from None
     return total, work
