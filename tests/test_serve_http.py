@@ -651,3 +651,35 @@ def test_a_client_that_half_closes_gets_its_answer(http):
         head, out = _read_response(s)
     assert head.startswith(b"HTTP/1.1 200") and len(json.loads(out)["outputs"][0]["data"]) \
         == 20_000
+
+
+def test_a_small_answer_is_one_write_and_head_answers_stay_whole(http):
+    """A small answer's head and body leave in one write (uvicorn writes them apart: two
+    segments, two wakeups of the client); HEAD answers (no body write) and Connection:
+    close answers are still whole and in order."""
+    body = _one_row()
+    req = _INFER + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(
+        body) + body
+    whole = 0
+    with socket.create_connection(("127.0.0.1", http.port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(10)
+        for _ in range(40):
+            s.sendall(req)
+            first = s.recv(65536)  # blocked until the first segment arrives
+            head, _, rest = first.partition(b"\r\n\r\n")
+            n = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
+            whole += len(rest) == n
+            while len(rest) < n:
+                rest += s.recv(65536)
+            assert json.loads(rest)["outputs"], rest[:200]
+    assert whole >= 36, f"{whole} of 40 answers arrived whole in their first segment"
+    with socket.create_connection(("127.0.0.1", http.port)) as s:
+        s.sendall(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" + _LIVE +
+                  b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = b""
+        s.settimeout(10)
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.count(b"HTTP/1.1 200 OK") == 3, got
+    assert b"connection: close" in got.rpartition(b"HTTP/1.1 200 OK")[2].lower(), got

@@ -577,12 +577,59 @@ def make_app(service, lane: Lane | None = None):
         else:
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             status, ctype, out, extra = handle(method, path, headers, body)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", ctype),
-                                (b"content-length", b"%d" % len(out)), *extra]})
-        await send({"type": "http.response.body", "body": out})
+        start = {"type": "http.response.start", "status": status,
+                 "headers": [(b"content-type", ctype), (b"content-length", b"%d" % len(out)),
+                             *extra]}
+        if cycle is None or len(out) > COALESCE or cycle.disconnected or method == b"HEAD":
+            await send(start)
+            await send({"type": "http.response.body", "body": out})
+            return
+        # a small answer in one write: uvicorn writes the head and the body apart (two
+        # sends, two segments); its writes go through _Coalesced while it sends them
+        real = cycle.transport
+        cycle.transport = _Coalesced(real)
+        try:
+            await send(start)
+            await send({"type": "http.response.body", "body": out})
+        finally:
+            cycle.transport.flush()
+            cycle.transport = real
 
     return app
+
+
+COALESCE = 64 * 1024  # answers up to this size are written with their head in one write
+
+
+class _Coalesced:
+    """A transport for one answer: its first write (the head) held until the second (the
+    body) and written with it; anything else is the real transport's."""
+
+    __slots__ = ("_real", "_held")
+
+    def __init__(self, real):
+        self._real = real
+        self._held = None
+
+    def write(self, data) -> None:
+        if self._held is None:
+            self._held = bytes(data)
+            return
+        head, self._held = self._held, b""
+        self._real.write(head + data if head else data)
+
+    def flush(self) -> None:
+        """The head, if no body followed it (the client gone: nothing)."""
+        if self._held and not self._real.is_closing():
+            self._real.write(self._held)
+        self._held = b""
+
+    def close(self) -> None:
+        self.flush()
+        self._real.close()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 def protocol_for(service, loop):

@@ -92,13 +92,20 @@ class ServeMetrics:
         # the seconds histogram's children, looked up once
         self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow", "grpc")}
         self._counts: dict[tuple[str, int], object] = {}
+        self._missing: dict[str, object] = {}  # feature name -> its missing counter's child
 
     def count_features(self, names: list[str], X: np.ndarray, unseen: dict) -> None:
-        """A request's missing values and unknown category names, by feature."""
-        if X.size and np.isnan(X).any():
-            counts = np.count_nonzero(np.isnan(X), axis=0)
+        """A request's missing values and unknown category names, by feature (the children
+        looked up once a name: a one-row request's lookups cost more than its scoring)."""
+        nan = np.isnan(X)
+        if nan.any():
+            counts = nan.sum(axis=0) if len(X) > 1 else nan[0]
+            children = self._missing
             for j in np.flatnonzero(counts).tolist():
-                self.feature_missing.labels(names[j]).inc(int(counts[j]))
+                c = children.get(names[j])
+                if c is None:
+                    c = children[names[j]] = self.feature_missing.labels(names[j])
+                c.inc(int(counts[j]))
         for j, n in unseen.items():
             if n > 0:
                 self.feature_unseen.labels(names[j]).inc(n)
