@@ -176,8 +176,17 @@ def check_cmd(config_path, sample_path, model_path) -> None:
               help="Accept an ONNX model with a double input whose thresholds are not float32 "
                    "values: exact for inputs that are float32 values (the worker stages "
                    "float32).")
+@click.option("--reference", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Training rows (.parquet, .arrow, .csv; columns by feature name) profiled "
+                   "into the artifact for flight monitoring (drift, missing rates, score "
+                   "health).")
+@click.option("--bins", type=click.IntRange(2, 100), default=10, show_default=True,
+              help="Quantile bins a feature in the reference profile.")
+@click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
+              help="Decision threshold of the profile's band rates (repeat for several).")
 def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle: bool,
-                float32_inputs: bool) -> None:
+                float32_inputs: bool, reference: str | None, bins: int,
+                thresholds: tuple) -> None:
     """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb), a CatBoost
     model (.cbm or its .json export), an ONNX tree ensemble (.onnx) or a scikit-learn
     estimator file (.skops, read with an allow-list of tree-ensemble types; joblib/pickle only
@@ -194,7 +203,10 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
                    err=True)
     try:
         model = compile_model(source, layout=layout, trust_pickle=trust_pickle, kernel=kernel,
-                              float32_inputs=float32_inputs)
+                              float32_inputs=float32_inputs, reference=reference, bins=bins,
+                              thresholds=thresholds)
+    except (KeyError, TypeError) as exc:  # the reference's columns
+        raise click.ClickException(f"cannot profile {reference}: {exc}") from None
     except UnsupportedModelError as exc:
         raise click.ClickException(f"cannot compile {source}: {exc}") from None
     except ValueError as exc:  # e.g. a forced layout or kernel the model cannot take
@@ -208,6 +220,36 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
                + (f"; per probe row: {timed}" if timed else "") + f"), model id {model_id}")
     for note in model.meta.get("notes") or []:  # what the compile chose that scores differ by
         click.echo(f"  note: {note}")
+
+
+@main.command("profile")
+@click.argument("model_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--reference", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Training rows (.parquet, .arrow, .csv; columns by feature name).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the artifact with its profile (the same model id).")
+@click.option("--bins", type=click.IntRange(2, 100), default=10, show_default=True,
+              help="Quantile bins a feature.")
+@click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
+              help="Decision threshold of the profile's band rates (repeat for several).")
+def profile_cmd(model_path: str, reference: str, output: str, bins: int,
+                thresholds: tuple) -> None:
+    """Add a reference profile (flight monitoring's baseline) to a compiled model."""
+    from .model.artifact import ArtifactError
+    from .model.compile import reference_rows
+    from .model.compiled import load_model
+
+    try:
+        model = load_model(model_path).with_reference(reference_rows(reference), bins,
+                                                      thresholds)
+    except ArtifactError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise click.ClickException(f"cannot profile {reference}: {exc}") from None
+    model_id = model.save(output)
+    p = model.reference
+    click.echo(f"{output}: reference of {p.rows:,} rows, {len(p.n_edges)} features in up to "
+               f"{bins} bins, model id {model_id} (unchanged)")
 
 
 @main.command("score")

@@ -515,6 +515,22 @@ class MetricsConfig(_Section):
     """Bind address of the metrics server (loopback by default)."""
 
 
+class MonitoringConfig(_Section):
+    """Flight monitoring (issue 51): the scored rows and scores against the model's reference
+    profile (`compile --reference`), counted in the scoring pass."""
+    enabled: bool | None = None
+    """On, off, or (unset) on where the model artifact carries a reference profile."""
+    window_s: float = Field(60.0, gt=0, le=86_400)
+    """Seconds a window: PSI, missing and out-of-range rates are computed over each."""
+    alert_psi: float = Field(0.25, gt=0, le=100)
+    """A feature's or the score's PSI over a window at or above this logs a warning."""
+    alert_missing_jump: float = Field(0.2, gt=0, le=1)
+    """A feature's missing rate over a window this far above the reference's logs a
+    warning."""
+    min_rows: int = Field(100, ge=1, le=10_000_000)
+    """Windows of fewer scored rows are counted but not judged (no PSI, no warning)."""
+
+
 class ServeConfig(_Section):
     """`scoring-worker serve` (its flags win over this section)."""
 
@@ -595,6 +611,7 @@ class Settings(BaseSettings):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")

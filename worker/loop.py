@@ -9,12 +9,14 @@ import time
 import numpy as np
 import structlog
 
+from . import monitoring
 from .config import Settings
 from .formats import InvalidMessage, Message
 from .io import BatchRolledBack
 from .io.records import Record
 from .metrics import Metrics, observe_many
 from .model.compiled import CompiledModel
+from .monitoring import Monitor
 from .pipeline import BatchStats, Pipeline
 from .report import ScoreSample
 
@@ -42,6 +44,10 @@ class Worker:
             self.pipeline.max_dead_bytes = limits.get(sink.dead_letter_topic)
             self.pipeline.max_shadow_bytes = limits.get(settings.sink.shadow_topic)
         self.progress = progress
+        # flight monitoring: the live model's window and totals (None: off or no profile)
+        self.monitor = Monitor(model, settings) if monitoring.enabled(model, settings) \
+            else None
+        self.metrics.registry.register(monitoring.Collector(lambda: self.monitor))
         self.totals = BatchStats()
         self.sample = ScoreSample()
         # messages polled past a batch bound, decoded, for the next batch
@@ -199,6 +205,8 @@ class Worker:
                     self._pending[1].result()  # an error escaped: the commit ends, unused
                     self._pending = None
                 committer.shutdown(wait=True)
+        if self.monitor is not None:  # the last window, however short (judged if enough rows)
+            self.monitor.close()
         return 0
 
     def _observe_shadow(self, stats: BatchStats) -> None:
@@ -225,6 +233,11 @@ class Worker:
         old = self.model
         self.pipeline = self.pipeline.with_model(model, self.settings)
         self.model = model
+        # the new model's reference applies from its first batch; the old window is judged
+        if self.monitor is not None:
+            self.monitor.close()
+        self.monitor = Monitor(model, self.settings) \
+            if monitoring.enabled(model, self.settings) else None
         self._held = [(rec, None) for rec, _ in self._held]
         m = self.metrics
         m.model_info.labels(old.model_id, "live").set(0)
@@ -366,6 +379,8 @@ class Worker:
             observe_many(m.end_to_end_seconds, np.maximum(now - stamps / 1000, 0.0))
         if self.pipeline.shadow is not None or stats.shadow_pairs is not None:
             self._observe_shadow(stats)
+        if self.monitor is not None:
+            self.monitor.add(stats)
         m.beat()
         for score, work in stats.scores:
             self.sample.add(score, work)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from . import chaos
+from . import chaos, monitoring
 from .config import Settings
 from .formats import (
     Format,
@@ -60,6 +60,10 @@ class BatchStats:
     # missing), "absent" (optional fields absent), "unseen" (categories the model does not
     # know) or "refused:<reason>" (messages dead-lettered for that feature)
     features: Tally = field(default_factory=Tally)
+    # flight monitoring (worker/monitoring.py): the scored rows' counts against the model's
+    # reference profile (features x bins, missing, out of range) and the scores' bins
+    monitor: np.ndarray | None = None
+    score_bins: np.ndarray | None = None
 
     def add(self, other: BatchStats) -> None:
         """Add ``other``'s scored-row counts (messages and dead letters are the caller's)."""
@@ -80,6 +84,12 @@ class BatchStats:
         self.shadow_errors += other.shadow_errors
         _keep_top(self.top_reasons, other.top_reasons)
         self.features.update(other.features)
+        if other.monitor is not None:
+            if self.monitor is None or self.monitor.shape != other.monitor.shape:
+                self.monitor, self.score_bins = other.monitor.copy(), other.score_bins.copy()
+            else:
+                self.monitor += other.monitor
+                self.score_bins += other.score_bins
 
     def count_features(self, kind: str, counts, names: list[str]) -> None:
         """Add per-feature ``counts`` (in ``names``' order) of ``kind``."""
@@ -195,6 +205,7 @@ class Pipeline:
         self.max_out_bytes = self.max_dead_bytes = self.max_shadow_bytes = None
         self.shadow: Shadow | None = None
         self.row_cost, self.id_factor = self._costs()
+        self.monitoring = monitoring.enabled(model, settings) and model.reference is not None
 
     def _costs(self) -> tuple[int, int]:
         """What scoring a row and writing its output take beyond its decoded size (which the
@@ -335,6 +346,12 @@ class Pipeline:
                     self._isolated([i], out)
             return
         self._encode(g, r, members, out)
+        if self.monitoring:
+            try:
+                monitoring.count(self.model, g.X, r.score, out.stats)
+            except Exception as exc:  # noqa: BLE001 (monitoring never stops scoring)
+                self.monitoring = False
+                log.error("flight monitoring stops", error=str(exc)[:300])
         if self.shadow is not None:
             self._shadow(g, r, members, out)
 

@@ -13,6 +13,10 @@ def read_table(path: str | Path) -> pa.Table:
         import pyarrow.parquet as pq
 
         return pq.read_table(path)
+    if path.suffix == ".csv":  # a reference profile's rows (compile --reference)
+        import pyarrow.csv as pcsv
+
+        return pcsv.read_csv(path)
     with pa.memory_map(str(path)) as source:
         try:
             return pa.ipc.open_file(source).read_all()

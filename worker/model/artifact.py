@@ -3,8 +3,9 @@
 Layout: ``MAGIC`` | u32 format version | u64 header length | UTF-8 JSON header | array bytes
 (each 64-byte aligned) | 32-byte SHA-256 of everything before it. The SHA-256 is the model id,
 except that the compile's measurements (``meta.layout_choice``: the candidates' timings on the
-machine that compiled it) are left out of the id: the id is the trailer the same artifact would
-have without them, so one model compiled twice to the same layout keeps its id.
+machine that compiled it) and the reference profile (``meta.reference``) are left out of the id:
+the id is the trailer the same artifact would have without them, so one model compiled twice to
+the same layout keeps its id, with or without a profile.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def format_version(path: str | Path) -> int | None:
 
 
 MEASURED = "layout_choice"  # meta key outside the model id (see the module docstring)
+# meta keys outside the model id: the compile's measurements, and the reference profile
+# flight monitoring compares against (model/reference.py): neither changes what is computed
+OUTSIDE_ID = (MEASURED, "reference")
 
 
 def _head(meta: dict, specs: list) -> bytes:
@@ -47,9 +51,9 @@ def _head(meta: dict, specs: list) -> bytes:
 def _model_id(meta: dict, specs: list, data, digest: bytes) -> str:
     """The trailer digest, or for an artifact with measurements the digest it would have
     without them."""
-    if MEASURED not in meta:
+    if not any(k in meta for k in OUTSIDE_ID):
         return digest.hex()
-    h = hashlib.sha256(_head({k: v for k, v in meta.items() if k != MEASURED}, specs))
+    h = hashlib.sha256(_head({k: v for k, v in meta.items() if k not in OUTSIDE_ID}, specs))
     h.update(data)
     return h.hexdigest()
 

@@ -255,7 +255,8 @@ def tolerance(model: CompiledModel) -> tuple[float, str]:
 
 def compile_model(source, layout: str = "auto", check: bool = True,
                   trust_pickle: bool = False, kernel: str = "auto",
-                  float32_inputs: bool = False) -> CompiledModel:
+                  float32_inputs: bool = False, reference=None, bins: int = 10,
+                  thresholds=(0.5,)) -> CompiledModel:
     """XGBoost Booster/XGBModel/.json/.ubj, LightGBM Booster/LGBMModel/model text file (.txt,
     .lgb), a fitted scikit-learn estimator, or a file of one (.skops; joblib/pickle only with
     ``trust_pickle``: loading those runs code).
@@ -266,7 +267,12 @@ def compile_model(source, layout: str = "auto", check: bool = True,
     ``layout`` (auto, padded, compact) and ``kernel`` (auto, walk, quickscorer): "auto" times
     every candidate the model allows on probe rows and keeps the fastest (worker/model/
     layout.py); the choice and the timings are stored in the artifact (``meta.layout_choice``,
-    ``CompiledModel.kernel_choice``). Forcing both skips the measurement."""
+    ``CompiledModel.kernel_choice``). Forcing both skips the measurement.
+
+    ``reference``: training rows (a .parquet, .arrow or .csv path, a pyarrow Table, a pandas
+    frame, numpy in the model's feature order) profiled for flight monitoring
+    (model/reference.py) in ``bins`` quantile bins, the score's decision bands at
+    ``thresholds``."""
     if isinstance(source, (str, Path)) and not _library_source(source):
         path = Path(source)
         if not path.exists():
@@ -284,7 +290,21 @@ def compile_model(source, layout: str = "auto", check: bool = True,
                     f"compiled {model.kind} ({model.objective}) differs from XGBoost's own "
                     f"margins by {err:.3g} on probe rows, where they are promised bit for "
                     "bit")
+    if reference is not None:
+        model = model.with_reference(reference_rows(reference), bins, thresholds)
     return model
+
+
+def reference_rows(reference):
+    """Reference rows as given, or read from a file (its columns matched by name)."""
+    if isinstance(reference, (str, Path)):
+        from worker.io.tables import read_table
+
+        path = Path(reference)
+        if path.suffix not in (".parquet", ".pq", ".arrow", ".feather", ".csv"):
+            raise ValueError(f"reference {path}: a .parquet, .arrow or .csv file")
+        return read_table(path)
+    return reference
 
 
 # the full-evaluation kernels a compile times (walk.h, qs.h, oblivious.h), under each layout

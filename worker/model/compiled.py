@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _kernels
-from . import artifact, structure
+from . import artifact, reference, structure
 from .lazy import Target, audit_mask, score_lazy
 from .result import ScoreResult, decisions, default_threads
 
@@ -68,6 +68,17 @@ class CompiledModel:
                                   self.work_total, self.score_from_raw)
         self._explainer = None  # _explain.Explainer, built on the first attribution
         self.model_id = model_id or artifact.dumps_with_id(self.meta, self.arrays)[1]
+        # flight monitoring's reference profile (model/reference.py), checked here: None
+        # when the artifact carries none
+        self.reference = reference.Profile.from_meta(self.meta, self.feature_names)
+
+    def with_reference(self, X, bins: int = reference.DEFAULT_BINS,
+                       thresholds=(0.5,)) -> CompiledModel:
+        """This model with a reference profile of rows ``X`` (the same model id)."""
+        doc = reference.build(self, X, bins, thresholds)
+        m = CompiledModel({**self.meta, reference.REFERENCE: doc}, self.arrays,
+                          self.model_id, "auto")
+        return m
 
     @property
     def kernel(self) -> str:

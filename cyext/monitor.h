@@ -1,0 +1,76 @@
+/* Flight monitoring's block counters (cyext/monitor.pyx): for each row of a staged block,
+   each feature's value against each of its reference bin edges, the missing values and the
+   values outside the reference range. The rows are laid out SW_MON_LANES features to a
+   chunk (a row's stride padded to a whole chunk, NaN in the padding), and for a chunk every
+   counter of the block is kept in registers while the rows stream by: one vector load a row
+   and a chunk, then a compare and an add an edge. Compiled for AVX-512, AVX2 and the
+   baseline, the CPU's best taken at load (GCC's target_clones). */
+#ifndef SW_MONITOR_H
+#define SW_MONITOR_H
+#include <stdint.h>
+#include <string.h>
+
+#define SW_MON_LANES 16
+#define SW_MON_EDGES 9  /* edges a pass (10 bins, the default); more: further passes */
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SW_MON_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SW_MON_CLONES
+#endif
+
+typedef float sw_mon_vf __attribute__((vector_size(4 * SW_MON_LANES), aligned(4)));
+typedef int32_t sw_mon_vi __attribute__((vector_size(4 * SW_MON_LANES), aligned(4)));
+
+/* Rows X[0..n) (row stride nfp, a multiple of SW_MON_LANES; n small enough for int32):
+   ge[k * nfp + j] += values >= edge k of feature j (et: the edges transposed, stride nfp,
+   NaN past a feature's own: never >=), for edges k0..k0+SW_MON_EDGES (NaN past width);
+   with k0 == 0 also miss, below and above (stride nfp). GCC's vector types: a compare
+   is -1 where true, so counters subtract it. */
+SW_MON_CLONES
+static void sw_mon_count(const float* restrict X, int64_t n, int64_t nfp,
+                         const float* restrict et, int64_t k0,
+                         const float* restrict lo, const float* restrict hi,
+                         int32_t* restrict ge, int32_t* restrict miss,
+                         int32_t* restrict below, int32_t* restrict above)
+{
+    for (int64_t j0 = 0; j0 < nfp; j0 += SW_MON_LANES) {
+        sw_mon_vi acc[SW_MON_EDGES], m = {0}, b = {0}, a = {0};
+        sw_mon_vf e[SW_MON_EDGES], l, h;
+        for (int k = 0; k < SW_MON_EDGES; k++) {
+            acc[k] = (sw_mon_vi){0};
+            memcpy(&e[k], et + (k0 + k) * nfp + j0, sizeof e[k]);
+        }
+        memcpy(&l, lo + j0, sizeof l);
+        memcpy(&h, hi + j0, sizeof h);
+        if (k0 == 0) {
+            for (int64_t r = 0; r < n; r++) {
+                sw_mon_vf v;
+                memcpy(&v, X + r * nfp + j0, sizeof v);
+                m -= v != v;
+                b -= v < l;
+                a -= v > h;
+                for (int k = 0; k < SW_MON_EDGES; k++)
+                    acc[k] -= v >= e[k];
+            }
+        } else {
+            for (int64_t r = 0; r < n; r++) {
+                sw_mon_vf v;
+                memcpy(&v, X + r * nfp + j0, sizeof v);
+                for (int k = 0; k < SW_MON_EDGES; k++)
+                    acc[k] -= v >= e[k];
+            }
+        }
+        for (int k = 0; k < SW_MON_EDGES; k++)
+            for (int i = 0; i < SW_MON_LANES; i++)
+                ge[(k0 + k) * nfp + j0 + i] += acc[k][i];
+        if (k0 == 0) {
+            for (int i = 0; i < SW_MON_LANES; i++) {
+                miss[j0 + i] += m[i];
+                below[j0 + i] += b[i];
+                above[j0 + i] += a[i];
+            }
+        }
+    }
+}
+#endif

@@ -1,0 +1,248 @@
+"""Flight monitoring (issue 51): the reference profile, the native counts, PSI and the rates,
+each checked against an independent numpy computation on the same rows; drifts a user would
+meet found, a clean stream not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import xgboost as xgb
+
+from tests.test_hostile_runs import MODEL, ROOT, _recording
+from worker import _kernels, _monitor, demo, monitoring
+from worker.config import Settings
+from worker.model import reference as R
+from worker.model.artifact import ArtifactError
+from worker.model.compile import compile_model
+from worker.model.compiled import CompiledModel, load_model
+from worker.pipeline import BatchStats
+
+_MODELS: dict[int, CompiledModel] = {}
+
+
+def _model(nf: int) -> CompiledModel:
+    if nf not in _MODELS:
+        rng = np.random.default_rng(nf)
+        X = rng.normal(size=(600, nf)).astype(np.float32)
+        y = (X[:, 0] + rng.normal(size=600) > 0).astype(int)
+        b = xgb.train({"max_depth": 3, "objective": "binary:logistic"},
+                      xgb.DMatrix(X, y), 10)
+        _MODELS[nf] = compile_model(b).with_reference(
+            rng.normal(size=(2000, nf)).astype(np.float32))
+    return _MODELS[nf]
+
+
+def _hostile(n: int, nf: int, edges: list[np.ndarray], seed: int = 0) -> np.ndarray:
+    """Rows with NaN, +-inf, zeros, the largest floats and values exactly on bin edges."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, nf)).astype(np.float32) * 2
+    for j in range(nf):
+        on = rng.random(n) < 0.2
+        if len(edges[j]):
+            X[on, j] = rng.choice(edges[j], on.sum())
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, np.finfo(np.float32).max,
+                        -np.finfo(np.float32).max], np.float32)
+    mask = rng.random((n, nf)) < 0.15
+    X[mask] = rng.choice(special, mask.sum())
+    return X
+
+
+def _want(X: np.ndarray, p: R.Profile) -> np.ndarray:
+    """The counts by numpy alone: bins by searchsorted, missing, below min, above max."""
+    out = np.zeros_like(p.new_counts())
+    for j in range(X.shape[1]):
+        v = X[:, j]
+        m = int(p.n_edges[j])
+        present = v[~np.isnan(v)]
+        out[j, :m + 1] = np.bincount(np.searchsorted(p.edges[j, :m], present, side="right"),
+                                     minlength=m + 1)
+        out[j, m + 1] = np.isnan(v).sum()
+        out[j, m + 2] = (present < p.lo[j]).sum()
+        out[j, m + 3] = (present > p.hi[j]).sum()
+    return out
+
+
+@pytest.mark.parametrize("nf", [1, 7, 16, 33])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
+def test_counts_equal_numpy_on_hostile_rows(nf, n):
+    m = _model(nf)
+    p = m.reference
+    X = _hostile(n, nf, [p.edges[j, :p.n_edges[j]] for j in range(nf)], seed=n)
+    stats = BatchStats()
+    monitoring.count(m, X, np.zeros(n), stats)
+    np.testing.assert_array_equal(stats.monitor, _want(X, p))
+    # the same rows as Arrow columns (staged a block at a time): the same counts
+    stats = BatchStats()
+    t = pa.table({f"f{j}": pa.array(X[:, j]) for j in range(nf)})
+    monitoring.count(m, m.columns(t), np.zeros(n), stats)
+    np.testing.assert_array_equal(stats.monitor, _want(X, p))
+
+
+def test_nulls_and_integer_columns_are_counted_as_staged():
+    m = _model(3)
+    p = m.reference
+    cols = [pa.array([1, None, -3, 0] * 100, pa.int32()),
+            pa.array([0.5, float("nan"), None, 2.0] * 100, pa.float64()),
+            pa.array([True, False, None, True] * 100)]
+    t = pa.table({f"f{j}": c for j, c in enumerate(cols)})
+    staged = _monitor.stage(m.columns(t))
+    assert np.isnan(staged[1, 1]) and np.isnan(staged[2, 1]) and np.isnan(staged[2, 2])
+    stats = BatchStats()
+    monitoring.count(m, m.columns(t), np.zeros(400), stats)
+    np.testing.assert_array_equal(stats.monitor, _want(staged, p))
+
+
+def test_count_bins_refuses_shapes_that_disagree():
+    p = _model(7).reference
+    cols = _kernels.Columns.from_numpy(np.zeros((4, 7), np.float32))
+    bad = [(p.edges[:6], p.n_edges, p.lo, p.hi, p.new_counts()),
+           (p.edges, p.n_edges, p.lo, p.hi, p.new_counts()[:, :-1]),
+           (p.edges, np.full(7, 300, np.int32), p.lo, p.hi, p.new_counts()),
+           (p.edges, np.full(7, -1, np.int32), p.lo, p.hi, p.new_counts()),
+           (np.zeros((7, 256), np.float32), np.zeros(7, np.int32), p.lo, p.hi,
+            np.zeros((7, 300), np.int64))]
+    for args in bad:
+        with pytest.raises(ValueError):
+            _monitor.count_bins(cols, *args)
+
+
+def _psi(a_counts: np.ndarray, e: np.ndarray) -> float:
+    a = a_counts / a_counts.sum()
+    a, e = np.where(a < 1e-4, 1e-4, a), np.where(e < 1e-4, 1e-4, e)
+    return float(((a - e) * np.log(a / e)).sum())
+
+
+def _window(m: CompiledModel, X: np.ndarray, settings=None) -> dict:
+    settings = settings or Settings(source={"type": "file", "path": "x"},
+                                    model={"path": "x"})
+    mon = monitoring.Monitor(m, settings, clock=lambda: 0.0)
+    stats = BatchStats()
+    r = m.score_batch(X)
+    monitoring.count(m, X, r.score, stats)
+    stats.account(r)
+    mon.add(stats)
+    return mon.close()
+
+
+def _independent(m: CompiledModel, X: np.ndarray) -> tuple[list[float], list[float], float]:
+    """Each feature's PSI and missing rate, and the score's PSI, by numpy from the stored
+    profile's JSON alone."""
+    doc = m.meta["reference"]
+    psis, missing = [], []
+    for j, f in enumerate(doc["features"]):
+        v = X[:, j]
+        e = np.asarray(f["edges"], np.float32)
+        present = v[~np.isnan(v)]
+        a = np.append(np.bincount(np.searchsorted(e, present, side="right"),
+                                  minlength=len(e) + 1), np.isnan(v).sum())
+        psis.append(_psi(a.astype(np.float64), np.append(f["fractions"], f["missing"])))
+        missing.append(float(np.isnan(v).mean()))
+    score = m.score_batch(X).score
+    se = np.asarray(doc["score"]["edges"])
+    sa = np.bincount(np.searchsorted(se, score, side="right"), minlength=len(se) + 1)
+    return psis, missing, _psi(sa.astype(np.float64), np.asarray(doc["score"]["fractions"]))
+
+
+@pytest.mark.parametrize("drift", ["none", "null", "scaled", "shifted"])
+def test_psi_and_rates_equal_numpy_and_find_each_drift(drift):
+    m = _model(7)
+    X = np.random.default_rng(99).normal(size=(20_000, 7)).astype(np.float32)
+    if drift == "null":
+        X[:, 2] = np.nan
+    elif drift == "scaled":
+        X[:, 2] *= 100
+    elif drift == "shifted":
+        X[:, 2] += 1.0
+    w = _window(m, X)
+    psis, missing, score_psi = _independent(m, X)
+    got = [w["feature_psi"][f"f{j}"] for j in range(7)]
+    np.testing.assert_allclose(got, psis, rtol=0, atol=1e-9)
+    np.testing.assert_allclose([w["missing_rate"][f"f{j}"] for j in range(7)], missing,
+                               rtol=0, atol=1e-12)
+    assert abs(w["score_psi"] - score_psi) <= 1e-9
+    others = [p for j, p in enumerate(got) if j != 2]
+    assert max(others) < 0.02, others  # the features left alone: no drift
+    if drift == "none":
+        assert got[2] < 0.02 and w["score_psi"] < 0.02, (got, w["score_psi"])
+    else:
+        assert got[2] > 0.25, got
+    if drift == "scaled":
+        assert w["out_of_range_rate"]["f2"] > 0.9
+
+
+def test_a_swapped_model_shifts_the_score_psi():
+    m = _model(7)
+    X = np.random.default_rng(5).normal(size=(5000, 7)).astype(np.float32)
+    rng = np.random.default_rng(6)
+    y = (X[:, 1] > 1.0).astype(int)  # another model: fraud on another feature, rarer
+    other = compile_model(xgb.train({"max_depth": 3, "objective": "binary:logistic"},
+                                    xgb.DMatrix(X, y), 20))
+    other = CompiledModel({**other.meta, "reference": m.meta["reference"]}, other.arrays)
+    assert _window(m, X)["score_psi"] < 0.02
+    assert _window(other, rng.normal(size=(5000, 7)).astype(np.float32))["score_psi"] > 0.25
+
+
+def test_the_profile_leaves_the_model_id_and_is_checked_at_load(tmp_path):
+    m = _model(7)
+    plain = CompiledModel({k: v for k, v in m.meta.items() if k != "reference"}, m.arrays)
+    assert plain.model_id == m.model_id and plain.reference is None
+    path = tmp_path / "m.model"
+    assert m.save(path) == m.model_id
+    assert load_model(path).reference.rows == 2000
+    for field, value in (("rows", 0), ("features", []),
+                         ("score", {"edges": [0.2, 0.1]})):
+        doc = {**m.meta["reference"], field: value}
+        with pytest.raises(ArtifactError, match=f"meta.reference.{field}"):
+            CompiledModel({**m.meta, "reference": doc}, m.arrays)
+    f0 = dict(m.meta["reference"]["features"][0], edges=[1.0, float("nan")])
+    doc = {**m.meta["reference"], "features": [f0, *m.meta["reference"]["features"][1:]]}
+    with pytest.raises(ArtifactError, match=r"features\[0\]\.edges"):
+        CompiledModel({**m.meta, "reference": doc}, m.arrays)
+
+
+def test_a_replay_warns_of_a_feature_turned_null_and_a_clean_one_does_not(tmp_path):
+    ref = demo.generate(5000, seed=1).select(demo.FEATURES)
+    profiled = tmp_path / "profiled.model"
+    pq = tmp_path / "ref.arrow"
+    with pa.OSFile(str(pq), "wb") as f, pa.ipc.new_file(f, ref.schema) as w:
+        w.write_table(ref)
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "profile", str(MODEL),
+                           "--reference", str(pq), "-o", str(profiled)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert load_model(profiled).model_id == load_model(MODEL).model_id
+
+    def run(null: bool) -> list[dict]:
+        values = []
+        for seed in range(2, 12):
+            t = demo.generate(300, seed=seed).select([demo.ID_COLUMN, *demo.FEATURES])
+            if null:
+                i = t.schema.get_field_index("velocity_1h")
+                t = t.set_column(i, "velocity_1h", pa.nulls(len(t), pa.int32()))
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, t.schema) as w:
+                w.write_table(t)
+            values.append(sink.getvalue().to_pybytes())
+        rec = _recording(tmp_path / f"in-{null}.arrows", values)
+        proc = subprocess.run([sys.executable, "-m", "worker.cli", "replay", str(rec),
+                               "--model", str(profiled), "--output",
+                               str(tmp_path / f"out-{null}.arrows")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "SCORING_WORKER__LOGGING__FORMAT": "json"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = [json.loads(x) for x in (proc.stdout + proc.stderr).splitlines()
+                 if x.startswith("{")]
+        return [x for x in lines if x.get("event") in ("feature drift", "missing rate jump",
+                                                       "score drift")]
+
+    warned = run(True)
+    assert {(x["event"], x.get("feature")) for x in warned} >= {
+        ("feature drift", "velocity_1h"), ("missing rate jump", "velocity_1h")}, warned
+    assert all(x.get("feature") in (None, "velocity_1h") for x in warned), warned
+    assert run(False) == []

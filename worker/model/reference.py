@@ -1,0 +1,206 @@
+"""The reference profile a model artifact carries for flight monitoring (issue 51): what the
+model saw in training, binned as the worker will bin the rows it scores.
+
+For each feature: bin edges (the reference's quantiles, float32, ascending, distinct; a
+value's bin is how many edges are <= it), the fraction of the reference rows in each bin and
+missing (NaN, null, a category the model does not know), and the range (min, max) of the
+values present. A feature with categories has one bin a category code (the last bin takes
+the codes past MAX_CATEGORY_BINS - 1). For the score (the model's own on the reference rows):
+its bin edges and fractions, and the share of rows in each decision band at the thresholds.
+All of it is computed on the rows as the kernels stage them (``worker._monitor``), and stored
+as data in the artifact's meta (``meta.reference``), outside the model id: adding a profile
+does not change what the model computes.
+
+PSI (population stability index) of a window against the reference: the sum over bins
+(missing a bin of its own) of (a - e) * ln(a / e), a and e the window's and the reference's
+fractions, each at least EPSILON (an empty bin counts as EPSILON on either side).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .artifact import ArtifactError
+
+REFERENCE = "reference"  # the meta key (outside the model id: artifact.OUTSIDE_ID)
+DEFAULT_BINS = 10
+MAX_BINS = 100
+MAX_CATEGORY_BINS = 64
+EPSILON = 1e-4  # the fraction an empty bin counts as in PSI (either side)
+MIN_ROWS = 100  # a reference of fewer rows says too little to compare against
+EXTRA = 3  # monitor counts after a feature's bins: missing, below min, above max
+
+
+class Profile:
+    """A reference profile as arrays the monitor reads (``from_meta`` checks them)."""
+
+    def __init__(self, doc: dict):
+        f = doc["features"]
+        self.doc = doc
+        self.rows = int(doc["rows"])
+        self.n_edges = np.asarray([len(x["edges"]) for x in f], np.int32)
+        width = max(int(self.n_edges.max(initial=0)), 1)
+        self.edges = np.full((len(f), width), np.nan, np.float32)
+        for j, x in enumerate(f):
+            self.edges[j, :len(x["edges"])] = np.asarray(x["edges"], np.float32)
+        self.width = width + 1 + EXTRA  # a feature's row of counts
+        # fractions: bins then missing, one row a feature (bins past a feature's own: 0)
+        self.fractions = np.zeros((len(f), width + 2), np.float64)
+        for j, x in enumerate(f):
+            m = len(x["edges"])
+            self.fractions[j, :m + 1] = x["fractions"]
+            self.fractions[j, m + 1] = x["missing"]
+        self.lo = np.asarray([x["min"] if x["min"] is not None else np.inf for x in f],
+                             np.float32)
+        self.hi = np.asarray([x["max"] if x["max"] is not None else -np.inf for x in f],
+                             np.float32)
+        s = doc["score"]
+        self.score_edges = np.asarray(s["edges"], np.float64)
+        self.score_fractions = np.asarray(s["fractions"], np.float64)
+        self.thresholds = [float(t) for t in s["thresholds"]]
+        self.band_rates = np.asarray(s["band_rates"], np.float64)
+
+    def new_counts(self) -> np.ndarray:
+        return np.zeros((len(self.n_edges), self.width), np.int64)
+
+    @classmethod
+    def from_meta(cls, meta: dict, feature_names: list[str]) -> Profile | None:
+        doc = meta.get(REFERENCE)
+        if doc is None:
+            return None
+        check(doc, feature_names)
+        return cls(doc)
+
+
+def psi(actual: np.ndarray, expected: np.ndarray) -> float:
+    """PSI of count (or fraction) vector ``actual`` against fractions ``expected``, both over
+    the same bins; NaN when ``actual`` counts nothing."""
+    total = float(actual.sum())
+    if total <= 0:
+        return math.nan
+    a = np.maximum(actual / total, EPSILON)
+    e = np.maximum(expected, EPSILON)
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+def feature_psi(counts: np.ndarray, profile: Profile) -> np.ndarray:
+    """Each feature's PSI, from one window's ``counts`` (``worker._monitor.count_bins``)."""
+    out = np.empty(len(profile.n_edges), np.float64)
+    for j, m in enumerate(profile.n_edges.tolist()):
+        actual = np.append(counts[j, :m + 1], counts[j, m + 1])
+        expected = np.append(profile.fractions[j, :m + 1], profile.fractions[j, m + 1])
+        out[j] = psi(actual, expected)
+    return out
+
+
+def score_bins(score: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts of ``score`` in the bins of ``edges`` (how many edges are <= a score); a NaN
+    score (none is published) in the last."""
+    return np.bincount(np.searchsorted(edges, score, side="right"), minlength=len(edges) + 1)
+
+
+def build(model, X, bins: int = DEFAULT_BINS, thresholds=(0.5,)) -> dict:
+    """The profile of reference rows ``X`` (a pyarrow Table, a pandas frame, a dict of
+    columns, numpy in the model's feature order) for ``model``."""
+    if not 2 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be from 2 to {MAX_BINS}, not {bins}")
+    thresholds = sorted(float(t) for t in thresholds)
+    cols = model.columns(X)
+    n = int(cols.n_rows)
+    if n < MIN_ROWS:
+        raise ValueError(f"the reference has {n} rows: at least {MIN_ROWS} are needed")
+    rows = _staged(cols)
+    features = []
+    for j, name in enumerate(model.feature_names):
+        v = rows[:, j]
+        present = v[~np.isnan(v)]
+        finite = present[np.isfinite(present)]
+        cats = model.categories.get(name) or model.category_hashes.get(name)
+        if cats is not None:
+            k = min(len(cats), MAX_CATEGORY_BINS)
+            edges = (np.arange(1, k, dtype=np.float32) - np.float32(0.5))
+        elif finite.size:
+            q = np.quantile(finite.astype(np.float64), np.arange(1, bins) / bins)
+            edges = np.unique(q.astype(np.float32))
+        else:
+            edges = np.zeros(0, np.float32)
+        fractions = np.bincount(np.searchsorted(edges, present, side="right"),
+                                minlength=len(edges) + 1) / n
+        features.append({
+            "name": name, "edges": edges.astype(np.float64).tolist(),
+            "fractions": fractions.tolist(), "missing": (n - present.size) / n,
+            "min": float(present.min()) if present.size else None,
+            "max": float(present.max()) if present.size else None,
+            "categorical": cats is not None})
+    r = model.score_batch(X, thresholds=thresholds)
+    score = np.asarray(r.score, np.float64)
+    finite = score[np.isfinite(score)]
+    q = np.quantile(finite, np.arange(1, bins) / bins) if finite.size else np.zeros(0)
+    score_edges = np.unique(q)
+    return {
+        "rows": n, "bins": bins, "features": features,
+        "score": {"edges": score_edges.tolist(),
+                  "fractions": (score_bins(score, score_edges) / n).tolist(),
+                  "thresholds": thresholds,
+                  "band_rates": (np.bincount(np.asarray(r.decision, np.int64),
+                                             minlength=len(thresholds) + 1) / n).tolist()}}
+
+
+def _staged(cols) -> np.ndarray:
+    """The rows of column descriptors as the kernels stage them (float32, missing NaN)."""
+    from worker import _monitor
+
+    return _monitor.stage(cols)
+
+
+def check(doc, feature_names: list[str]) -> None:
+    """A stored profile, proved well formed before the monitor reads it: ArtifactError
+    naming the field otherwise."""
+    def fail(field: str, what: str):
+        raise ArtifactError(f"invalid compiled model: meta.reference.{field}: {what}")
+
+    def fraction_list(x, n: int, field: str) -> None:
+        if not isinstance(x, list) or len(x) != n or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                for v in x):
+            fail(field, f"not {n} fractions in [0, 1]")
+
+    def ascending(x, field: str, limit: int) -> None:
+        if not isinstance(x, list) or len(x) > limit or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in x) or any(b <= a for a, b in zip(x, x[1:], strict=False)):
+            fail(field, f"not at most {limit} finite values, ascending and distinct")
+
+    if not isinstance(doc, dict):
+        fail("", "not a mapping")
+    rows = doc.get("rows")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        fail("rows", f"{rows!r} is not a positive integer")
+    f = doc.get("features")
+    if not isinstance(f, list) or len(f) != len(feature_names):
+        fail("features", f"not one entry a feature ({len(feature_names)})")
+    for j, x in enumerate(f):
+        at = f"features[{j}]"
+        if not isinstance(x, dict) or x.get("name") != feature_names[j]:
+            fail(at, f"not the profile of feature {feature_names[j]!r}")
+        ascending(x.get("edges"), f"{at}.edges", max(MAX_BINS, MAX_CATEGORY_BINS) - 1)
+        fraction_list(x.get("fractions"), len(x["edges"]) + 1, f"{at}.fractions")
+        fraction_list([x.get("missing")], 1, f"{at}.missing")
+        for key in ("min", "max"):
+            v = x.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or v != v):
+                fail(f"{at}.{key}", f"{v!r} is not a number")
+    s = doc.get("score")
+    if not isinstance(s, dict):
+        fail("score", "not a mapping")
+    ascending(s.get("edges"), "score.edges", MAX_BINS - 1)
+    fraction_list(s.get("fractions"), len(s["edges"]) + 1, "score.fractions")
+    t = s.get("thresholds")
+    if not isinstance(t, list) or not 1 <= len(t) <= 16 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in t) or t != sorted(t):
+        fail("score.thresholds", "not 1 to 16 finite thresholds, ascending")
+    fraction_list(s.get("band_rates"), len(t) + 1, "score.band_rates")
