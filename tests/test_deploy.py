@@ -244,3 +244,17 @@ def test_serve_mode_lets_prometheus_in_when_callers_are_named():
             np_["spec"]["ingress"]] == [
         ([8080, 8081], [{"podSelector": {"matchLabels": {"app": "auth"}}}]),
         ([8080], [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}])]
+
+
+def test_the_chart_renders_the_shipped_alert_rules_behind_a_value():
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())
+    off = subprocess.run([_helm(), "template", "fraud", str(CHART)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "PrometheusRule" not in off
+    on = subprocess.run([_helm(), "template", "fraud", str(CHART), "--set",
+                         "prometheusRule.enabled=true", "--set",
+                         "prometheusRule.labels.release=kps"], capture_output=True, text=True,
+                        check=True).stdout
+    (doc,) = [d for d in yaml.safe_load_all(on) if d and d["kind"] == "PrometheusRule"]
+    assert doc["spec"]["groups"] == rules["groups"]
+    assert doc["metadata"]["labels"]["release"] == "kps"

@@ -171,6 +171,12 @@ class Collector:
                 out.add_metric([name, "above"], row[m + 3])
             yield bins
             yield out
+            ref = GaugeMetricFamily("scoring_monitor_feature_reference_missing_rate",
+                                    "Share of the reference rows missing the feature",
+                                    labels=["feature"])
+            for j, name in enumerate(names):
+                ref.add_metric([name], float(p.fractions[j, p.n_edges[j] + 1]))
+            yield ref
             sb = CounterMetricFamily("scoring_monitor_score_bin_rows", "Scored rows by "
                                      "reference score bin", labels=["bin"])
             for b, n in enumerate(mon.total_scores.tolist()):
