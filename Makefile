@@ -95,6 +95,7 @@ bench-lazy: build
 bench-e2e: build
 	$(PY) -m pip install -q "xgboost==3.2.0" matplotlib
 	$(PY) bench/e2e.py
+	$(PY) bench/monitoring_cost.py
 
 # `scoring-worker serve` against MLServer at its default and fastest settings (its own
 # virtualenv, bench/out/mlserver-venv) and against serve before issue 50 (a worktree built

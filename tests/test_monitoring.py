@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -76,12 +78,12 @@ def test_counts_equal_numpy_on_hostile_rows(nf, n):
     X = _hostile(n, nf, [p.edges[j, :p.n_edges[j]] for j in range(nf)], seed=n)
     stats = BatchStats()
     monitoring.count(m, X, np.zeros(n), stats)
-    np.testing.assert_array_equal(stats.monitor, _want(X, p))
+    np.testing.assert_array_equal(stats.monitor["live"][0], _want(X, p))
     # the same rows as Arrow columns (staged a block at a time): the same counts
     stats = BatchStats()
     t = pa.table({f"f{j}": pa.array(X[:, j]) for j in range(nf)})
     monitoring.count(m, m.columns(t), np.zeros(n), stats)
-    np.testing.assert_array_equal(stats.monitor, _want(X, p))
+    np.testing.assert_array_equal(stats.monitor["live"][0], _want(X, p))
 
 
 def test_nulls_and_integer_columns_are_counted_as_staged():
@@ -95,7 +97,7 @@ def test_nulls_and_integer_columns_are_counted_as_staged():
     assert np.isnan(staged[1, 1]) and np.isnan(staged[2, 1]) and np.isnan(staged[2, 2])
     stats = BatchStats()
     monitoring.count(m, m.columns(t), np.zeros(400), stats)
-    np.testing.assert_array_equal(stats.monitor, _want(staged, p))
+    np.testing.assert_array_equal(stats.monitor["live"][0], _want(staged, p))
 
 
 def test_count_bins_refuses_shapes_that_disagree():
@@ -218,7 +220,7 @@ def test_a_replay_warns_of_a_feature_turned_null_and_a_clean_one_does_not(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert load_model(profiled).model_id == load_model(MODEL).model_id
 
-    def run(null: bool) -> list[dict]:
+    def run(null: bool, shadow: bool = False) -> list[dict]:
         values = []
         for seed in range(2, 12):
             t = demo.generate(300, seed=seed).select([demo.ID_COLUMN, *demo.FEATURES])
@@ -232,7 +234,8 @@ def test_a_replay_warns_of_a_feature_turned_null_and_a_clean_one_does_not(tmp_pa
         rec = _recording(tmp_path / f"in-{null}.arrows", values)
         proc = subprocess.run([sys.executable, "-m", "worker.cli", "replay", str(rec),
                                "--model", str(profiled), "--output",
-                               str(tmp_path / f"out-{null}.arrows")], cwd=ROOT,
+                               str(tmp_path / f"out-{null}-{shadow}.arrows"),
+                               *(["--shadow", str(profiled)] if shadow else [])], cwd=ROOT,
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "SCORING_WORKER__LOGGING__FORMAT": "json"})
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -245,4 +248,144 @@ def test_a_replay_warns_of_a_feature_turned_null_and_a_clean_one_does_not(tmp_pa
     assert {(x["event"], x.get("feature")) for x in warned} >= {
         ("feature drift", "velocity_1h"), ("missing rate jump", "velocity_1h")}, warned
     assert all(x.get("feature") in (None, "velocity_1h") for x in warned), warned
+    assert {x["role"] for x in warned} == {"live"}
     assert run(False) == []
+    # a shadow model with a profile is judged on its own: the same warnings, as the shadow's
+    both = run(True, shadow=True)
+    assert {(x["event"], x["role"]) for x in both if x.get("feature") == "velocity_1h"} >= {
+        ("feature drift", "live"), ("feature drift", "shadow"),
+        ("missing rate jump", "live"), ("missing rate jump", "shadow")}, both
+
+
+def test_counts_of_another_models_profile_are_not_mixed_and_a_swap_cannot_crash():
+    # review finding: two models of the same features whose score bins differ in number;
+    # adding one's batch counts to the other's stats or monitor raised a broadcast error
+    # (the loop then died after committing the batch)
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(2000, 4)).astype(np.float32)
+    y = (X[:, 0] + X[:, 1] + rng.normal(size=2000) > 0).astype(int)
+    a = compile_model(xgb.train({"max_depth": 3, "objective": "binary:logistic"},
+                                xgb.DMatrix(X, y), 20)).with_reference(X)
+    b = compile_model(xgb.train({"max_depth": 1, "objective": "binary:logistic"},
+                                xgb.DMatrix(X, y), 1)).with_reference(X)
+    assert len(a.reference.score_edges) != len(b.reference.score_edges)
+
+    def stats(m):
+        s = BatchStats()
+        r = m.score_batch(X)
+        monitoring.count(m, X, r.score, s)
+        s.account(r)
+        return s
+
+    total = BatchStats()
+    total.add(stats(a))
+    total.add(stats(b))  # b's counts replace a's, never added to them
+    assert total.monitor["live"][2] is b.reference
+    settings = Settings(source={"type": "file", "path": "x"}, model={"path": "x"})
+    mon = monitoring.Monitor(b, settings, clock=lambda: 0.0)
+    mon.add(stats(a))  # scored by a before the swap: not b's to judge
+    assert mon.window.sum() == 0 and "feature_psi" not in mon.close()  # none counted
+    mon.add(stats(b))
+    w = mon.close()
+    assert w["rows"] == 4000 and w["feature_psi"]["f0"] < 0.02
+
+
+def test_a_feature_without_reference_values_counts_each_value_out_of_range_once():
+    X = np.random.default_rng(4).normal(size=(1000, 3)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(int)
+    ref = X.copy()
+    ref[:, 2] = np.nan
+    m = compile_model(xgb.train({"max_depth": 2, "objective": "binary:logistic"},
+                                xgb.DMatrix(X, y), 5)).with_reference(ref)
+    w = _window(m, X)
+    assert w["out_of_range_rate"]["f2"] == 1.0 and w["missing_rate"]["f2"] == 0.0
+    assert w["feature_psi"]["f2"] > 0.25
+
+
+def test_serve_judges_its_requests_json_and_arrow_alike(tmp_path):
+    from tests.test_serve import Server, get, post
+
+    m = _model(7)
+    path = tmp_path / "profiled.model"
+    m.save(path)
+    s = Server(path, tmp_path, {"monitoring": {"window_s": 1, "min_rows": 50},
+                                "logging": {"format": "json"}})
+    try:
+        rng = np.random.default_rng(8)
+        sent = []
+        for i in range(12):
+            X = rng.normal(size=(50, 7)).astype(np.float32)
+            X[:, 2] = np.nan  # the feature turned null
+            sent.append(X)
+            if i % 2:
+                t = pa.table({f"f{j}": pa.array(X[:, j]) for j in range(7)})
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, t.schema) as w:
+                    w.write_table(t)
+                status, _, out = post(s, "/v2/models/profiled/infer", sink.getvalue().to_pybytes(),
+                                      {"Content-Type": "application/vnd.apache.arrow.stream"})
+            else:
+                body = json.dumps({"inputs": [{
+                    "name": "x", "shape": [50, 7], "datatype": "FP32",
+                    "data": [None if np.isnan(v) else float(v) for v in X.ravel()]}]})
+                status, _, out = post(s, "/v2/models/profiled/infer", body.encode())
+            assert status == 200, out
+        time.sleep(1.1)
+        status, _, out = post(s, "/v2/models/profiled/infer", json.dumps({"inputs": [{
+            "name": "x", "shape": [1, 7], "datatype": "FP32", "data": [0.0] * 7}]}).encode())
+        assert status == 200, out  # its request closes the window of the 600 rows before
+        metrics = get(s, "/metrics")[1].decode()
+    finally:
+        assert s.stop() == 0, s.output()
+    X = np.concatenate(sent)
+    psis, missing, _ = _independent(m, X)
+
+    def gauge(name, feature):
+        pat = rf'^{name}{{feature="{feature}",role="live"}} (\S+)$'
+        return float(re.search(pat, metrics, re.M).group(1))
+
+    for j in range(7):
+        assert abs(gauge("scoring_monitor_feature_psi", f"f{j}") - psis[j]) <= 1e-9
+        assert gauge("scoring_monitor_feature_missing_rate", f"f{j}") == missing[j]
+    assert gauge("scoring_monitor_feature_psi", "f2") > 0.25
+    assert 'scoring_monitor_window_rows{role="live"} 600.0' in metrics
+    assert "missing rate jump" in s.output() and '"feature": "f2"' in s.output()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".arrow"])
+def test_compile_takes_a_reference_file_and_refuses_one_without_the_features(tmp_path, suffix):
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(500, 3)).astype(np.float32)
+    b = xgb.train({"max_depth": 2, "objective": "binary:logistic"},
+                  xgb.DMatrix(X, (X[:, 0] > 0).astype(int), feature_names=["a", "b", "c"]), 5)
+    src = tmp_path / "m.json"
+    b.save_model(src)
+    ref = pa.table({"c": X[:, 2], "a": X[:, 0], "b": X[:, 1]})  # another column order
+    path = tmp_path / f"ref{suffix}"
+    if suffix == ".csv":
+        pcsv.write_csv(ref, path)
+    elif suffix == ".parquet":
+        pq.write_table(ref, path)
+    else:
+        with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, ref.schema) as w:
+            w.write_table(ref)
+    out = tmp_path / "m.model"
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "compile", str(src), "-o",
+                           str(out), "--reference", str(path), "--bins", "5"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = load_model(out).meta["reference"]
+    assert doc["rows"] == 500 and doc["bins"] == 5
+    # by name, not position: feature a's edges are a's quantiles
+    want = np.unique(np.quantile(X[:, 0].astype(np.float64), [0.2, 0.4, 0.6, 0.8])
+                     .astype(np.float32)).astype(np.float64).tolist()
+    assert doc["features"][0]["edges"] == want
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(ref.drop_columns(["b"]), bad)
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "compile", str(src), "-o",
+                           str(tmp_path / "x.model"), "--reference", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "missing feature column(s): b" in proc.stderr, proc.stderr

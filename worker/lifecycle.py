@@ -132,8 +132,12 @@ class ModelWatcher:
             except (ArtifactError, OSError, ValueError) as exc:
                 raise ModelRefused("unreadable", str(exc).splitlines()[0]) from None
             if candidate.model_id == self.running_id and \
-                    candidate.kernel == getattr(self._running, "kernel", candidate.kernel):
-                return  # the same artifact, rewritten (a new kernel choice is a swap)
+                    candidate.kernel == getattr(self._running, "kernel", candidate.kernel) and \
+                    candidate.meta.get("reference") == getattr(
+                        self._running, "meta", {}).get("reference"):
+                # the same artifact, rewritten (a new kernel choice is a swap, and so is a new
+                # reference profile: the same model, judged against other data)
+                return
             verify(candidate, self._running, self.settings, events=self.events)
             # warm up: the kernels' first batch, off the loop
             warm = np.zeros((256, candidate.n_features), dtype=np.float32)

@@ -44,10 +44,13 @@ class Worker:
             self.pipeline.max_dead_bytes = limits.get(sink.dead_letter_topic)
             self.pipeline.max_shadow_bytes = limits.get(settings.sink.shadow_topic)
         self.progress = progress
-        # flight monitoring: the live model's window and totals (None: off or no profile)
-        self.monitor = Monitor(model, settings) if monitoring.enabled(model, settings) \
-            else None
-        self.metrics.registry.register(monitoring.Collector(lambda: self.monitor))
+        # flight monitoring: the live model's window and totals, and the shadow's (None: off
+        # or no profile); a swap of either starts its own anew (_sync_monitors)
+        self.monitor: Monitor | None = None
+        self.shadow_monitor: Monitor | None = None
+        self._sync_monitors()
+        self.metrics.registry.register(monitoring.Collector(
+            lambda: [m for m in (self.monitor, self.shadow_monitor) if m is not None]))
         self.totals = BatchStats()
         self.sample = ScoreSample()
         # messages polled past a batch bound, decoded, for the next batch
@@ -169,6 +172,7 @@ class Worker:
                         self._mark_ready()
                     if self.source.exhausted:
                         break
+                    self._idle_monitors()
                     m.beat()
                     continue
                 t0 = time.perf_counter()
@@ -205,9 +209,58 @@ class Worker:
                     self._pending[1].result()  # an error escaped: the commit ends, unused
                     self._pending = None
                 committer.shutdown(wait=True)
-        if self.monitor is not None:  # the last window, however short (judged if enough rows)
-            self.monitor.close()
+        for mon in (self.monitor, self.shadow_monitor):  # the last window, however short
+            if mon is not None:
+                try:
+                    mon.close()
+                except Exception as exc:  # noqa: BLE001 (the run's result stands)
+                    log.error("flight monitoring's last window failed", error=str(exc)[:300])
         return 0
+
+    def _monitor(self, stats: BatchStats) -> None:
+        """A batch's counts to the monitors; a failure here stops monitoring, never the
+        loop (counted in scoring_monitor_errors)."""
+        errors = stats.monitor_errors
+        try:
+            self._sync_monitors()
+            for mon in (self.monitor, self.shadow_monitor):
+                if mon is not None:
+                    mon.add(stats)
+        except Exception as exc:  # noqa: BLE001
+            errors += 1
+            log.error("flight monitoring stops", error=str(exc)[:300])
+            self.monitor = self.shadow_monitor = None
+            self.pipeline.monitoring = self.pipeline.monitoring_shadow = False
+        if errors:
+            self.metrics.monitor_errors.inc(errors)
+
+    def _idle_monitors(self) -> None:
+        """Nothing to score: the monitors' windows still end on time."""
+        try:
+            for mon in (self.monitor, self.shadow_monitor):
+                if mon is not None:
+                    mon.tick()
+        except Exception as exc:  # noqa: BLE001 (monitoring never stops the loop)
+            log.error("flight monitoring stops", error=str(exc)[:300])
+            self.monitor = self.shadow_monitor = None
+            self.pipeline.monitoring = self.pipeline.monitoring_shadow = False
+            self.metrics.monitor_errors.inc()
+
+    def _sync_monitors(self) -> None:
+        """A monitor for the live model and one for the shadow, each of the model scoring
+        now: one of a model swapped out is judged on what it saw and replaced."""
+        live = self.model if self.pipeline.monitoring else None
+        sh = self.pipeline.shadow
+        shadow = sh.model if sh is not None and self.pipeline.monitoring_shadow else None
+        for attr, model, role in (("monitor", live, "live"),
+                                  ("shadow_monitor", shadow, "shadow")):
+            mon = getattr(self, attr)
+            if mon is not None and mon.model is model:
+                continue
+            if mon is not None:
+                mon.close()
+            setattr(self, attr, Monitor(model, self.settings, role) if model is not None
+                    else None)
 
     def _observe_shadow(self, stats: BatchStats) -> None:
         m = self.metrics
@@ -233,11 +286,7 @@ class Worker:
         old = self.model
         self.pipeline = self.pipeline.with_model(model, self.settings)
         self.model = model
-        # the new model's reference applies from its first batch; the old window is judged
-        if self.monitor is not None:
-            self.monitor.close()
-        self.monitor = Monitor(model, self.settings) \
-            if monitoring.enabled(model, self.settings) else None
+        self._sync_monitors()  # the new model's reference applies from its first batch
         self._held = [(rec, None) for rec, _ in self._held]
         m = self.metrics
         m.model_info.labels(old.model_id, "live").set(0)
@@ -379,8 +428,7 @@ class Worker:
             observe_many(m.end_to_end_seconds, np.maximum(now - stamps / 1000, 0.0))
         if self.pipeline.shadow is not None or stats.shadow_pairs is not None:
             self._observe_shadow(stats)
-        if self.monitor is not None:
-            self.monitor.add(stats)
+        self._monitor(stats)
         m.beat()
         for score, work in stats.scores:
             self.sample.add(score, work)

@@ -107,6 +107,9 @@ class Metrics:
                                        "a feature: missing_field, bad_type, cast_failed, "
                                        "bad_number, schema_mismatch", ["feature", "reason"],
                                        registry=r)
+        self.monitor_errors = Counter("scoring_monitor_errors", "Flight monitoring "
+                                      "failures (monitoring stops, scoring goes on)",
+                                      registry=r)
         self.heartbeat = time.time()
         # /readyz: the loop has partitions to read (or a file) and has committed a batch or
         # found nothing to read (a caught-up consumer is ready too)

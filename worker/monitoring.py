@@ -29,27 +29,30 @@ def enabled(model, settings) -> bool:
     return model.reference is not None if on is None else bool(on)
 
 
-def count(model, X, score: np.ndarray, into) -> None:
+def count(model, X, score: np.ndarray, into, role: str = "live") -> None:
     """Add rows ``X`` (the gathered row block or column descriptors) and their ``score`` to
-    ``into`` (a BatchStats): feature counts and score bins against the model's profile."""
+    ``into`` (a BatchStats): feature counts and score bins against the model's profile,
+    under ``role`` (live, shadow)."""
     p = model.reference
     if p is None:
         return
     cols = X if isinstance(X, _kernels.Columns) else _kernels.Columns.from_numpy(X)
-    if into.monitor is None:
-        into.monitor = p.new_counts()
-        into.score_bins = np.zeros(len(p.score_edges) + 1, np.int64)
+    pair = into.monitor.get(role)
+    if pair is None or pair[2] is not p:  # counts against another profile: not mixed
+        pair = into.monitor[role] = (p.new_counts(),
+                                     np.zeros(len(p.score_edges) + 1, np.int64), p)
     from . import _monitor
 
-    _monitor.count_bins(cols, p.edges, p.n_edges, p.lo, p.hi, into.monitor)
-    into.score_bins += R.score_bins(score, p.score_edges)
+    _monitor.count_bins(cols, p.edges, p.n_edges, p.lo, p.hi, pair[0])
+    pair[1][:] += R.score_bins(score, p.score_edges)
 
 
 class Monitor:
     """One model's window and totals; a swap makes a new one (its reference applies)."""
 
-    def __init__(self, model, settings, clock=time.monotonic):
+    def __init__(self, model, settings, role: str = "live", clock=time.monotonic):
         self.model = model
+        self.role = role
         self.profile = model.reference
         self.cfg = settings.monitoring
         self.thresholds = list(settings.scoring.thresholds)
@@ -68,23 +71,34 @@ class Monitor:
         self.window_scores = np.zeros(len(p.score_edges) + 1, np.int64) if p else None
         self.window_bands = np.zeros(len(self.thresholds) + 1, np.int64)
         self.window_rows = 0
+        self.window_counted = 0  # rows counted against the profile (monitoring can stop)
 
     def add(self, stats) -> dict | None:
-        """A batch's counts; the window's figures when this closed one (else None)."""
-        if stats.monitor is not None and self.window is not None and \
-                stats.monitor.shape == self.window.shape:
-            self.window += stats.monitor
-            self.total += stats.monitor
-            self.window_scores += stats.score_bins
-            self.total_scores += stats.score_bins
-        for band, n in stats.decisions.items():
+        """A batch's counts, to the window open when it arrived: the figures of the window
+        that ended before it, if one did (else None)."""
+        judged = self.tick()
+        pair = stats.monitor.get(self.role)
+        # a batch counted against another model's profile (scored before a swap) is not
+        # this model's to judge
+        if pair is not None and self.window is not None and pair[2] is self.profile:
+            self.window += pair[0]
+            self.total += pair[0]
+            self.window_scores += pair[1]
+            self.total_scores += pair[1]
+        bands = stats.decisions if self.role == "live" else stats.shadow_bands
+        for band, n in bands.items():
             if 0 <= band < len(self.window_bands):
                 self.window_bands[band] += n
                 self.total_bands[band] += n
         self.window_rows += stats.rows
-        return self.tick()
+        if pair is not None and pair[2] is self.profile:
+            self.window_counted += int(pair[0][0, :int(self.profile.n_edges[0]) + 2].sum()) \
+                if len(self.profile.n_edges) else 0
+        return judged
 
     def tick(self) -> dict | None:
+        """The window judged and a new one opened, once it has lasted window_s (called with
+        each batch, and while the loop is idle)."""
         if self.clock() - self.started < self.cfg.window_s:
             return None
         out = self.close()
@@ -100,18 +114,19 @@ class Monitor:
         p = self.profile
         bands = self.window_bands / max(int(self.window_bands.sum()), 1)
         out = {"rows": n, "seconds": round(self.clock() - self.started, 3),
-               "model_id": self.model.model_id, "band_rates": bands.tolist()}
-        if p is not None:
+               "model_id": self.model.model_id, "role": self.role,
+               "band_rates": bands.tolist()}
+        if p is not None and self.window_counted >= self.cfg.min_rows:
+            # judged on the rows counted (all scored rows, unless monitoring stopped)
             names = self.model.feature_names
+            counted = self.window_counted
             psi = R.feature_psi(self.window, p)
-            rows = self.window[np.arange(len(names)), p.n_edges + 1]  # missing
-            counted = self.window[0, :p.n_edges[0] + 2].sum() if len(names) else 0
-            missing = rows / max(int(counted), 1)
-            out_range = (self.window[np.arange(len(names)), p.n_edges + 2] +
-                         self.window[np.arange(len(names)), p.n_edges + 3]) / \
-                max(int(counted), 1)
+            idx = np.arange(len(names))
+            missing = self.window[idx, p.n_edges + 1] / counted
+            out_range = (self.window[idx, p.n_edges + 2] + self.window[idx, p.n_edges + 3]) / \
+                counted
             score_psi = R.psi(self.window_scores, p.score_fractions)
-            ref_missing = p.fractions[np.arange(len(names)), p.n_edges + 1]
+            ref_missing = p.fractions[idx, p.n_edges + 1]
             out.update(feature_psi=dict(zip(names, psi.tolist(), strict=True)),
                        missing_rate=dict(zip(names, missing.tolist(), strict=True)),
                        out_of_range_rate=dict(zip(names, out_range.tolist(), strict=True)),
@@ -120,24 +135,27 @@ class Monitor:
             for j, name in enumerate(names):
                 if psi[j] >= alert:
                     log.warning("feature drift", feature=name, psi=round(float(psi[j]), 4),
-                                threshold=alert, rows=n)
+                                threshold=alert, rows=n, role=self.role)
                 if missing[j] - ref_missing[j] >= self.cfg.alert_missing_jump:
                     log.warning("missing rate jump", feature=name,
                                 missing_rate=round(float(missing[j]), 4),
-                                reference=round(float(ref_missing[j]), 4), rows=n)
+                                reference=round(float(ref_missing[j]), 4), rows=n,
+                                role=self.role)
             if not math.isnan(score_psi) and score_psi >= alert:
-                log.warning("score drift", psi=round(score_psi, 4), threshold=alert, rows=n)
+                log.warning("score drift", psi=round(score_psi, 4), threshold=alert, rows=n,
+                            role=self.role)
         self.last = out
         return out
 
 
 class Collector:
-    """The monitor's figures for Prometheus, read at scrape from the loop's current monitor:
-    cumulative counts (counters) and the last judged window (gauges). Labels are bounded by
-    the model's features and bins."""
+    """The monitors' figures for Prometheus, read at scrape from the loop's current monitors
+    (live, and the shadow's when one runs): cumulative counts (counters) and the last judged
+    window (gauges). Labels are bounded by the models' features and bins, and the two
+    roles."""
 
     def __init__(self, current):
-        self.current = current  # () -> Monitor | None
+        self.current = current  # () -> list[Monitor]
 
     def describe(self):
         return []
@@ -145,68 +163,68 @@ class Collector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        mon = self.current()
-        if mon is None:
-            return
-        p, names = mon.profile, mon.model.feature_names
-        bands = CounterMetricFamily("scoring_monitor_band_rows", "Scored rows by decision band "
-                                    "(monitoring)", labels=["band"])
-        for b, n in enumerate(mon.total_bands.tolist()):
-            bands.add_metric([str(b)], n)
-        yield bands
-        if p is not None:
-            bins = CounterMetricFamily("scoring_monitor_feature_bin_rows", "Scored rows by "
-                                       "feature and reference bin ('missing': NaN, null, an "
-                                       "unknown category)", labels=["feature", "bin"])
-            out = CounterMetricFamily("scoring_monitor_feature_out_of_range_rows", "Scored "
-                                      "values outside the reference's range, by feature and "
-                                      "side", labels=["feature", "side"])
-            for j, name in enumerate(names):
-                m = int(p.n_edges[j])
-                row = mon.total[j].tolist()
-                for b in range(m + 1):
-                    bins.add_metric([name, str(b)], row[b])
-                bins.add_metric([name, "missing"], row[m + 1])
-                out.add_metric([name, "below"], row[m + 2])
-                out.add_metric([name, "above"], row[m + 3])
-            yield bins
-            yield out
-            ref = GaugeMetricFamily("scoring_monitor_feature_reference_missing_rate",
-                                    "Share of the reference rows missing the feature",
-                                    labels=["feature"])
-            for j, name in enumerate(names):
-                ref.add_metric([name], float(p.fractions[j, p.n_edges[j] + 1]))
-            yield ref
-            sb = CounterMetricFamily("scoring_monitor_score_bin_rows", "Scored rows by "
-                                     "reference score bin", labels=["bin"])
-            for b, n in enumerate(mon.total_scores.tolist()):
-                sb.add_metric([str(b)], n)
-            yield sb
-        last = mon.last
-        if last is None:
-            return
-        g = GaugeMetricFamily("scoring_monitor_window_rows", "Rows in the last judged window")
-        g.add_metric([], last["rows"])
-        yield g
-        g = GaugeMetricFamily("scoring_monitor_band_rate", "Share of the last window's rows "
-                              "in each decision band", labels=["band"])
-        for b, v in enumerate(last["band_rates"]):
-            g.add_metric([str(b)], v)
-        yield g
-        if "feature_psi" not in last:
-            return
-        for key, metric, help_ in (
-                ("feature_psi", "scoring_monitor_feature_psi", "PSI of the last window "
-                 "against the reference, by feature"),
-                ("missing_rate", "scoring_monitor_feature_missing_rate", "Share of the last "
-                 "window's rows missing the feature"),
-                ("out_of_range_rate", "scoring_monitor_feature_out_of_range_rate", "Share of "
-                 "the last window's rows outside the reference's range")):
-            g = GaugeMetricFamily(metric, help_, labels=["feature"])
-            for name, v in last[key].items():
-                g.add_metric([name], v)
-            yield g
-        g = GaugeMetricFamily("scoring_monitor_score_psi", "PSI of the last window's scores "
-                              "against the reference")
-        g.add_metric([], last["score_psi"])
-        yield g
+        def counter(name, help_, labels):
+            return CounterMetricFamily(name, help_, labels=["role", *labels])
+
+        def gauge(name, help_, labels=()):
+            return GaugeMetricFamily(name, help_, labels=["role", *labels])
+
+        fams = {
+            "bands": counter("scoring_monitor_band_rows", "Scored rows by decision band "
+                             "(monitoring)", ["band"]),
+            "bins": counter("scoring_monitor_feature_bin_rows", "Scored rows by feature and "
+                            "reference bin ('missing': NaN, null, an unknown category)",
+                            ["feature", "bin"]),
+            "out": counter("scoring_monitor_feature_out_of_range_rows", "Scored values "
+                           "outside the reference's range, by feature and side",
+                           ["feature", "side"]),
+            "ref": gauge("scoring_monitor_feature_reference_missing_rate", "Share of the "
+                         "reference rows missing the feature", ["feature"]),
+            "scores": counter("scoring_monitor_score_bin_rows", "Scored rows by reference "
+                              "score bin", ["bin"]),
+            "rows": gauge("scoring_monitor_window_rows", "Rows in the last judged window"),
+            "rate": gauge("scoring_monitor_band_rate", "Share of the last window's rows in "
+                          "each decision band", ["band"]),
+            "feature_psi": gauge("scoring_monitor_feature_psi", "PSI of the last window "
+                                 "against the reference, by feature", ["feature"]),
+            "missing_rate": gauge("scoring_monitor_feature_missing_rate", "Share of the last "
+                                  "window's rows missing the feature", ["feature"]),
+            "out_of_range_rate": gauge("scoring_monitor_feature_out_of_range_rate", "Share "
+                                       "of the last window's rows outside the reference's "
+                                       "range", ["feature"]),
+            "score_psi": gauge("scoring_monitor_score_psi", "PSI of the last window's scores "
+                               "against the reference"),
+        }
+        for mon in self.current():
+            _collect(mon, fams)
+        yield from fams.values()
+
+
+def _collect(mon: Monitor, f: dict) -> None:
+    p, names, role = mon.profile, mon.model.feature_names, mon.role
+    for b, n in enumerate(mon.total_bands.tolist()):
+        f["bands"].add_metric([role, str(b)], n)
+    if p is not None:
+        for j, name in enumerate(names):
+            m = int(p.n_edges[j])
+            row = mon.total[j].tolist()
+            for b in range(m + 1):
+                f["bins"].add_metric([role, name, str(b)], row[b])
+            f["bins"].add_metric([role, name, "missing"], row[m + 1])
+            f["out"].add_metric([role, name, "below"], row[m + 2])
+            f["out"].add_metric([role, name, "above"], row[m + 3])
+            f["ref"].add_metric([role, name], float(p.fractions[j, m + 1]))
+        for b, n in enumerate(mon.total_scores.tolist()):
+            f["scores"].add_metric([role, str(b)], n)
+    last = mon.last
+    if last is None:
+        return
+    f["rows"].add_metric([role], last["rows"])
+    for b, v in enumerate(last["band_rates"]):
+        f["rate"].add_metric([role, str(b)], v)
+    if "feature_psi" not in last:
+        return
+    for key in ("feature_psi", "missing_rate", "out_of_range_rate"):
+        for name, v in last[key].items():
+            f[key].add_metric([role, name], v)
+    f["score_psi"].add_metric([role], last["score_psi"])

@@ -62,8 +62,10 @@ class BatchStats:
     features: Tally = field(default_factory=Tally)
     # flight monitoring (worker/monitoring.py): the scored rows' counts against the model's
     # reference profile (features x bins, missing, out of range) and the scores' bins
-    monitor: np.ndarray | None = None
-    score_bins: np.ndarray | None = None
+    # role (live, shadow) -> (counts, score bins); and the shadow's rows by decision band
+    monitor: dict = field(default_factory=dict)
+    monitor_errors: int = 0  # monitoring failures (monitoring then stops; scoring goes on)
+    shadow_bands: Tally = field(default_factory=Tally)
 
     def add(self, other: BatchStats) -> None:
         """Add ``other``'s scored-row counts (messages and dead letters are the caller's)."""
@@ -84,12 +86,15 @@ class BatchStats:
         self.shadow_errors += other.shadow_errors
         _keep_top(self.top_reasons, other.top_reasons)
         self.features.update(other.features)
-        if other.monitor is not None:
-            if self.monitor is None or self.monitor.shape != other.monitor.shape:
-                self.monitor, self.score_bins = other.monitor.copy(), other.score_bins.copy()
+        for role, (counts, bins, profile) in other.monitor.items():
+            mine = self.monitor.get(role)
+            if mine is None or mine[2] is not profile:  # another model's: the newer kept
+                self.monitor[role] = (counts.copy(), bins.copy(), profile)
             else:
-                self.monitor += other.monitor
-                self.score_bins += other.score_bins
+                mine[0][:] += counts
+                mine[1][:] += bins
+        self.monitor_errors += other.monitor_errors
+        self.shadow_bands.update(other.shadow_bands)
 
     def count_features(self, kind: str, counts, names: list[str]) -> None:
         """Add per-feature ``counts`` (in ``names``' order) of ``kind``."""
@@ -206,6 +211,8 @@ class Pipeline:
         self.shadow: Shadow | None = None
         self.row_cost, self.id_factor = self._costs()
         self.monitoring = monitoring.enabled(model, settings) and model.reference is not None
+        self.monitoring_setting = settings.monitoring.enabled  # the shadow's: as the live's
+        self.monitoring_shadow = False
 
     def _costs(self) -> tuple[int, int]:
         """What scoring a row and writing its output take beyond its decoded size (which the
@@ -245,6 +252,8 @@ class Pipeline:
         own = [f for f in model.feature_names
                if (model.categories or {}).get(f) != (self.model.categories or {}).get(f)
                or model.category_hashes.get(f) != self.model.category_hashes.get(f)]
+        self.monitoring_shadow = model.reference is not None and \
+            self.monitoring_setting is not False
         self.shadow = Shadow(model, topic, output,
                              [("content-type", output.content_type.encode()),
                               ("model_id", model.model_id.encode()), ("role", b"shadow")],
@@ -351,6 +360,7 @@ class Pipeline:
                 monitoring.count(self.model, g.X, r.score, out.stats)
             except Exception as exc:  # noqa: BLE001 (monitoring never stops scoring)
                 self.monitoring = False
+                out.stats.monitor_errors += 1
                 log.error("flight monitoring stops", error=str(exc)[:300])
         if self.shadow is not None:
             self._shadow(g, r, members, out)
@@ -428,6 +438,16 @@ class Pipeline:
             stats.shadow_pairs = pairs if stats.shadow_pairs is None else \
                 stats.shadow_pairs + pairs
             stats.shadow_diffs.append(rs.score - r.score)
+            for band, n in enumerate(np.bincount(rs.decision.astype(np.int64)).tolist()):
+                if n:
+                    stats.shadow_bands[band] += n
+            if self.monitoring_shadow:
+                try:
+                    monitoring.count(sh.model, X, rs.score, stats, "shadow")
+                except Exception as exc:  # noqa: BLE001 (monitoring never stops scoring)
+                    self.monitoring_shadow = False
+                    stats.monitor_errors += 1
+                    log.error("flight monitoring of the shadow stops", error=str(exc)[:300])
         except Exception as exc:  # noqa: BLE001 (the shadow never touches the live output)
             stats.shadow_errors += 1
             log.warning("the shadow model could not score a batch", error=str(exc)[:200])

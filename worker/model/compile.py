@@ -296,15 +296,29 @@ def compile_model(source, layout: str = "auto", check: bool = True,
 
 
 def reference_rows(reference):
-    """Reference rows as given, or read from a file (its columns matched by name)."""
-    if isinstance(reference, (str, Path)):
-        from worker.io.tables import read_table
+    """Reference rows as given, or read from a .parquet, .arrow (IPC file or stream) or .csv
+    file (its columns matched to the features by name)."""
+    if not isinstance(reference, (str, Path)):
+        return reference
+    import pyarrow as pa
 
-        path = Path(reference)
-        if path.suffix not in (".parquet", ".pq", ".arrow", ".feather", ".csv"):
-            raise ValueError(f"reference {path}: a .parquet, .arrow or .csv file")
-        return read_table(path)
-    return reference
+    path = Path(reference)
+    if path.suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path)
+    if path.suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        return pcsv.read_csv(path)
+    if path.suffix in (".arrow", ".feather"):
+        with pa.memory_map(str(path)) as source:
+            try:
+                return pa.ipc.open_file(source).read_all()
+            except pa.ArrowInvalid:
+                source.seek(0)
+                return pa.ipc.open_stream(source).read_all()
+    raise ValueError(f"reference {path}: a .parquet, .arrow or .csv file")
 
 
 # the full-evaluation kernels a compile times (walk.h, qs.h, oblivious.h), under each layout

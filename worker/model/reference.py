@@ -54,7 +54,9 @@ class Profile:
             self.fractions[j, m + 1] = x["missing"]
         self.lo = np.asarray([x["min"] if x["min"] is not None else np.inf for x in f],
                              np.float32)
-        self.hi = np.asarray([x["max"] if x["max"] is not None else -np.inf for x in f],
+        # a feature the reference never had a value of: every value present is out of its
+        # range, counted once (below; NaN: never above)
+        self.hi = np.asarray([x["max"] if x["max"] is not None else np.nan for x in f],
                              np.float32)
         s = doc["score"]
         self.score_edges = np.asarray(s["edges"], np.float64)

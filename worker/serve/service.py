@@ -29,7 +29,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from .. import __version__
+from .. import __version__, monitoring
 from ..config import Settings
 from ..formats.base import InvalidMessage
 from ..io.records import Record
@@ -93,6 +93,8 @@ class ServeMetrics:
         self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow", "grpc")}
         self._counts: dict[tuple[str, int], object] = {}
         self._missing: dict[str, object] = {}  # feature name -> its missing counter's child
+        self.monitor_errors = Counter("scoring_monitor_errors", "Flight monitoring failures "
+                                      "(monitoring stops, scoring goes on)", registry=r)
 
     def count_features(self, names: list[str], X: np.ndarray, unseen: dict) -> None:
         """A request's missing values and unknown category names, by feature (the children
@@ -136,6 +138,7 @@ class _Model:
     id_name: bytes | None  # scoring.id_column, as a schema holds it
     stop_longest: tuple[int, int]  # the longest stop reason, JSON and UTF-8 (answer bound)
     feature_longest: tuple[int, int]  # and feature name
+    monitor: object = None  # flight monitoring's window (worker/monitoring.py), or None
 
 
 class Service:
@@ -157,6 +160,10 @@ class Service:
         self._preparing = False
         self._swap = threading.Lock()
         self._parser = Parser()  # the process large JSON requests are parsed in
+        self._monitor_lock = threading.Lock()
+        self.metrics.exposition.register(monitoring.Collector(
+            lambda: [self.current.monitor] if self.current is not None and
+            self.current.monitor is not None else []))
 
     # ---- the model's life ----------------------------------------------------------------
     def load(self) -> None:
@@ -238,11 +245,49 @@ class Service:
             explain_error = str(exc)
             if self.scoring.explain is not None:  # asked for every request: cannot serve
                 raise ValueError(f"scoring.explain: {exc}") from None
+        monitor = None
+        if monitoring.enabled(model, self.settings):
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                log.warning("flight monitoring is off: it needs serve.workers 1 (each "
+                            "process would judge its own share of the requests)")
+            elif model.reference is not None:
+                monitor = monitoring.Monitor(model, self.settings)
         return _Model(model, tuple(pipelines), orjson.dumps(meta), meta, STOP_REASONS,
                       classifier, oip.Contract.of(model, self.serve.allow_missing),
                       [(b"model-id", model.model_id.encode())], explain_error,
                       self.scoring.id_column.encode() if self.scoring.id_column else None,
-                      oip.longest(STOP_REASONS.tolist()), oip.longest(model.feature_names))
+                      oip.longest(STOP_REASONS.tolist()), oip.longest(model.feature_names),
+                      monitor)
+
+    def _monitor(self, m: _Model, stats) -> None:
+        """A request's counts to its model's monitor (the loop's thread and the heavy
+        lane's: one at a time); a failure stops monitoring, never the answer."""
+        try:
+            with self._monitor_lock:
+                if m.monitor is not None:
+                    m.monitor.add(stats)
+        except Exception as exc:  # noqa: BLE001
+            m.monitor = None
+            self.metrics.monitor_errors.inc()
+            log.error("flight monitoring stops", error=str(exc)[:300])
+
+    def _count(self, m: _Model, X, r) -> None:
+        """A scored request's rows and scores, counted against the model's profile."""
+        from ..pipeline import BatchStats
+
+        stats = BatchStats(rows=len(r))
+        try:
+            monitoring.count(m.model, X, r.score, stats)
+        except Exception:  # noqa: BLE001 (counted, then monitoring stops: _monitor)
+            stats.monitor_errors += 1
+        for band, n in enumerate(np.bincount(r.decision.astype(np.int64)).tolist()):
+            if n:
+                stats.decisions[band] += n
+        if stats.monitor_errors:
+            m.monitor = None
+            self.metrics.monitor_errors.inc()
+            return
+        self._monitor(m, stats)
 
     def _install(self, m: _Model) -> None:
         old = self.current
@@ -429,6 +474,8 @@ class Service:
                             binary_possible=req.binary != set(req.outputs))
         self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
         r = self._score(m, req)
+        if m.monitor is not None:
+            self._count(m, req.X, r)
         arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
         self.metrics.rows.inc(len(r))
         self.metrics.work_units.inc(int(r.work_units.sum()))
@@ -504,6 +551,8 @@ class Service:
                 f"{h.get('error_code', b'').decode()}: {h.get('error', b'').decode()}"), []
         self.metrics.rows.inc(stats.rows)
         self.metrics.work_units.inc(stats.work_units)
+        if m.monitor is not None:
+            self._monitor(m, stats)
         return 200, ARROW, outs[0].value, m.id_header
 
 

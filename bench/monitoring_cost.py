@@ -1,0 +1,182 @@
+"""Flight monitoring's cost (issue 51): the worker with monitoring on against off, file -> file,
+at 1-row and 1,000-row messages, and `score_batch` alone against `score_batch` plus the
+monitor's count, on bench/e2e.py's model (XGBoost 300 trees of depth 6, 30 features, 2%
+missing) with a reference profile of 20,000 rows like the stream's. The two sides alternate
+(on, off, off, on, ...) so a slow minute of the machine falls on both; each figure is the
+median of the runs, with its spread. Part of `make bench-e2e`; alone:
+
+    python bench/monitoring_cost.py [--runs 6] [--quick]
+
+Writes bench/MONITORING-RESULTS.md and bench/out/e2e/monitoring.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+
+import e2e  # noqa: E402
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+
+def profiled(art: Path) -> Path:
+    import worker
+
+    out = e2e.OUT / "model-300x6-profiled.model"
+    if not out.exists():
+        ref = e2e.table(0, 20_000, np.random.default_rng(77)).drop_columns(["txn_id"])
+        worker.load_model(art).with_reference(ref, thresholds=[0.5, 0.9]).save(out)
+    return out
+
+
+def run(path: Path, art: Path, tmp: Path, on: bool) -> float:
+    """Seconds of the worker's run loop, monitoring on or off (the same artifact)."""
+    import subprocess
+
+    cfg = tmp / "mon.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "source": {"type": "file", "path": str(path)},
+        "sink": {"type": "file", "path": str(tmp / "scores.arrows")},
+        "model": {"path": str(art)},
+        "scoring": {"id_column": "txn_id", "thresholds": [0.5, 0.9], "threads": 1},
+        "monitoring": {"enabled": on},
+        "logging": {"level": "INFO", "format": "json", "progress": False},
+    }))
+    p = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                       cwd=e2e.package_tree(), capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-2000:])
+    for line in p.stderr.splitlines():
+        if '"worker stopped"' in line:
+            return float(json.loads(line)["seconds"])
+    raise RuntimeError("no 'worker stopped' line")
+
+
+def kernel_pair(art: Path, rows: int, calls: int) -> tuple[float, float]:
+    """Seconds for ``calls`` score_batch calls of ``rows`` rows, without and with the
+    monitor's count of the same rows and scores (best of 5 each)."""
+    import worker
+    from worker import monitoring
+    from worker.pipeline import BatchStats
+
+    m = worker.load_model(art)
+    t = e2e.table(0, rows, np.random.default_rng(rows))
+    X = np.ascontiguousarray(np.column_stack([t.column(f).to_numpy()
+                                              for f in e2e.FEATURES]), np.float32)
+
+    def plain():
+        for _ in range(calls):
+            m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1)
+
+    def counted():
+        s = BatchStats()
+        for _ in range(calls):
+            r = m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1)
+            monitoring.count(m, X, r.score, s)
+
+    def best(fn):
+        out = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return min(out)
+
+    a, b = [], []
+    for i in range(4):  # alternated
+        for fn, into in ((plain, a), (counted, b)) if i % 2 == 0 else ((counted, b),
+                                                                      (plain, a)):
+            into.append(best(fn))
+    return statistics.median(a), statistics.median(b)
+
+
+def spread(xs: list[float]) -> str:
+    m = statistics.median(xs)
+    return f"{100 * (max(xs) - min(xs)) / m:.1f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=6, help="runs a side (alternated)")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    _, art = e2e.model_files()
+    art = profiled(art)
+    counts = {1: 20_000, 1000: 300}
+    if args.quick:
+        counts = {1: 3_000, 1000: 60}
+    res: dict = {"machine": f"{platform.processor() or platform.machine()}, "
+                            f"{_cpu()}, Python {platform.python_version()}",
+                 "runs": args.runs, "file": {}, "kernel": {}}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for rows, n in counts.items():
+            path = e2e.recording(rows, n)
+            on, off = [], []
+            for i in range(args.runs * 2):
+                side = (i % 4) in (0, 3)  # on, off, off, on, ...
+                (on if side else off).append(run(path, art, tmp, side))
+            res["file"][rows] = {"messages": n, "on_s": on, "off_s": off}
+            cost = statistics.median(on) / statistics.median(off) - 1
+            print(f"file {rows:>4} rows/msg: off {n / statistics.median(off):,.0f} msg/s, "
+                  f"on {n / statistics.median(on):,.0f} msg/s, cost {100 * cost:+.1f}% "
+                  f"(spread off {spread(off)}, on {spread(on)})", flush=True)
+    for rows, calls in ((1, 20_000), (1000, 100)):
+        a, b = kernel_pair(art, rows, calls // (10 if args.quick else 1))
+        res["kernel"][rows] = {"plain_s": a, "counted_s": b}
+        print(f"score_batch {rows:>4} rows: cost {100 * (b / a - 1):+.1f}%", flush=True)
+    (e2e.OUT / "monitoring.json").write_text(json.dumps(res, indent=1))
+    write(res)
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def write(res: dict) -> None:
+    rows = []
+    for size, r in res["file"].items():
+        cost = statistics.median(r["on_s"]) / statistics.median(r["off_s"]) - 1
+        rows.append((f"file -> file, {size}-row messages ({r['messages']:,}), worker run loop",
+                     cost, f"off {spread(r['off_s'])}, on {spread(r['on_s'])}"))
+    for size, r in res["kernel"].items():
+        rows.append((f"`score_batch` of {size} rows, + the monitor's count", 
+                     r["counted_s"] / r["plain_s"] - 1, "best of 5, median of 2 a side"))
+    rows.sort(key=lambda x: -x[1])  # the worst first
+    lines = [
+        "# Flight monitoring's cost (issue 51)",
+        "",
+        f"`python bench/monitoring_cost.py` (part of `make bench-e2e`), {res['runs']} runs a "
+        "side alternated. Model: XGBoost 300 trees of depth 6, 30 features, 2% missing, one "
+        "thread, a reference profile of 20,000 rows in 10 bins. Machine: "
+        f"{res['machine']} (2 vCPUs).",
+        "",
+        "| what | monitoring on vs off | spread (max-min / median) |",
+        "|---|---|---|",
+        *[f"| {w} | {100 * c:+.1f}% | {s} |" for w, c, s in rows],
+        "",
+        "Target: at most +3% (issue 51). The worst figure leads.",
+    ]
+    (REPO / "bench" / "MONITORING-RESULTS.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
