@@ -76,12 +76,13 @@ def count_bins(Columns cols, const float[:, ::1] edges, const int32_t[::1] n_edg
     cdef int64_t nfp = (nf + SW_MON_LANES - 1) // SW_MON_LANES * SW_MON_LANES
     cdef int64_t kpad = max((width + SW_MON_EDGES - 1) // SW_MON_EDGES, 1) * SW_MON_EDGES
     cdef bint padded = cols.direct == NULL or nfp != nf
-    cdef float* et = <float*>malloc(kpad * nfp * sizeof(float))
-    cdef float* lo_p = <float*>malloc(2 * nfp * sizeof(float))
-    cdef int32_t* ge = <int32_t*>calloc((kpad + 3) * nfp, sizeof(int32_t))
-    cdef float* stagebuf = <float*>malloc(BLOCK * nf * sizeof(float)) \
+    cdef float* et = <float*>malloc(<size_t>kpad * <size_t>nfp * sizeof(float))
+    cdef float* lo_p = <float*>malloc(2 * <size_t>nfp * sizeof(float))
+    cdef int32_t* ge = <int32_t*>calloc(<size_t>(kpad + 3) * <size_t>nfp, sizeof(int32_t))
+    cdef float* stagebuf = <float*>malloc(<size_t>BLOCK * <size_t>nf * sizeof(float)) \
         if cols.direct == NULL else NULL
-    cdef float* rows = <float*>malloc(BLOCK * nfp * sizeof(float)) if padded else NULL
+    cdef float* rows = <float*>malloc(<size_t>BLOCK * <size_t>nfp * sizeof(float)) \
+        if padded else NULL
     cdef const float* X
     if et == NULL or lo_p == NULL or ge == NULL or (cols.direct == NULL and
                                                     stagebuf == NULL) or \
