@@ -44,6 +44,9 @@ def _settings(key: str, value):
         base["delivery"]["max_batch_bytes"] = 1 << 20
     if key == "scoring.audit_fraction":  # an audit compares a lazy policy with the full model
         base["scoring"]["lazy"] = {"mode": "certified"}
+    if key == "monitoring.topic":  # window records go to the sink's brokers
+        base["sink"] = {"type": "kafka", "topic": "scores"}
+        base["kafka"] = {"bootstrap_servers": "localhost:9092"}
     return load_settings(None, **base)
 
 

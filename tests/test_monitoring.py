@@ -389,3 +389,61 @@ def test_compile_takes_a_reference_file_and_refuses_one_without_the_features(tmp
                            str(tmp_path / "x.model"), "--reference", str(bad)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "missing feature column(s): b" in proc.stderr, proc.stderr
+
+
+@pytest.mark.kafka
+def test_each_judged_window_lands_on_the_monitoring_topic_once(tmp_path, kafka_bootstrap,
+                                                               topic_factory):
+    import yaml
+
+    import worker
+    from tests import kafka_util as K
+    from tests import models as TM
+
+    ref = K.input_table(0, 5000, seed=1).drop_columns(["txn_id"])
+    model = worker.compile_model(TM.xgboost_models()["xgb-binary-logistic"]).with_reference(ref)
+    path = tmp_path / "profiled.model"
+    model.save(path)
+    topics = {k: topic_factory(partitions=2, prefix=k) for k in ("in", "out", "dlq", "mon")}
+    rows = K.produce_inputs(kafka_bootstrap, topics["in"], n_messages=60, rows=50)
+    cfg = K.write_config(tmp_path / "w.yaml", kafka_bootstrap, path, topics["in"],
+                         topics["out"], topics["dlq"], group=f"g-{topics['in']}")
+    doc = yaml.safe_load(cfg.read_text())
+    doc["monitoring"] = {"window_s": 0.5, "min_rows": 1, "topic": topics["mon"]}
+    cfg.write_text(yaml.safe_dump(doc))
+    proc = K.start_worker(cfg, tmp_path / "worker.log")
+    try:
+        K.wait_for_ids(kafka_bootstrap, topics["out"], rows.num_rows)
+        time.sleep(1.5)  # the last window ends while the loop is idle
+    finally:
+        rc = K.stop_worker(proc)
+    assert rc == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    records = K.read_topic(kafka_bootstrap, topics["mon"], committed=False, idle=3.0)
+    docs = [json.loads(m.value()) for m in records]
+    assert docs and all(m.key() == model.model_id.encode() for m in records)
+    assert sum(d["counted"] for d in docs) == rows.num_rows  # every row in one window
+    p = model.reference
+    for d in docs:  # each window's statistics are its own counts' (numpy, from the record)
+        for j, name in enumerate(model.feature_names):
+            c = d["counts"][name]
+            a = np.array(c["bins"] + [c["missing"]], np.float64)
+            e = np.append(p.fractions[j, :p.n_edges[j] + 1], p.fractions[j, p.n_edges[j] + 1])
+            assert abs(d["feature_psi"][name] - _psi(a, e)) <= 1e-9
+            assert d["missing_rate"][name] == c["missing"] / d["counted"]
+        assert abs(d["score_psi"] - _psi(np.array(d["score_bins"], np.float64),
+                                         p.score_fractions)) <= 1e-9
+        assert d["role"] == "live" and d["start"] < d["end"]
+    assert (tmp_path / "worker.log").read_text().count("window record") == 0
+
+
+def test_a_monitoring_topic_without_a_kafka_sink_exits_2_naming_it(tmp_path):
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"source": {"type": "file", "path": str(tmp_path / "in")},
+                                   "model": {"path": str(MODEL)},
+                                   "monitoring": {"topic": "windows"}}))
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "monitoring.topic: needs sink.type kafka" in proc.stderr, \
+        proc.stderr

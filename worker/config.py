@@ -529,6 +529,9 @@ class MonitoringConfig(_Section):
     warning."""
     min_rows: int = Field(100, ge=1, le=10_000_000)
     """Windows of fewer scored rows are counted but not judged (no PSI, no warning)."""
+    topic: str | None = Field(None, min_length=1, max_length=249)
+    """Kafka topic for one JSON record per judged window (its bounds, model id, counts per
+    bin, the statistics); needs sink.type kafka (the same brokers and credentials)."""
 
 
 class ServeConfig(_Section):
@@ -624,6 +627,13 @@ class Settings(BaseSettings):
         if d.max_message_bytes is not None and d.max_message_bytes > budget // 4:
             raise ValueError(f"delivery.max_message_bytes: {d.max_message_bytes} is more than "
                              f"a quarter of delivery.memory_budget_mb ({d.memory_budget_mb} MB)")
+        return self
+
+    @model_validator(mode="after")
+    def _monitoring_topic_needs_kafka(self):
+        if self.monitoring.topic and self.sink.type != "kafka":
+            raise ValueError("monitoring.topic: needs sink.type kafka (its brokers and "
+                             "credentials publish the window records)")
         return self
 
     @property

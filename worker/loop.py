@@ -48,6 +48,9 @@ class Worker:
         # or no profile); a swap of either starts its own anew (_sync_monitors)
         self.monitor: Monitor | None = None
         self.shadow_monitor: Monitor | None = None
+        self.publisher = monitoring.Publisher(settings.producer_config(False),
+                                              settings.monitoring.topic, self.metrics) \
+            if settings.monitoring.topic else None
         self._sync_monitors()
         self.metrics.registry.register(monitoring.Collector(
             lambda: [m for m in (self.monitor, self.shadow_monitor) if m is not None]))
@@ -215,6 +218,8 @@ class Worker:
                     mon.close()
                 except Exception as exc:  # noqa: BLE001 (the run's result stands)
                     log.error("flight monitoring's last window failed", error=str(exc)[:300])
+        if self.publisher is not None:
+            self.publisher.close()
         return 0
 
     def _monitor(self, stats: BatchStats) -> None:
@@ -259,8 +264,10 @@ class Worker:
                 continue
             if mon is not None:
                 mon.close()
-            setattr(self, attr, Monitor(model, self.settings, role) if model is not None
-                    else None)
+            mon = Monitor(model, self.settings, role) if model is not None else None
+            if mon is not None and self.publisher is not None:
+                mon.on_window = self.publisher.publish
+            setattr(self, attr, mon)
 
     def _observe_shadow(self, stats: BatchStats) -> None:
         m = self.metrics

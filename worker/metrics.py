@@ -107,6 +107,9 @@ class Metrics:
                                        "a feature: missing_field, bad_type, cast_failed, "
                                        "bad_number, schema_mismatch", ["feature", "reason"],
                                        registry=r)
+        self.monitor_records = Counter("scoring_monitor_records", "Window records for "
+                                       "monitoring.topic, sent or failed", ["result"],
+                                       registry=r)
         self.monitor_errors = Counter("scoring_monitor_errors", "Flight monitoring "
                                       "failures (monitoring stops, scoring goes on)",
                                       registry=r)

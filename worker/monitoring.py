@@ -62,11 +62,13 @@ class Monitor:
         self.total_scores = np.zeros(len(p.score_edges) + 1, np.int64) if p else None
         self.total_bands = np.zeros(len(self.thresholds) + 1, np.int64)
         self.last: dict | None = None  # the last judged window's figures
+        self.on_window = None  # called with each judged window's figures (Publisher)
         self._open()
 
     def _open(self) -> None:
         p = self.profile
         self.started = self.clock()
+        self.started_at = time.time()
         self.window = p.new_counts() if p is not None else None
         self.window_scores = np.zeros(len(p.score_edges) + 1, np.int64) if p else None
         self.window_bands = np.zeros(len(self.thresholds) + 1, np.int64)
@@ -114,8 +116,9 @@ class Monitor:
         p = self.profile
         bands = self.window_bands / max(int(self.window_bands.sum()), 1)
         out = {"rows": n, "seconds": round(self.clock() - self.started, 3),
+               "start": round(self.started_at, 3), "end": round(time.time(), 3),
                "model_id": self.model.model_id, "role": self.role,
-               "band_rates": bands.tolist()}
+               "band_rows": self.window_bands.tolist(), "band_rates": bands.tolist()}
         if p is not None and self.window_counted >= self.cfg.min_rows:
             # judged on the rows counted (all scored rows, unless monitoring stopped)
             names = self.model.feature_names
@@ -127,6 +130,13 @@ class Monitor:
                 counted
             score_psi = R.psi(self.window_scores, p.score_fractions)
             ref_missing = p.fractions[idx, p.n_edges + 1]
+            out["counted"] = counted
+            out["counts"] = {name: {"bins": self.window[j, :p.n_edges[j] + 1].tolist(),
+                                    "missing": int(self.window[j, p.n_edges[j] + 1]),
+                                    "below": int(self.window[j, p.n_edges[j] + 2]),
+                                    "above": int(self.window[j, p.n_edges[j] + 3])}
+                             for j, name in enumerate(names)}
+            out["score_bins"] = self.window_scores.tolist()
             out.update(feature_psi=dict(zip(names, psi.tolist(), strict=True)),
                        missing_rate=dict(zip(names, missing.tolist(), strict=True)),
                        out_of_range_rate=dict(zip(names, out_range.tolist(), strict=True)),
@@ -145,7 +155,47 @@ class Monitor:
                 log.warning("score drift", psi=round(score_psi, 4), threshold=alert, rows=n,
                             role=self.role)
         self.last = out
+        if self.on_window is not None:
+            self.on_window(out)
         return out
+
+
+class Publisher:
+    """monitoring.topic: one JSON record a judged window, keyed by the model id, from a
+    producer of its own (idempotent, not in the batches' transactions: a refused or slow
+    monitoring record never holds a batch back). Sent and failed records are counted."""
+
+    def __init__(self, conf: dict, topic: str, metrics):
+        from confluent_kafka import Producer
+
+        conf = {k: v for k, v in conf.items() if k not in ("transactional.id",
+                                                             "transaction.timeout.ms")}
+        conf["delivery.report.only.error"] = False
+        self.producer = Producer(conf)
+        self.topic = topic
+        self.metrics = metrics
+
+    def publish(self, doc: dict) -> None:
+        import orjson
+
+        value = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+        try:
+            self.producer.produce(self.topic, value=value, key=doc["model_id"].encode(),
+                                  headers=[("content-type", b"application/json")],
+                                  on_delivery=self._report)
+        except Exception as exc:  # noqa: BLE001 (a window record never stops the loop)
+            self.metrics.monitor_records.labels("failed").inc()
+            log.warning("flight monitoring's window record not sent", error=str(exc)[:200])
+        self.producer.poll(0)
+
+    def _report(self, err, _msg) -> None:
+        self.metrics.monitor_records.labels("failed" if err else "sent").inc()
+        if err is not None:
+            log.warning("flight monitoring's window record refused", topic=self.topic,
+                        error=str(err)[:200])
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.producer.flush(timeout_s)
 
 
 class Collector:

@@ -105,6 +105,8 @@ def required(settings, transactional: bool) -> list[Permission]:
         outs = [(s.topic, "publish scores"), (s.dead_letter_topic, "publish dead letters")]
         if settings.model.shadow_path:
             outs.append((s.shadow_topic, "publish the shadow model's scores"))
+        if settings.monitoring.topic:
+            outs.append((settings.monitoring.topic, "publish flight monitoring's windows"))
         for topic, why in outs:
             out.append(Permission("WRITE", "topic", topic, why=why))
         for topic, _why in outs:
