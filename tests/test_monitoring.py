@@ -447,3 +447,42 @@ def test_a_monitoring_topic_without_a_kafka_sink_exits_2_naming_it(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "monitoring.topic: needs sink.type kafka" in proc.stderr, \
         proc.stderr
+
+
+def test_a_renamed_category_shows_as_missing_and_drift():
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(12)
+    names = ["grocery", "travel", "online", "fuel"]
+    n = 4000
+
+    def frame(renamed: bool):
+        cats = rng.choice(names, n, p=[0.4, 0.1, 0.4, 0.1])
+        if renamed:  # an upstream release calls "online" "e-commerce"
+            cats = np.where(cats == "online", "e-commerce", cats)
+        return pd.DataFrame({"amount": rng.gamma(2.0, 50.0, n).astype(np.float32),
+                             "merchant": pd.Categorical(cats, categories=names
+                                                        if not renamed else None)})
+
+    ref = frame(False)
+    y = ((ref["merchant"] == "online") & (ref["amount"] > 80)).astype(int)
+    est = xgb.XGBClassifier(n_estimators=20, max_depth=3, enable_categorical=True,
+                            tree_method="hist").fit(ref, y)
+    m = compile_model(est).with_reference(ref)
+    assert m.reference.n_edges[1] == len(names) - 1  # a bin a category
+
+    def window(df):
+        t = pa.Table.from_pandas(df.astype({"merchant": str}), preserve_index=False)
+        settings = Settings(source={"type": "file", "path": "x"}, model={"path": "x"})
+        mon = monitoring.Monitor(m, settings, clock=lambda: 0.0)
+        stats = BatchStats()
+        r = m.score_batch(t)
+        monitoring.count(m, m.columns(t), r.score, stats)
+        stats.account(r)
+        mon.add(stats)
+        return mon.close()
+
+    clean, renamed = window(frame(False)), window(frame(True))
+    assert clean["feature_psi"]["merchant"] < 0.02 and clean["missing_rate"]["merchant"] == 0
+    assert renamed["feature_psi"]["merchant"] > 0.25
+    assert 0.35 < renamed["missing_rate"]["merchant"] < 0.45  # "online"'s 40%: unknown
+    assert renamed["feature_psi"]["amount"] < 0.02
