@@ -22,13 +22,16 @@
 typedef float sw_mon_vf __attribute__((vector_size(4 * SW_MON_LANES), aligned(4)));
 typedef int32_t sw_mon_vi __attribute__((vector_size(4 * SW_MON_LANES), aligned(4)));
 
-/* Rows X[0..n) (row stride nfp, a multiple of SW_MON_LANES; n small enough for int32):
+/* Rows X[0..n) (row r at X + r * rstride; SW_MON_LANES values are read from each chunk's
+   start, so a row's last chunk may read past its features into the next row or a slack:
+   those lanes' edges are NaN, their counters unread; nfp: the features padded to whole
+   chunks, a multiple of SW_MON_LANES; n small enough for int32):
    ge[k * nfp + j] += values >= edge k of feature j (et: the edges transposed, stride nfp,
    NaN past a feature's own: never >=), for edges k0..k0+SW_MON_EDGES (NaN past width);
    with k0 == 0 also miss, below and above (stride nfp). GCC's vector types: a compare
    is -1 where true, so counters subtract it. */
 SW_MON_CLONES
-static void sw_mon_count(const float* restrict X, int64_t n, int64_t nfp,
+static void sw_mon_count(const float* restrict X, int64_t n, int64_t rstride, int64_t nfp,
                          const float* restrict et, int64_t k0,
                          const float* restrict lo, const float* restrict hi,
                          int32_t* restrict ge, int32_t* restrict miss,
@@ -46,7 +49,7 @@ static void sw_mon_count(const float* restrict X, int64_t n, int64_t nfp,
         if (k0 == 0) {
             for (int64_t r = 0; r < n; r++) {
                 sw_mon_vf v;
-                memcpy(&v, X + r * nfp + j0, sizeof v);
+                memcpy(&v, X + r * rstride + j0, sizeof v);
                 m -= v != v;
                 b -= v < l;
                 a -= v > h;
@@ -56,7 +59,7 @@ static void sw_mon_count(const float* restrict X, int64_t n, int64_t nfp,
         } else {
             for (int64_t r = 0; r < n; r++) {
                 sw_mon_vf v;
-                memcpy(&v, X + r * nfp + j0, sizeof v);
+                memcpy(&v, X + r * rstride + j0, sizeof v);
                 for (int k = 0; k < SW_MON_EDGES; k++)
                     acc[k] -= v >= e[k];
             }

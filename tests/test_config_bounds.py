@@ -52,6 +52,15 @@ def _settings(key: str, value):
 
 def _edges(rng: str):
     """(value at the bound, value one past it) for each end the range states."""
+    above = re.fullmatch(r"`> (\S+?)(?:, <= (\S+))?`", rng)
+    if above:  # an open lower end: the bound itself is refused, the next value taken
+        lo, hi = above.group(1), above.group(2)
+        v = float(lo) if "." in lo else int(lo)
+        edges = [(math.nextafter(v, math.inf) if isinstance(v, float) else v + 1, v)]
+        if hi is not None:
+            w = float(hi) if "." in hi or isinstance(v, float) else int(hi)
+            edges.append((w, math.nextafter(w, math.inf) if isinstance(w, float) else w + 1))
+        return edges
     m = re.fullmatch(r"`(?:(\S+) \.\. (\S+)|>= (\S+)|<= (\S+))`( characters)?", rng)
     assert m, rng
     lo, hi = m.group(1) or m.group(3), m.group(2) or m.group(4)

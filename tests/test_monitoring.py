@@ -79,6 +79,11 @@ def test_counts_equal_numpy_on_hostile_rows(nf, n):
     stats = BatchStats()
     monitoring.count(m, X, np.zeros(n), stats)
     np.testing.assert_array_equal(stats.monitor["live"][0], _want(X, p))
+    # a float64 block and a Fortran-ordered one (through column descriptors): the same
+    for other in (X.astype(np.float64), np.asfortranarray(X)):
+        stats = BatchStats()
+        monitoring.count(m, other, np.zeros(n), stats)
+        np.testing.assert_array_equal(stats.monitor["live"][0], _want(X, p))
     # the same rows as Arrow columns (staged a block at a time): the same counts
     stats = BatchStats()
     t = pa.table({f"f{j}": pa.array(X[:, j]) for j in range(nf)})
@@ -112,6 +117,9 @@ def test_count_bins_refuses_shapes_that_disagree():
     for args in bad:
         with pytest.raises(ValueError):
             _monitor.count_bins(cols, *args)
+    for block in (np.zeros((4, 7)), np.zeros((4, 7), np.float32)[:, ::2], np.zeros(7, np.float32)):
+        with pytest.raises((ValueError, TypeError)):
+            _monitor.count_bins(block, p.edges, p.n_edges, p.lo, p.hi, p.new_counts())
 
 
 def _psi(a_counts: np.ndarray, e: np.ndarray) -> float:
@@ -330,10 +338,7 @@ def test_serve_judges_its_requests_json_and_arrow_alike(tmp_path):
                     "data": [None if np.isnan(v) else float(v) for v in X.ravel()]}]})
                 status, _, out = post(s, "/v2/models/profiled/infer", body.encode())
             assert status == 200, out
-        time.sleep(1.1)
-        status, _, out = post(s, "/v2/models/profiled/infer", json.dumps({"inputs": [{
-            "name": "x", "shape": [1, 7], "datatype": "FP32", "data": [0.0] * 7}]}).encode())
-        assert status == 200, out  # its request closes the window of the 600 rows before
+        time.sleep(1.6)  # no request: the window still ends on time (new-user finding)
         metrics = get(s, "/metrics")[1].decode()
     finally:
         assert s.stop() == 0, s.output()
@@ -486,3 +491,70 @@ def test_a_renamed_category_shows_as_missing_and_drift():
     assert renamed["feature_psi"]["merchant"] > 0.25
     assert 0.35 < renamed["missing_rate"]["merchant"] < 0.45  # "online"'s 40%: unknown
     assert renamed["feature_psi"]["amount"] < 0.02
+
+
+def test_profile_options_are_checked_not_ignored(tmp_path):
+    rng = np.random.default_rng(13)
+    X = rng.normal(size=(300, 2)).astype(np.float32)
+    b = xgb.train({"max_depth": 2, "objective": "binary:logistic"},
+                  xgb.DMatrix(X, (X[:, 0] > 0).astype(int), feature_names=["a", "b"]), 3)
+    src = tmp_path / "m.json"
+    b.save_model(src)
+    ref = tmp_path / "ref.csv"
+    ref.write_text("a,b\n" + "\n".join(f"{x},{y}" for x, y in X.tolist()))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "worker.cli", *map(str, args)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    out = tmp_path / "m.model"
+    for args, want in ((["--bins", "5"], "--bin describes the reference profile"),
+                       (["--threshold", "0.7"], "--threshold describes the reference"),
+                       (["--reference", ref, "--threshold", "0.9", "--threshold", "0.5"],
+                        "finite and increasing"),
+                       (["--reference", ref, "--threshold", "nan"], "finite and increasing")):
+        proc = cli("compile", src, "-o", out, *args)
+        assert proc.returncode == 2 and want in proc.stderr, (args, proc.stderr)
+    proc = cli("compile", src, "-o", out, "--reference", ref)
+    assert proc.returncode == 0 and "reference profile: 300 rows" in proc.stdout, proc.stdout
+    proc = cli("profile", out, "--reference", ref, "-o", tmp_path / "p.model", "--threshold",
+               "0.9", "--threshold", "0.5")
+    assert proc.returncode == 2 and "finite and increasing" in proc.stderr, proc.stderr
+    (tmp_path / "bad.csv").write_text("a\n" + "\n".join(str(x) for x in X[:, 0].tolist()))
+    proc = cli("profile", out, "--reference", tmp_path / "bad.csv", "-o", tmp_path / "p.model")
+    assert proc.returncode == 1 and "missing feature column(s): b" in proc.stderr and \
+        "'missing" not in proc.stderr, proc.stderr
+
+
+def test_a_model_without_a_profile_keeps_band_counts_and_says_so(tmp_path):
+    from tests.test_hostile_runs import _message
+
+    rec = _recording(tmp_path / "in.arrows", [_message(200, s, pa.array(
+        np.arange(200 * s, 200 * s + 200, dtype=np.int64))) for s in range(3)])
+    env = {**os.environ, "SCORING_WORKER__LOGGING__FORMAT": "json",
+           "SCORING_WORKER__MONITORING__ENABLED": "true"}
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "replay", str(rec), "--model",
+                           str(MODEL), "--output", str(tmp_path / "o.arrows")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
+    (said,) = [x for x in lines if "without a reference profile" in x["event"]]
+    assert said["level"] == "warning"
+    # and the bands are counted (the collector reads the worker's monitor)
+    from worker.config import load_settings
+    from worker.loop import Worker
+    from worker.model.compiled import load_model as load
+
+    settings = load_settings(None, source={"type": "file", "path": str(rec)},
+                             sink={"type": "file", "path": str(tmp_path / "o2.arrows")},
+                             model={"path": str(MODEL)})
+    from worker.io import open_sink, open_source
+
+    w = Worker(settings, load(MODEL), open_source(settings), open_sink(settings))
+    assert w.run() == 0
+    from prometheus_client import generate_latest
+
+    text = generate_latest(w.metrics.registry).decode()
+    bands = re.findall(r'^scoring_monitor_band_rows_total{band="(\d)",role="live"} (\S+)$',
+                       text, re.M)
+    assert sum(float(n) for _, n in bands) == 600, text[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -160,6 +161,26 @@ def check_cmd(config_path, sample_path, model_path) -> None:
     sys.exit(rc)
 
 
+def _profile_options(ctx, reference, thresholds: tuple) -> None:
+    """--bins and --threshold only with a reference; thresholds finite and increasing, as
+    scoring.thresholds must be (exit 2 naming the option)."""
+    from click.core import ParameterSource
+
+    if reference is None:
+        for name in ("bins", "thresholds"):
+            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                raise click.UsageError(f"--{name.rstrip('s')} describes the reference "
+                                       "profile: it needs --reference")
+    if not all(math.isfinite(t) for t in thresholds) or \
+            any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
+        raise click.BadParameter(f"{list(thresholds)}: finite and increasing",
+                                 param_hint="--threshold")
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
 @main.command("compile")
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
@@ -184,7 +205,8 @@ def check_cmd(config_path, sample_path, model_path) -> None:
               help="Quantile bins a feature in the reference profile.")
 @click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
               help="Decision threshold of the profile's band rates (repeat for several).")
-def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle: bool,
+@click.pass_context
+def compile_cmd(ctx, source: str, output: str, layout: str, kernel: str, trust_pickle: bool,
                 float32_inputs: bool, reference: str | None, bins: int,
                 thresholds: tuple) -> None:
     """Compile an XGBoost model (.json/.ubj), a LightGBM model file (.txt/.lgb), a CatBoost
@@ -196,6 +218,7 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
     from .model.ir import UnsupportedModelError
 
     _exit_if_stopped()
+    _profile_options(ctx, reference, thresholds)
     if _same_file(source, output):
         _config_exit("-o/--output: would overwrite the source model")
     if trust_pickle:
@@ -206,7 +229,7 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
                               float32_inputs=float32_inputs, reference=reference, bins=bins,
                               thresholds=thresholds)
     except (KeyError, TypeError) as exc:  # the reference's columns
-        raise click.ClickException(f"cannot profile {reference}: {exc}") from None
+        raise click.ClickException(f"cannot profile {reference}: {_reason(exc)}") from None
     except UnsupportedModelError as exc:
         raise click.ClickException(f"cannot compile {source}: {exc}") from None
     except ValueError as exc:  # e.g. a forced layout or kernel the model cannot take
@@ -220,24 +243,42 @@ def compile_cmd(source: str, output: str, layout: str, kernel: str, trust_pickle
                + (f"; per probe row: {timed}" if timed else "") + f"), model id {model_id}")
     for note in model.meta.get("notes") or []:  # what the compile chose that scores differ by
         click.echo(f"  note: {note}")
+    if model.reference is not None:
+        click.echo(f"  reference profile: {model.reference.rows:,} rows, {bins} bins a "
+                   f"feature, decision bands at {list(thresholds)} (flight monitoring)")
 
 
 @main.command("profile")
 @click.argument("model_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--reference", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--reference", type=click.Path(exists=True, dir_okay=False),
               help="Training rows (.parquet, .arrow, .csv; columns by feature name).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Where to write the artifact with its profile (the same model id).")
+@click.option("--show", is_flag=True,
+              help="Print the artifact's profile: each feature's bin edges, reference "
+                   "shares, missing share and range; the score's bins and band rates.")
 @click.option("--bins", type=click.IntRange(2, 100), default=10, show_default=True,
               help="Quantile bins a feature.")
 @click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
               help="Decision threshold of the profile's band rates (repeat for several).")
-def profile_cmd(model_path: str, reference: str, output: str, bins: int,
-                thresholds: tuple) -> None:
-    """Add a reference profile (flight monitoring's baseline) to a compiled model."""
+@click.pass_context
+def profile_cmd(ctx, model_path: str, reference: str | None, output: str | None, bins: int,
+                thresholds: tuple, show: bool) -> None:
+    """Add a reference profile (flight monitoring's baseline) to a compiled model, or
+    --show the one it has (what a drift alert compares the scored rows with)."""
     from .model.artifact import ArtifactError
     from .model.compile import reference_rows
     from .model.compiled import load_model
+
+    if show:
+        try:
+            _show_profile(load_model(model_path))
+        except ArtifactError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
+    if reference is None or output is None:
+        raise click.UsageError("--reference and -o/--output are needed (or --show)")
+    _profile_options(ctx, reference, thresholds)
 
     try:
         model = load_model(model_path).with_reference(reference_rows(reference), bins,
@@ -245,11 +286,31 @@ def profile_cmd(model_path: str, reference: str, output: str, bins: int,
     except ArtifactError as exc:
         raise click.ClickException(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
-        raise click.ClickException(f"cannot profile {reference}: {exc}") from None
+        raise click.ClickException(f"cannot profile {reference}: {_reason(exc)}") from None
     model_id = model.save(output)
     p = model.reference
     click.echo(f"{output}: reference of {p.rows:,} rows, {len(p.n_edges)} features in up to "
                f"{bins} bins, model id {model_id} (unchanged)")
+
+
+def _show_profile(model) -> None:
+    doc = model.meta.get("reference")
+    if doc is None:
+        raise click.ClickException(f"{model.model_id[:12]}: no reference profile (compile "
+                                   "--reference, or scoring-worker profile --reference)")
+    click.echo(f"reference profile: {doc['rows']:,} rows, up to {doc['bins']} bins a feature "
+               f"(a value's bin: how many edges are <= it)")
+    for f in doc["features"]:
+        shares = " ".join(f"{100 * x:.1f}" for x in f["fractions"])
+        click.echo(f"  {f['name']}: missing {100 * f['missing']:.1f}%, range "
+                   f"[{f['min']}, {f['max']}]{', categories' if f['categorical'] else ''}")
+        click.echo(f"    edges {[round(e, 6) for e in f['edges']]}")
+        click.echo(f"    shares % {shares}")
+    s = doc["score"]
+    click.echo(f"  score: edges {[round(e, 6) for e in s['edges']]}")
+    click.echo(f"    shares % {' '.join(f'{100 * x:.1f}' for x in s['fractions'])}")
+    click.echo(f"    bands at {s['thresholds']}: "
+               + " ".join(f"{100 * x:.1f}%" for x in s["band_rates"]))
 
 
 @main.command("score")

@@ -519,7 +519,8 @@ class MonitoringConfig(_Section):
     """Flight monitoring (issue 51): the scored rows and scores against the model's reference
     profile (`compile --reference`), counted in the scoring pass."""
     enabled: bool | None = None
-    """On, off, or (unset) on where the model artifact carries a reference profile."""
+    """false turns it off; otherwise on: against the artifact's reference profile where it
+    has one, decision-band counts only where not (a warning at start-up if set true)."""
     window_s: float = Field(60.0, gt=0, le=86_400)
     """Seconds a window: PSI, missing and out-of-range rates are computed over each."""
     alert_psi: float = Field(0.25, gt=0, le=100)

@@ -56,17 +56,22 @@ def _range(field) -> str:
     """The bounds a field's value is held to (``a .. b``, ``>= a``, ``<= b``; a text's length
     in characters), as validation enforces them: tests/test_config_bounds.py tries each."""
     lo = hi = None
-    chars = False
+    chars = above = False
     for m in field.metadata:
         for attr, is_lo, is_len in (("ge", True, False), ("le", False, False),
-                                    ("min_length", True, True), ("max_length", False, True)):
-            if hasattr(m, attr):
+                                    ("min_length", True, True), ("max_length", False, True),
+                                    ("gt", True, False)):
+            if hasattr(m, attr) and getattr(m, attr) is not None:
                 lo, hi = (getattr(m, attr), hi) if is_lo else (lo, getattr(m, attr))
                 chars = chars or is_len
+                above = above or attr == "gt"
     if lo is None and hi is None:
         return ""
-    text = f"{lo} .. {hi}" if lo is not None and hi is not None else \
-        f">= {lo}" if lo is not None else f"<= {hi}"
+    if above:  # an open lower end: more than lo
+        text = f"> {lo}, <= {hi}" if hi is not None else f"> {lo}"
+    else:
+        text = f"{lo} .. {hi}" if lo is not None and hi is not None else \
+            f">= {lo}" if lo is not None else f"<= {hi}"
     return f"`{text}`" + (" characters" if chars else "")
 
 

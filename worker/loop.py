@@ -235,6 +235,7 @@ class Worker:
             errors += 1
             log.error("flight monitoring stops", error=str(exc)[:300])
             self.monitor = self.shadow_monitor = None
+            self.pipeline.monitor_on = False
             self.pipeline.monitoring = self.pipeline.monitoring_shadow = False
         if errors:
             self.metrics.monitor_errors.inc(errors)
@@ -248,15 +249,16 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 (monitoring never stops the loop)
             log.error("flight monitoring stops", error=str(exc)[:300])
             self.monitor = self.shadow_monitor = None
+            self.pipeline.monitor_on = False
             self.pipeline.monitoring = self.pipeline.monitoring_shadow = False
             self.metrics.monitor_errors.inc()
 
     def _sync_monitors(self) -> None:
         """A monitor for the live model and one for the shadow, each of the model scoring
         now: one of a model swapped out is judged on what it saw and replaced."""
-        live = self.model if self.pipeline.monitoring else None
+        live = self.model if self.pipeline.monitor_on else None
         sh = self.pipeline.shadow
-        shadow = sh.model if sh is not None and self.pipeline.monitoring_shadow else None
+        shadow = sh.model if sh is not None and self.pipeline.monitor_on else None
         for attr, model, role in (("monitor", live, "live"),
                                   ("shadow_monitor", shadow, "shadow")):
             mon = getattr(self, attr)
@@ -265,6 +267,8 @@ class Worker:
             if mon is not None:
                 mon.close()
             mon = Monitor(model, self.settings, role) if model is not None else None
+            if mon is not None:
+                monitoring.announce(model, self.settings, role)
             if mon is not None and self.publisher is not None:
                 mon.on_window = self.publisher.publish
             setattr(self, attr, mon)

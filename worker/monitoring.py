@@ -18,15 +18,37 @@ import time
 import numpy as np
 import structlog
 
-from . import _kernels
+from . import _kernels, _monitor
 from .model import reference as R
 
 log = structlog.get_logger("worker.monitoring")
 
 
 def enabled(model, settings) -> bool:
-    on = settings.monitoring.enabled
-    return model.reference is not None if on is None else bool(on)
+    """Monitoring on for ``model``: unless monitoring.enabled is false. Without a reference
+    profile it keeps the decision-band counts only (``counts``: against a profile)."""
+    return settings.monitoring.enabled is not False
+
+
+def counts(model, settings) -> bool:
+    """Rows counted against the model's reference profile: on, and the model has one."""
+    return enabled(model, settings) and model.reference is not None
+
+
+def announce(model, settings, role: str = "live") -> None:
+    """One start-up line: what monitoring does for this model."""
+    cfg = settings.monitoring
+    if not enabled(model, settings):
+        return
+    if model.reference is None:
+        say = log.warning if cfg.enabled else log.info
+        say("flight monitoring without a reference profile: decision bands only (compile "
+            "with --reference, or scoring-worker profile, for drift and data quality)",
+            role=role, model_id=model.model_id[:12])
+        return
+    log.info("flight monitoring on", role=role, model_id=model.model_id[:12],
+             reference_rows=model.reference.rows, window_s=cfg.window_s,
+             alert_psi=cfg.alert_psi, topic=cfg.topic)
 
 
 def count(model, X, score: np.ndarray, into, role: str = "live") -> None:
@@ -36,15 +58,16 @@ def count(model, X, score: np.ndarray, into, role: str = "live") -> None:
     p = model.reference
     if p is None:
         return
-    cols = X if isinstance(X, _kernels.Columns) else _kernels.Columns.from_numpy(X)
+    # a row block is read where it lies; anything else through column descriptors
+    cols = X if isinstance(X, _kernels.Columns) or (
+        type(X) is np.ndarray and X.ndim == 2 and X.dtype == np.float32 and
+        X.flags.c_contiguous) else _kernels.Columns.from_numpy(X)
     pair = into.monitor.get(role)
     if pair is None or pair[2] is not p:  # counts against another profile: not mixed
         pair = into.monitor[role] = (p.new_counts(),
                                      np.zeros(len(p.score_edges) + 1, np.int64), p)
-    from . import _monitor
-
     _monitor.count_bins(cols, p.edges, p.n_edges, p.lo, p.hi, pair[0])
-    pair[1][:] += R.score_bins(score, p.score_edges)
+    _monitor.count_scores(np.ascontiguousarray(score, np.float64), p.score_edges, pair[1])
 
 
 class Monitor:
@@ -149,7 +172,8 @@ class Monitor:
                 if missing[j] - ref_missing[j] >= self.cfg.alert_missing_jump:
                     log.warning("missing rate jump", feature=name,
                                 missing_rate=round(float(missing[j]), 4),
-                                reference=round(float(ref_missing[j]), 4), rows=n,
+                                reference=round(float(ref_missing[j]), 4),
+                                threshold=self.cfg.alert_missing_jump, rows=n,
                                 role=self.role)
             if not math.isnan(score_psi) and score_psi >= alert:
                 log.warning("score drift", psi=round(score_psi, 4), threshold=alert, rows=n,

@@ -210,8 +210,11 @@ class Pipeline:
         self.max_out_bytes = self.max_dead_bytes = self.max_shadow_bytes = None
         self.shadow: Shadow | None = None
         self.row_cost, self.id_factor = self._costs()
-        self.monitoring = monitoring.enabled(model, settings) and model.reference is not None
-        self.monitoring_setting = settings.monitoring.enabled  # the shadow's: as the live's
+        # flight monitoring: windows of this model (monitor_on), its rows counted against
+        # its reference profile (monitoring), and the same for a shadow model
+        self.monitor_on = monitoring.enabled(model, settings)
+        self.monitoring = monitoring.counts(model, settings)
+        self.monitor_settings = settings
         self.monitoring_shadow = False
 
     def _costs(self) -> tuple[int, int]:
@@ -252,8 +255,7 @@ class Pipeline:
         own = [f for f in model.feature_names
                if (model.categories or {}).get(f) != (self.model.categories or {}).get(f)
                or model.category_hashes.get(f) != self.model.category_hashes.get(f)]
-        self.monitoring_shadow = model.reference is not None and \
-            self.monitoring_setting is not False
+        self.monitoring_shadow = monitoring.counts(model, self.monitor_settings)
         self.shadow = Shadow(model, topic, output,
                              [("content-type", output.content_type.encode()),
                               ("model_id", model.model_id.encode()), ("role", b"shadow")],

@@ -161,6 +161,7 @@ class Service:
         self._swap = threading.Lock()
         self._parser = Parser()  # the process large JSON requests are parsed in
         self._monitor_lock = threading.Lock()
+        self._closing = threading.Event()  # ends the monitoring windows' ticker
         self.metrics.exposition.register(monitoring.Collector(
             lambda: [self.current.monitor] if self.current is not None and
             self.current.monitor is not None else []))
@@ -183,8 +184,28 @@ class Service:
             self.watcher = ModelWatcher(self.path, model, self.settings, self.metrics,
                                         seen=seen, events=False).start()  # no events read
         self.metrics.ready.set(1)
+        if self.current.monitor is not None:
+            self._ticker = threading.Thread(target=self._tick, name="monitoring-windows",
+                                            daemon=True)
+            self._ticker.start()
         log.info("model ready", name=self.name, model_id=model.model_id[:12],
                  features=model.n_features)
+
+    def _tick(self) -> None:
+        """Monitoring windows end on time while no request comes (a request also ends
+        one)."""
+        period = min(1.0, self.settings.monitoring.window_s / 4)
+        while not self._closing.wait(period):
+            m = self.current
+            if m is None or m.monitor is None:
+                continue
+            try:
+                with self._monitor_lock:
+                    m.monitor.tick()
+            except Exception as exc:  # noqa: BLE001 (monitoring never stops serving)
+                m.monitor = None
+                self.metrics.monitor_errors.inc()
+                log.error("flight monitoring stops", error=str(exc)[:300])
 
     def _prepare(self, model) -> _Model:
         from ..pipeline import Pipeline
@@ -250,8 +271,9 @@ class Service:
             if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
                 log.warning("flight monitoring is off: it needs serve.workers 1 (each "
                             "process would judge its own share of the requests)")
-            elif model.reference is not None:
+            else:
                 monitor = monitoring.Monitor(model, self.settings)
+                monitoring.announce(model, self.settings)
         return _Model(model, tuple(pipelines), orjson.dumps(meta), meta, STOP_REASONS,
                       classifier, oip.Contract.of(model, self.serve.allow_missing),
                       [(b"model-id", model.model_id.encode())], explain_error,
@@ -276,10 +298,11 @@ class Service:
         from ..pipeline import BatchStats
 
         stats = BatchStats(rows=len(r))
-        try:
-            monitoring.count(m.model, X, r.score, stats)
-        except Exception:  # noqa: BLE001 (counted, then monitoring stops: _monitor)
-            stats.monitor_errors += 1
+        if m.model.reference is not None:
+            try:
+                monitoring.count(m.model, X, r.score, stats)
+            except Exception:  # noqa: BLE001 (counted, then monitoring stops: _monitor)
+                stats.monitor_errors += 1
         for band, n in enumerate(np.bincount(r.decision.astype(np.int64)).tolist()):
             if n:
                 stats.decisions[band] += n
@@ -332,6 +355,7 @@ class Service:
         self._parser.start()
 
     def close(self) -> None:
+        self._closing.set()
         if self.watcher is not None:
             self.watcher.stop()
         self._parser.close()
