@@ -117,7 +117,15 @@ def test_count_bins_refuses_shapes_that_disagree():
     for args in bad:
         with pytest.raises(ValueError):
             _monitor.count_bins(cols, *args)
-    for block in (np.zeros((4, 7)), np.zeros((4, 7), np.float32)[:, ::2], np.zeros(7, np.float32)):
+    plan = p.plan
+    for args in ((np.zeros((4, 6), np.float32), p.new_counts()),
+                 (cols, p.new_counts()[:, :-1]),
+                 (cols, p.new_counts(), np.zeros(4), np.zeros(len(p.score_edges), np.int64)),
+                 (_kernels.Columns.from_numpy(np.zeros((4, 8), np.float32)), p.new_counts())):
+        with pytest.raises(ValueError):
+            plan.count(*args)
+    for block in (np.zeros((4, 7)), np.zeros((4, 7), np.float32)[:, ::2],
+                  np.zeros(7, np.float32)):
         with pytest.raises((ValueError, TypeError)):
             _monitor.count_bins(block, p.edges, p.n_edges, p.lo, p.hi, p.new_counts())
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import structlog
 
-from . import _kernels, _monitor
+from . import _kernels
 from .model import reference as R
 
 log = structlog.get_logger("worker.monitoring")
@@ -66,8 +66,7 @@ def count(model, X, score: np.ndarray, into, role: str = "live") -> None:
     if pair is None or pair[2] is not p:  # counts against another profile: not mixed
         pair = into.monitor[role] = (p.new_counts(),
                                      np.zeros(len(p.score_edges) + 1, np.int64), p)
-    _monitor.count_bins(cols, p.edges, p.n_edges, p.lo, p.hi, pair[0])
-    _monitor.count_scores(np.ascontiguousarray(score, np.float64), p.score_edges, pair[1])
+    p.plan.count(cols, pair[0], np.ascontiguousarray(score, np.float64), pair[1])
 
 
 class Monitor:

@@ -63,6 +63,17 @@ class Profile:
         self.score_fractions = np.asarray(s["fractions"], np.float64)
         self.thresholds = [float(t) for t in s["thresholds"]]
         self.band_rates = np.asarray(s["band_rates"], np.float64)
+        self._plan = None
+
+    @property
+    def plan(self):
+        """The native counter's layout of this profile (worker._monitor.Plan), built once."""
+        if self._plan is None:
+            from worker import _monitor
+
+            self._plan = _monitor.Plan(self.edges, self.n_edges, self.lo, self.hi,
+                                       self.score_edges, self.width)
+        return self._plan
 
     def new_counts(self) -> np.ndarray:
         return np.zeros((len(self.n_edges), self.width), np.int64)
