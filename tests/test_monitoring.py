@@ -558,11 +558,23 @@ def test_a_model_without_a_profile_keeps_band_counts_and_says_so(tmp_path):
                              model={"path": str(MODEL)})
     from worker.io import open_sink, open_source
 
-    w = Worker(settings, load(MODEL), open_source(settings), open_sink(settings))
+    sink = open_sink(settings)
+    w = Worker(settings, load(MODEL), open_source(settings), sink)
     assert w.run() == 0
+    sink.close()
     from prometheus_client import generate_latest
 
     text = generate_latest(w.metrics.registry).decode()
     bands = re.findall(r'^scoring_monitor_band_rows_total{band="(\d)",role="live"} (\S+)$',
                        text, re.M)
     assert sum(float(n) for _, n in bands) == 600, text[-2000:]
+    # and a histogram of the scores in tenths, equal to numpy's on the published scores
+    got = dict(re.findall(r'^scoring_monitor_score_bin_rows_total{bin="(\d+)",role="live"} '
+                          r'(\S+)$', text, re.M))
+    from worker.io.records import read_records
+
+    scores = np.concatenate([pa.ipc.open_stream(r.value).read_all().column("score")
+                             .to_numpy() for r in read_records(tmp_path / "o2.arrows")])
+    want = np.bincount(np.searchsorted(monitoring.DEFAULT_SCORE_EDGES, scores, side="right"),
+                       minlength=10)
+    assert [float(got[str(b)]) for b in range(10)] == want.tolist(), (got, want)

@@ -22,6 +22,8 @@ from . import _kernels
 from .model import reference as R
 
 log = structlog.get_logger("worker.monitoring")
+# a classifier's score bins where the model has no reference profile: tenths of probability
+DEFAULT_SCORE_EDGES = np.round(np.arange(1, 10) / 10, 1)
 
 
 def enabled(model, settings) -> bool:
@@ -80,8 +82,12 @@ class Monitor:
         self.thresholds = list(settings.scoring.thresholds)
         self.clock = clock
         p = self.profile
+        # the score's bins: the profile's; without one, a classifier's probabilities in
+        # tenths (a histogram with no reference to compare), a regression none
+        self.score_edges = p.score_edges if p is not None else \
+            DEFAULT_SCORE_EDGES if model.task != "regression" else None
         self.total = p.new_counts() if p is not None else None
-        self.total_scores = np.zeros(len(p.score_edges) + 1, np.int64) if p else None
+        self.total_scores = self._score_bins()
         self.total_bands = np.zeros(len(self.thresholds) + 1, np.int64)
         self.last: dict | None = None  # the last judged window's figures
         self.on_window = None  # called with each judged window's figures (Publisher)
@@ -92,10 +98,14 @@ class Monitor:
         self.started = self.clock()
         self.started_at = time.time()
         self.window = p.new_counts() if p is not None else None
-        self.window_scores = np.zeros(len(p.score_edges) + 1, np.int64) if p else None
+        self.window_scores = self._score_bins()
         self.window_bands = np.zeros(len(self.thresholds) + 1, np.int64)
         self.window_rows = 0
         self.window_counted = 0  # rows counted against the profile (monitoring can stop)
+
+    def _score_bins(self) -> np.ndarray | None:
+        return np.zeros(len(self.score_edges) + 1, np.int64) \
+            if self.score_edges is not None else None
 
     def add(self, stats) -> dict | None:
         """A batch's counts, to the window open when it arrived: the figures of the window
@@ -109,6 +119,11 @@ class Monitor:
             self.total += pair[0]
             self.window_scores += pair[1]
             self.total_scores += pair[1]
+        elif self.profile is None and self.score_edges is not None and self.role == "live":
+            for score, _work in stats.scores:  # no profile: the published scores' histogram
+                bins = R.score_bins(np.asarray(score, np.float64), self.score_edges)
+                self.window_scores += bins
+                self.total_scores += bins
         bands = stats.decisions if self.role == "live" else stats.shadow_bands
         for band, n in bands.items():
             if 0 <= band < len(self.window_bands):
@@ -287,6 +302,7 @@ def _collect(mon: Monitor, f: dict) -> None:
             f["out"].add_metric([role, name, "below"], row[m + 2])
             f["out"].add_metric([role, name, "above"], row[m + 3])
             f["ref"].add_metric([role, name], float(p.fractions[j, m + 1]))
+    if mon.total_scores is not None:
         for b, n in enumerate(mon.total_scores.tolist()):
             f["scores"].add_metric([role, str(b)], n)
     last = mon.last

@@ -303,6 +303,8 @@ class Service:
                 monitoring.count(m.model, X, r.score, stats)
             except Exception:  # noqa: BLE001 (counted, then monitoring stops: _monitor)
                 stats.monitor_errors += 1
+        else:  # no profile: the scores' histogram
+            stats.scores.append((r.score, r.work_units))
         for band, n in enumerate(np.bincount(r.decision.astype(np.int64)).tolist()):
             if n:
                 stats.decisions[band] += n
