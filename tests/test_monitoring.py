@@ -280,6 +280,7 @@ def test_counts_of_another_models_profile_are_not_mixed_and_a_swap_cannot_crash(
     rng = np.random.default_rng(3)
     X = rng.normal(size=(2000, 4)).astype(np.float32)
     y = (X[:, 0] + X[:, 1] + rng.normal(size=2000) > 0).astype(int)
+    X[:100, 1] = np.nan  # 5% missing: a rate over the rows counted, not all scored
     a = compile_model(xgb.train({"max_depth": 3, "objective": "binary:logistic"},
                                 xgb.DMatrix(X, y), 20)).with_reference(X)
     b = compile_model(xgb.train({"max_depth": 1, "objective": "binary:logistic"},
@@ -304,6 +305,37 @@ def test_counts_of_another_models_profile_are_not_mixed_and_a_swap_cannot_crash(
     mon.add(stats(b))
     w = mon.close()
     assert w["rows"] == 4000 and w["feature_psi"]["f0"] < 0.02
+    assert w["missing_rate"]["f1"] == 0.05  # 100 of the 2,000 rows counted
+    # one stats counted by a, then by b (a swap between two groups): b's counts replace
+    # a's, never add to them
+    s = BatchStats()
+    monitoring.count(a, X, a.score_batch(X).score, s)
+    monitoring.count(b, X, b.score_batch(X).score, s)
+    assert s.monitor["live"][2] is b.reference
+    assert s.monitor["live"][0].shape == b.reference.new_counts().shape
+    assert int(s.monitor["live"][0][0, :b.reference.n_edges[0] + 2].sum()) == 2000
+
+
+def test_a_busy_stream_ends_its_windows_on_time_without_an_idle_moment():
+    m = _model(7)
+    now = [0.0]
+    settings = Settings(source={"type": "file", "path": "x"}, model={"path": "x"},
+                        monitoring={"window_s": 10, "min_rows": 1})
+    mon = monitoring.Monitor(m, settings, clock=lambda: now[0])
+    X = np.random.default_rng(1).normal(size=(500, 7)).astype(np.float32)
+
+    def batch():
+        s = BatchStats()
+        r = m.score_batch(X)
+        monitoring.count(m, X, r.score, s)
+        s.account(r)
+        return s
+
+    assert mon.add(batch()) is None and mon.last is None
+    now[0] = 10.5
+    judged = mon.add(batch())  # the next batch: the window before it is judged first
+    assert judged is not None and judged["rows"] == 500 and mon.last is judged
+    assert mon.window_rows == 500  # the batch is the new window's
 
 
 def test_a_feature_without_reference_values_counts_each_value_out_of_range_once():
@@ -578,3 +610,64 @@ def test_a_model_without_a_profile_keeps_band_counts_and_says_so(tmp_path):
     want = np.bincount(np.searchsorted(monitoring.DEFAULT_SCORE_EDGES, scores, side="right"),
                        minlength=10)
     assert [float(got[str(b)]) for b in range(10)] == want.tolist(), (got, want)
+
+
+def test_a_new_profile_on_the_running_model_is_swapped_in(tmp_path):
+    """The profile is outside the model id; the watcher still hands the artifact over (the
+    same scores, judged against other data)."""
+    from worker.config import load_settings
+    from worker.lifecycle import ModelWatcher
+    from worker.metrics import Metrics
+
+    m = _model(7)
+    plain = CompiledModel({k: v for k, v in m.meta.items() if k != "reference"}, m.arrays)
+    path = tmp_path / "fraud.model"
+    plain.save(path)
+    settings = load_settings(None, model={"path": str(path), "reload": True,
+                                          "reload_interval_ms": 50},
+                             source={"type": "kafka", "topic": "in"},
+                             sink={"type": "kafka", "topic": "out"})
+    w = ModelWatcher(str(path), load_model(path), settings, Metrics()).start()
+    try:
+        m.save(path)
+        deadline = time.monotonic() + 10
+        while w._ready is None:
+            assert time.monotonic() < deadline, "the profiled artifact was never taken"
+            time.sleep(0.02)
+        got = w.take()
+        assert got.model_id == plain.model_id and got.reference is not None
+    finally:
+        w.stop()
+
+
+def test_a_failing_monitor_never_costs_a_message(tmp_path, monkeypatch):
+    """Monitoring that raises: every message is still scored and published, none
+    dead-lettered, the failure counted once and monitoring stopped."""
+    from tests.test_hostile_runs import _message
+    from worker.config import load_settings
+    from worker.io import open_sink, open_source
+    from worker.io.records import read_records
+    from worker.loop import Worker
+
+    ref = demo.generate(2000, seed=1).select(demo.FEATURES)
+    model = load_model(MODEL).with_reference(ref)
+    rec = _recording(tmp_path / "in.arrows", [_message(100, s, pa.array(
+        np.arange(100 * s, 100 * s + 100, dtype=np.int64))) for s in range(5)])
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("a monitoring bug")
+
+    monkeypatch.setattr(monitoring, "count", broken)
+    settings = load_settings(None, source={"type": "file", "path": str(rec)},
+                             sink={"type": "file", "path": str(tmp_path / "o.arrows")},
+                             model={"path": str(MODEL)}, delivery={"max_batch_messages": 1})
+    sink = open_sink(settings)
+    w = Worker(settings, model, open_source(settings), sink)
+    assert w.run() == 0
+    sink.close()
+    assert len(list(read_records(tmp_path / "o.arrows"))) == 5
+    assert not (tmp_path / "o-dlq.arrows").exists() or \
+        not list(read_records(tmp_path / "o-dlq.arrows"))
+    assert len(calls) == 1 and w.metrics.monitor_errors._value.get() == 1
