@@ -171,8 +171,11 @@ cdef class Plan:
         # (zeroed: the lanes past the features are never read back); the array's last rows,
         # whose last chunk would read past its end, are copied to a padded buffer (at most
         # nfp / nf + 1 of them)
+        # (cdivision: // truncates toward zero, so a negative numerator is kept out of it;
+        # review: n * nf just under nfp gave safe 1, and a one-row block's last chunk read
+        # up to 60 bytes past the array)
         cdef int64_t safe = n if direct == NULL else \
-            max(<int64_t>0, (n * nf - nfp) // nf + 1)
+            0 if n * nf < nfp else (n * nf - nfp) // nf + 1
         cdef int64_t ncopy = min(n - safe, <int64_t>BLOCK)
         cdef int32_t* ge = <int32_t*>calloc(<size_t>(kpad + 3) * <size_t>nfp,
                                             sizeof(int32_t))

@@ -671,3 +671,13 @@ def test_a_failing_monitor_never_costs_a_message(tmp_path, monkeypatch):
     assert not (tmp_path / "o-dlq.arrows").exists() or \
         not list(read_records(tmp_path / "o-dlq.arrows"))
     assert len(calls) == 1 and w.metrics.monitor_errors._value.get() == 1
+
+
+def test_no_read_past_a_row_blocks_end():
+    """Review finding: a block of n * nf values just under a chunk's width (one row of 9 to
+    31 features not a multiple of 16) read up to 60 bytes past the array; blocks ending at
+    an inaccessible page made that a SIGSEGV (exit -11) in the child."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "monitor_guard.py")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "counted 96 guarded blocks" in proc.stdout
