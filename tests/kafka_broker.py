@@ -165,6 +165,18 @@ class LocalCluster:
         """SIGKILL one node (a crash: no controlled shutdown)."""
         self._run("kill", str(node))
 
+    def pause(self, node: int) -> None:
+        """SIGSTOP one node: it stops answering, its connections open (a blackhole)."""
+        self._run("pause", str(node))
+
+    def resume(self, node: int) -> None:
+        self._run("resume", str(node))
+
+    def coordinator(self, group: str, timeout: float = 30) -> int:
+        """The node coordinating ``group`` (FindCoordinator, through a describe)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        return admin.describe_consumer_groups([group])[group].result(timeout).coordinator.id
+
     def restart(self, node: int) -> None:
         """Start the node again and wait until it serves. On a loaded machine a node started
         right after its kill can fail to register with the controller quorum in time (it
