@@ -194,3 +194,79 @@ def test_a_worker_started_while_its_coordinator_is_frozen_starts_or_exits_1(
     # the abort, where librdkafka still hit it, is the helper's, said in one warning
     raw = [x for x in text.splitlines() if "Assertion" in x and not x.startswith("{")]
     assert not raw, raw
+
+
+def _metric(port: int, path: str = "/metrics") -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_stall_is_seen_within_its_bound_and_its_end_too(tmp_path, kafka_cluster,
+                                                          cluster_topic_factory, model_path):
+    """Issue 53: with the input partition's leader not answering and input waiting, the lag
+    read 0 (a stale cached watermark) and /readyz 200, with no log line. Now within
+    health.stall_after_s (+ the watch's period): /readyz 503, scoring_stalled 1, no lag for
+    the partition (scoring_consumer_lag_unknown 1) and one line naming what the worker waits
+    on; after the leader answers again, one line, ready again, every id delivered."""
+    import json
+    import socket
+
+    b = kafka_cluster.bootstrap
+    topics = {"in": cluster_topic_factory(partitions=1, prefix="in"),
+              "out": cluster_topic_factory(partitions=1, prefix="scores"),
+              "dlq": cluster_topic_factory(partitions=1, prefix="dlq")}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = K.write_config(tmp_path / "w.yaml", b, model_path, topics["in"], topics["out"],
+                         topics["dlq"], group=f"g-{topics['in']}", mode="at_least_once",
+                         metrics_port=port)
+    doc = __import__("yaml").safe_load(cfg.read_text())
+    doc["health"] = {"stall_after_s": 5}
+    doc["logging"] = {"format": "json", "progress": False, "level": "INFO"}
+    cfg.write_text(__import__("yaml").safe_dump(doc))
+    K.produce_inputs(b, topics["in"], n_messages=20, rows=ROWS, partitions=1)
+    log_path = tmp_path / "worker.log"
+    proc = K.start_worker(cfg, log_path)
+    leader = kafka_cluster.leader(topics["in"])
+    try:
+        K.wait_for_ids(b, topics["out"], 20 * ROWS)
+        assert _metric(port, "/readyz")[0] == 200
+        kafka_cluster.pause(leader)
+        frozen_at = time.monotonic()
+        try:
+            # input waits behind the frozen leader (produced through the others: none can
+            # take it, so a producer of our own would block; the backlog is the partition's)
+            deadline = frozen_at + 40
+            while _metric(port, "/readyz")[0] != 503:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+            seen_s = time.monotonic() - frozen_at
+            _, text = _metric(port)
+            assert "scoring_stalled 1.0" in text
+            # no lag the worker does not know: the partition's is absent (lost, or its
+            # watermark not given), never a stale 0
+            assert f'scoring_consumer_lag{{partition="{topics["in"]}[0]"}} 0.0' not in text
+        finally:
+            kafka_cluster.resume(leader)
+        deadline = time.monotonic() + 90
+        while _metric(port, "/readyz")[0] != 200:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        rc = K.stop_worker(proc)
+    assert rc == 0, log_path.read_text()[-3000:]
+    lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
+    (stalled,) = [x for x in lines if x["event"].startswith("stalled")]
+    assert f'{topics["in"]}[0]' in stalled["waiting_on"], stalled  # the leader or coordinator
+    assert len([x for x in lines if x["event"] == "moving again"]) == 1
+    # the bound: stall_after_s from the last batch, plus the watch's lag query (2 s) and
+    # its period (1 s), plus /readyz polling
+    assert seen_s <= 5 + 2 + 1 + 1 + 20, seen_s
+    print(f"stall seen after {seen_s:.1f} s (stall_after_s 5)")

@@ -515,6 +515,14 @@ class MetricsConfig(_Section):
     """Bind address of the metrics server (loopback by default)."""
 
 
+class HealthConfig(_Section):
+    """When the worker says it is stalled (issue 53)."""
+    stall_after_s: float = Field(30.0, gt=0, le=3600)
+    """No batch completed for this long while input waits (a lag above 0, or partitions
+    whose brokers do not answer): /readyz answers 503, one log line says what the worker
+    waits on, and one more when it moves again."""
+
+
 class MonitoringConfig(_Section):
     """Flight monitoring (issue 51): the scored rows and scores against the model's reference
     profile (`compile --reference`), counted in the scoring pass."""
@@ -616,6 +624,7 @@ class Settings(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")

@@ -156,18 +156,27 @@ class Worker:
             committer = ThreadPoolExecutor(1, thread_name_prefix="commit")
             if hasattr(self.source, "before_revoke"):
                 self.source.before_revoke = self._settle_for_revoke
+        # a Kafka source: lag from the brokers and stalls said, beside the loop (issue 53)
+        watch = None
+        if hasattr(self.source, "fresh_lag"):
+            from .stall import StallWatch
+
+            m.completed()  # (the stall clock starts with the loop)
+            watch = StallWatch(self.source, m, self.settings.health.stall_after_s,
+                               pending=lambda: self._pending is not None).start()
         try:
             while not self._stop:
                 if self.watcher is not None and self.watcher._ready is not None:
                     self._swap(self.watcher.take())
                 if self.shadow_watcher is not None and self.shadow_watcher._ready is not None:
                     self._swap_shadow(self.shadow_watcher.take())
-                now = time.time()
-                if now - last_lag > 5:  # idle or busy: lag of the partitions we own right now
-                    m.consumer_lag.clear()
-                    for part, lag in self.source.lag().items():
-                        m.consumer_lag.labels(part).set(lag)
-                    last_lag = now
+                if watch is None:
+                    now = time.time()
+                    if now - last_lag > 5:  # lag of the partitions we own right now
+                        m.consumer_lag.clear()
+                        for part, lag in self.source.lag().items():
+                            m.consumer_lag.labels(part).set(lag)
+                        last_lag = now
                 items = self._collect()
                 if not items:
                     self._complete()  # idle: settle the batch in flight
@@ -207,6 +216,8 @@ class Worker:
                 self._delivered(stats, batch, t0)
             self._complete()
         finally:
+            if watch is not None:
+                watch.stop()
             if committer is not None:
                 if self._pending is not None and self._pending[1] is not None:
                     self._pending[1].result()  # an error escaped: the commit ends, unused
@@ -415,6 +426,7 @@ class Worker:
 
     def _observe(self, stats: BatchStats, batch: list[Record], seconds: float, now: float):
         m = self.metrics
+        m.completed()
         m.messages_in.inc(stats.messages)
         m.records_in.inc(stats.rows_in)
         m.records_out.inc(stats.rows)

@@ -117,6 +117,18 @@ class Metrics:
         # /readyz: the loop has partitions to read (or a file) and has committed a batch or
         # found nothing to read (a caught-up consumer is ready too)
         self.ready = False
+        # issue 53: a batch completed (not only a loop turn), and a stall (StallWatch) turns
+        # /readyz to 503
+        self.completed_at = time.time()
+        self.stalled = False
+        self.since_batch = Gauge("scoring_seconds_since_last_batch", "Seconds since the last "
+                                 "batch was delivered (or the worker started)", registry=r)
+        self.since_batch.set_function(lambda: time.time() - self.completed_at)
+        self.stalled_gauge = Gauge("scoring_stalled", "1 while no batch completes and input "
+                                   "waits (health.stall_after_s)", registry=r)
+        self.lag_unknown = Gauge("scoring_consumer_lag_unknown", "Owned partitions whose "
+                                 "high watermark the brokers did not give (no lag reported "
+                                 "for them)", registry=r)
 
     def count_features(self, tally) -> None:
         """The input contract's per-feature counts of a batch (``BatchStats.features``)."""
@@ -131,6 +143,10 @@ class Metrics:
                 self.feature_unseen.labels(feature).inc(n)
             elif kind.startswith("refused:"):
                 self.feature_refused.labels(feature, kind[len("refused:"):]).inc(n)
+
+    def completed(self) -> None:
+        """A batch was delivered."""
+        self.completed_at = time.time()
 
     def beat(self) -> None:
         self.heartbeat = time.time()
@@ -150,7 +166,8 @@ class Metrics:
                 if self.path.startswith("/metrics"):
                     body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
                 elif self.path.startswith("/readyz"):
-                    ok = metrics.ready and time.time() - metrics.heartbeat < stale_after_s
+                    ok = metrics.ready and time.time() - metrics.heartbeat < stale_after_s \
+                        and not metrics.stalled
                     body = b"ready\n" if ok else b"not ready\n"
                     ctype, code = "text/plain", 200 if ok else 503
                 elif self.path.startswith(("/healthz", "/health")):

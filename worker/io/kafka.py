@@ -155,6 +155,11 @@ class KafkaSource:
     def __init__(self, conf: dict, topics: list[str]):
         self.principal, self.group = principal_of(conf), conf.get("group.id")
         self.topics = topics
+        self._conf = conf  # (the stall watch's own client for high watermarks)
+        self._probe = None
+        # (topic, partition) -> the next offset to read: the committed offset at assignment,
+        # then past each message read (what the lag is counted from, beside the loop)
+        self.read_to: dict[tuple[str, int], int] = {}
         try:
             self.consumer = Consumer({**conf, "error_cb": AuthWatch(self.principal)})
         except KafkaException as exc:
@@ -171,6 +176,7 @@ class KafkaSource:
         self._epochs = itertools.count(1)  # 0 is no assignment's
         self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
         self.closing = False  # close() has begun: an assignment it serves is not taken
+        self.lost: list[str] = []  # partitions lost (not revoked) and not assigned since
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
@@ -186,9 +192,12 @@ class KafkaSource:
             return
         log.info("partitions assigned", partitions=[f"{p.topic}[{p.partition}]"
                                                    for p in partitions])
+        self.lost = []
         if partitions:
             for tp in self._assign_at_committed(consumer, partitions):
                 self._epoch[(tp.topic, tp.partition)] = next(self._epochs)
+                if tp.offset >= 0:
+                    self.read_to[(tp.topic, tp.partition)] = tp.offset
         self.assigned |= {(p.topic, p.partition) for p in partitions}
 
     def _assign_at_committed(self, consumer, partitions, timeout_s: float = 180.0) -> None:
@@ -242,6 +251,9 @@ class KafkaSource:
 
     def _on_lost(self, consumer, partitions):
         self._end(partitions)
+        # lost, not revoked: the group's coordinator did not answer; until partitions are
+        # assigned again the worker waits on it (the stall watch says so)
+        self.lost = [f"{p.topic}[{p.partition}]" for p in partitions]
         log.warning("partitions lost", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
@@ -252,6 +264,7 @@ class KafkaSource:
         for p in partitions:
             key = (p.topic, p.partition)
             self._epoch.pop(key, None)
+            self.read_to.pop(key, None)
             self.assigned.discard(key)
         self.revoked = True
 
@@ -300,6 +313,10 @@ class KafkaSource:
             rec = to_record(msg)
             rec.epoch = epoch.get((rec.topic, rec.partition), 0)
             out.append(rec)
+        if out:
+            read_to = self.read_to
+            for rec in out:
+                read_to[(rec.topic, rec.partition)] = rec.offset + 1
         return out
 
     principal, group, topics = "User:ANONYMOUS", None, ()
@@ -382,6 +399,43 @@ class KafkaSource:
             if tp.offset >= 0 and hi >= 0:
                 out[f"{tp.topic}[{tp.partition}]"] = max(hi - tp.offset, 0)
         return out
+
+    def fresh_lag(self, timeout_s: float = 2.0) -> tuple[dict[str, int], list[str]]:
+        """Per-partition lag from high watermarks asked of the brokers now (never the cache,
+        which stays as it was while a leader does not answer), counted from what the loop
+        has read (``read_to``), and the owned partitions whose lag is not known: no
+        watermark in ``timeout_s``, or no offset yet. For the stall watch's thread: it asks
+        through a client of its own (a call on the loop's consumer waits while the loop
+        is in consume())."""
+        from confluent_kafka import Consumer
+
+        out: dict[str, int] = {}
+        unknown: list[str] = []
+        owned = sorted(self.assigned)
+        if not owned or self.closing:
+            return out, unknown
+        if self._probe is None:
+            self._probe = Consumer({**self._conf, "enable.auto.commit": False,
+                                    "group.id": f"{self.group}-lag-probe"})
+        for topic, partition in owned:
+            name = f"{topic}[{partition}]"
+            at = self.read_to.get((topic, partition))
+            try:
+                _lo, hi = self._probe.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout_s, cached=False)
+            except KafkaException:
+                unknown.append(name)
+                continue
+            if at is None or hi < 0:
+                unknown.append(name)
+            else:
+                out[name] = max(hi - at, 0)
+        return out, unknown
+
+    def close_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Leave the group. With the brokers gone librdkafka's close never returns: it runs
