@@ -202,3 +202,47 @@ def test_closing_before_the_assignment_is_served_is_quick(kafka_bootstrap, topic
     assert took < 5.0, took
     assert src.assigned == set()
     assert "committed offsets" not in caplog.text
+
+
+def test_an_idle_caught_up_worker_is_not_stalled(tmp_path, kafka_bootstrap, model_path,
+                                                 topic_factory):
+    """Review finding (issue 53): transaction markers (and aborted records) keep a caught-up
+    consumer's lag above 0, and a partition never written has no offset to count from: an
+    idle worker past health.stall_after_s was said stalled. Input written in transactions
+    (one aborted), one partition empty, 6 s idle with stall_after_s 2: ready, not stalled."""
+    import socket
+
+    from confluent_kafka import Producer
+
+    topics = {"in": topic_factory(partitions=2, prefix="in"),
+              "out": topic_factory(partitions=2, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"t-{topics['in']}"})
+    p.init_transactions(30)
+    for i, commit in enumerate((True, False, True)):
+        p.begin_transaction()
+        p.produce(topics["in"], value=K.arrow_bytes(K.input_table(i * 10, 10, seed=i)),
+                  partition=0)
+        (p.commit_transaction if commit else p.abort_transaction)(30)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, kafka_bootstrap, model_path, topics, metrics_port=port)
+    doc = __import__("yaml").safe_load(cfg.read_text())
+    doc["health"] = {"stall_after_s": 2}
+    cfg.write_text(__import__("yaml").safe_dump(doc))
+    proc = K.start_worker(cfg, tmp_path / "worker.log")
+    try:
+        K.wait_for_ids(kafka_bootstrap, topics["out"], 20)
+        time.sleep(8)  # idle well past stall_after_s, two lag refreshes
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            assert r.status == 200
+        metrics = _metrics(port)
+    finally:
+        rc = K.stop_worker(proc)
+    assert rc == 0
+    assert "scoring_stalled 0.0" in metrics
+    log = (tmp_path / "worker.log").read_text()
+    assert "stalled" not in log.replace("scoring_stalled", ""), log[-3000:]

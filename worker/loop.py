@@ -70,6 +70,7 @@ class Worker:
         self._shadow_refusals = 0
         self.swaps: list[dict] = []  # the last swaps (model ids, when, how long)
         self._limit: int | None = None  # messages per batch while a failing one is split
+        self._delivering = False  # a batch's delivery has begun and not ended
 
     def stop(self, *_args) -> None:
         if not self._stop:
@@ -163,7 +164,8 @@ class Worker:
 
             m.completed()  # (the stall clock starts with the loop)
             watch = StallWatch(self.source, m, self.settings.health.stall_after_s,
-                               pending=lambda: self._pending is not None).start()
+                               pending=lambda: self._pending is not None or
+                               self._delivering).start()
         try:
             while not self._stop:
                 if self.watcher is not None and self.watcher._ready is not None:
@@ -195,6 +197,7 @@ class Worker:
                     # read after it, comes again too
                     self._held = []
                     continue
+                self._delivering = True  # (the stall watch: a delivery in progress)
                 try:
                     if committer is None:
                         self.sink.deliver(self.source, batch, outputs, dead)
@@ -370,6 +373,7 @@ class Worker:
         broker's is split in halves until the message that fails is alone, which is then
         dead-lettered (``delivery_failed``), so no batch loops forever."""
         self._held = []  # they come again too, after the batch's own
+        self._delivering = False
         if exc.transaction:
             self.metrics.transactions_aborted.inc()
         self._failures += 1
@@ -410,6 +414,7 @@ class Worker:
             log.info("ready")
 
     def _delivered(self, stats: BatchStats, batch: list[Record], t0: float) -> None:
+        self._delivering = False
         self._mark_ready()
         self._failures = 0
         if self._limit is not None:  # after a split: back to full batches, doubling

@@ -354,6 +354,7 @@ class KafkaSource:
         the group coordinator is away (a broker restarting) the committed offsets cannot be
         read: retried for ``timeout_s``; after that where the consumer stands is unknown:
         FatalKafkaError, exit 1, and the restart reads from the committed offsets."""
+        self.read_to.clear()  # (read again from the committed offsets: no lag until then)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -400,42 +401,52 @@ class KafkaSource:
                 out[f"{tp.topic}[{tp.partition}]"] = max(hi - tp.offset, 0)
         return out
 
-    def fresh_lag(self, timeout_s: float = 2.0) -> tuple[dict[str, int], list[str]]:
-        """Per-partition lag from high watermarks asked of the brokers now (never the cache,
-        which stays as it was while a leader does not answer), counted from what the loop
-        has read (``read_to``), and the owned partitions whose lag is not known: no
-        watermark in ``timeout_s``, or no offset yet. For the stall watch's thread: it asks
-        through a client of its own (a call on the loop's consumer waits while the loop
-        is in consume())."""
-        from confluent_kafka import Consumer
+    def fresh_lag(self, timeout_s: float = 2.0) -> tuple[dict[str, int], dict[str, int],
+                                                        list[str]]:
+        """(per-partition lag, per-partition end offset, partitions whose end did not come),
+        asked of the brokers now in one ListOffsets (read_committed: the last stable
+        offset), never the consumer's cache (it keeps its last value while a leader does not
+        answer). The lag counts from what the loop has read (``read_to``; none reported
+        where nothing was read or committed yet). For the stall watch's thread: it asks
+        through an admin client of its own (no group: no ACL beyond the topic's DESCRIBE,
+        and a call on the loop's consumer waits while the loop is in consume())."""
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka.admin import AdminClient, OffsetSpec
 
-        out: dict[str, int] = {}
+        lags: dict[str, int] = {}
+        ends: dict[str, int] = {}
         unknown: list[str] = []
         owned = sorted(self.assigned)
         if not owned or self.closing:
-            return out, unknown
+            return lags, ends, unknown
         if self._probe is None:
-            self._probe = Consumer({**self._conf, "enable.auto.commit": False,
-                                    "group.id": f"{self.group}-lag-probe"})
-        for topic, partition in owned:
-            name = f"{topic}[{partition}]"
-            at = self.read_to.get((topic, partition))
+            from .access import admin_config
+
+            self._probe = AdminClient(admin_config(self._conf))
+        futures = self._probe.list_offsets(
+            {TopicPartition(t, p): OffsetSpec.latest() for t, p in owned},
+            isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s + 1
+        for tp, fut in futures.items():
+            name = f"{tp.topic}[{tp.partition}]"
             try:
-                _lo, hi = self._probe.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=timeout_s, cached=False)
-            except KafkaException:
+                end = fut.result(timeout=max(deadline - time.monotonic(), 0.01)).offset
+            except Exception:  # noqa: BLE001 (no answer in time, a leader away: unknown)
                 unknown.append(name)
                 continue
-            if at is None or hi < 0:
+            if end < 0:  # (a request that timed out answers -1001, not an error)
                 unknown.append(name)
-            else:
-                out[name] = max(hi - at, 0)
-        return out, unknown
+                continue
+            ends[name] = end
+            at = self.read_to.get((tp.topic, tp.partition))
+            if at is not None:
+                lags[name] = max(end - at, 0)
+        if unknown:  # its connections may hold timed-out requests: the next ask, a new one
+            self._probe = None
+        return lags, ends, unknown
 
     def close_probe(self) -> None:
-        if self._probe is not None:
-            self._probe.close()
-            self._probe = None
+        self._probe = None  # (an admin client is destroyed with its last reference)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Leave the group. With the brokers gone librdkafka's close never returns: it runs
