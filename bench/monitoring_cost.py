@@ -165,6 +165,8 @@ def main() -> int:
     counts = {1: 20_000, 1000: 300}
     if args.quick:
         counts = {1: 3_000, 1000: 60}
+    from explain import _cpu  # (the machine, as bench/explain.py writes it)
+
     res: dict = {"machine": f"{platform.processor() or platform.machine()}, "
                             f"{_cpu()}, Python {platform.python_version()}",
                  "runs": args.runs, "file": {}, "kernel": {}}
@@ -189,16 +191,6 @@ def main() -> int:
     (e2e.OUT / "monitoring.json").write_text(json.dumps(res, indent=1))
     write(res)
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def write(res: dict) -> None:

@@ -161,6 +161,16 @@ def check_cmd(config_path, sample_path, model_path) -> None:
     sys.exit(rc)
 
 
+def _profile_flags(f):
+    """--bins and --threshold: the reference profile's bins and decision bands."""
+    f = click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
+                     help="Decision threshold of the profile's band rates (repeat for "
+                          "several).")(f)
+    return click.option("--bins", type=click.IntRange(2, 100), default=10,
+                        show_default=True,
+                        help="Quantile bins a feature in the reference profile.")(f)
+
+
 def _profile_options(ctx, reference, thresholds: tuple) -> None:
     """--bins and --threshold only with a reference; thresholds finite and increasing, as
     scoring.thresholds must be (exit 2 naming the option)."""
@@ -201,10 +211,7 @@ def _reason(exc: Exception) -> str:
               help="Training rows (.parquet, .arrow, .csv; columns by feature name) profiled "
                    "into the artifact for flight monitoring (drift, missing rates, score "
                    "health).")
-@click.option("--bins", type=click.IntRange(2, 100), default=10, show_default=True,
-              help="Quantile bins a feature in the reference profile.")
-@click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
-              help="Decision threshold of the profile's band rates (repeat for several).")
+@_profile_flags
 @click.pass_context
 def compile_cmd(ctx, source: str, output: str, layout: str, kernel: str, trust_pickle: bool,
                 float32_inputs: bool, reference: str | None, bins: int,
@@ -257,10 +264,7 @@ def compile_cmd(ctx, source: str, output: str, layout: str, kernel: str, trust_p
 @click.option("--show", is_flag=True,
               help="Print the artifact's profile: each feature's bin edges, reference "
                    "shares, missing share and range; the score's bins and band rates.")
-@click.option("--bins", type=click.IntRange(2, 100), default=10, show_default=True,
-              help="Quantile bins a feature.")
-@click.option("--threshold", "thresholds", multiple=True, type=float, default=(0.5,),
-              help="Decision threshold of the profile's band rates (repeat for several).")
+@_profile_flags
 @click.pass_context
 def profile_cmd(ctx, model_path: str, reference: str | None, output: str | None, bins: int,
                 thresholds: tuple, show: bool) -> None:
