@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -46,6 +46,7 @@ _LATENCY = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.
 PARSE_APART = 256 << 10  # JSON past this, on the heavy lane, is parsed in a process apart
 ARROW_OVERHEAD = 64 << 10  # an Arrow answer's schema, metadata and buffer padding
 SMALL_REQUEST_ROWS = 1024  # fewer rows than this: one kernel thread (no pool to wake)
+MONITOR_ROWS = 256  # requests' rows kept before the monitor counts them (or the ticker does)
 
 
 class ServeMetrics:
@@ -139,6 +140,8 @@ class _Model:
     stop_longest: tuple[int, int]  # the longest stop reason, JSON and UTF-8 (answer bound)
     feature_longest: tuple[int, int]  # and feature name
     monitor: object = None  # flight monitoring's window (worker/monitoring.py), or None
+    pending: list = field(default_factory=list)  # requests kept for the monitor (_count)
+    pending_rows: int = 0
 
 
 class Service:
@@ -201,6 +204,7 @@ class Service:
                 continue
             try:
                 with self._monitor_lock:
+                    self._flush(m)
                     m.monitor.tick()
             except Exception as exc:  # noqa: BLE001 (monitoring never stops serving)
                 m.monitor = None
@@ -287,6 +291,7 @@ class Service:
         try:
             with self._monitor_lock:
                 if m.monitor is not None:
+                    self._flush(m)  # (the requests kept before this one first)
                     m.monitor.add(stats)
         except Exception as exc:  # noqa: BLE001
             m.monitor = None
@@ -294,25 +299,40 @@ class Service:
             log.error("flight monitoring stops", error=str(exc)[:300])
 
     def _count(self, m: _Model, X, r) -> None:
-        """A scored request's rows and scores, counted against the model's profile."""
+        """A scored request's rows, scores and decisions, kept for the model's monitor and
+        counted MONITOR_ROWS at a time (and by the ticker, within its period): a one-row
+        request pays a list append, not a count and a window's bookkeeping."""
+        with self._monitor_lock:
+            m.pending.append((X, r.score, r.decision))
+            m.pending_rows += len(X)
+            if m.pending_rows >= MONITOR_ROWS:
+                self._flush(m)
+
+    def _flush(self, m: _Model) -> None:
+        """The kept requests counted into one stats for the monitor (the lock held); a
+        failure stops monitoring, never an answer."""
         from ..pipeline import BatchStats
 
-        stats = BatchStats(rows=len(r))
-        if m.model.reference is not None:
-            try:
-                monitoring.count(m.model, X, r.score, stats)
-            except Exception:  # noqa: BLE001 (counted, then monitoring stops: _monitor)
-                stats.monitor_errors += 1
-        else:  # no profile: the scores' histogram
-            stats.scores.append((r.score, r.work_units))
-        for band, n in enumerate(np.bincount(r.decision.astype(np.int64)).tolist()):
-            if n:
-                stats.decisions[band] += n
-        if stats.monitor_errors:
+        pending, m.pending, m.pending_rows = m.pending, [], 0
+        if not pending or m.monitor is None:
+            return
+        X = pending[0][0] if len(pending) == 1 else np.concatenate([p[0] for p in pending])
+        score = np.concatenate([p[1] for p in pending])
+        stats = BatchStats(rows=len(score))
+        try:
+            if m.model.reference is not None:
+                monitoring.count(m.model, X, score, stats)
+            else:  # no profile: the scores' histogram
+                stats.scores.append((score, None))
+            decision = np.concatenate([p[2] for p in pending]).astype(np.int64)
+            for band, n in enumerate(np.bincount(decision).tolist()):
+                if n:
+                    stats.decisions[band] += n
+            m.monitor.add(stats)
+        except Exception as exc:  # noqa: BLE001
             m.monitor = None
             self.metrics.monitor_errors.inc()
-            return
-        self._monitor(m, stats)
+            log.error("flight monitoring stops", error=str(exc)[:300])
 
     def _install(self, m: _Model) -> None:
         old = self.current
