@@ -354,7 +354,7 @@ class KafkaSource:
         the group coordinator is away (a broker restarting) the committed offsets cannot be
         read: retried for ``timeout_s``; after that where the consumer stands is unknown:
         FatalKafkaError, exit 1, and the restart reads from the committed offsets."""
-        self.read_to.clear()  # (read again from the committed offsets: no lag until then)
+        self.read_to = {}  # (read again from the committed offsets: no lag until then)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
