@@ -233,25 +233,6 @@ def count_bins(X, const float[:, ::1] edges, const int32_t[::1] n_edges,
     Plan(edges, n_edges, lo, hi, np.zeros(0), counts.shape[1]).count(X, counts)
 
 
-def count_scores(const double[::1] score, const double[::1] edges, int64_t[::1] counts):
-    """Add each score's bin to ``counts`` (how many of ``edges``, ascending, are <= it; a
-    NaN score in the last bin, as numpy's searchsorted puts it)."""
-    cdef int64_t n = score.shape[0], m = edges.shape[0], i, k, b
-    cdef double v
-    if counts.shape[0] != m + 1:
-        raise ValueError(f"{counts.shape[0]} score bins for {m} edges")
-    with nogil:
-        for i in range(n):
-            v = score[i]
-            if v != v:
-                counts[m] += 1
-                continue
-            b = 0
-            for k in range(m):
-                b += v >= edges[k]
-            counts[b] += 1
-
-
 def stage(Columns cols):
     """Every row of ``cols`` as the kernels stage it: (rows, features) float32, C order,
     missing values NaN (the reference profile is built from these values)."""
