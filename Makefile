@@ -8,6 +8,7 @@ BROKER := deploy/kafka-local/broker
 
 .PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain fidelity mutate \
 	bench-categorical bench-tls bench-serve bench-serve-fairness bench-runtimes golden clean chaos-abort \
+	chaos-network \
 	broker-start \
 	broker-stop fuzz soak chaos
 
@@ -47,8 +48,21 @@ test-fast: build
 # restarts, a model swap during a rebalance; writes bench/CHAOS-RESULTS.md. CHAOS_SEED replays.
 CHAOS_SEED ?= $(shell date +%s)
 chaos: build
-	$(PY) bench/chaos.py --seed $(CHAOS_SEED)
+	$(PY) bench/chaos.py --seed $(CHAOS_SEED) $(foreach s,$(CHAOS_LOCAL),--scenario $(s))
 	$(MAKE) chaos-abort
+	$(MAKE) chaos-network
+
+CHAOS_LOCAL = pause pause-points poll-interval pause-two join-leave add-partitions zombie \
+	broker-restart swap-rebalance
+CHAOS_NETWORK = net-latency net-bandwidth net-blackhole net-reset-peer net-slicer net-limit-data \
+	net-broker-down net-flapping
+
+# Network faults (issue 53): ten of each Toxiproxy fault type in each delivery mode between a
+# worker and the three-node cluster (~70 minutes; make test runs one of each a mode); writes
+# bench/NETWORK-RESULTS.md. Toxiproxy is built with Go on first use (tests/toxiproxy.py).
+chaos-network: build
+	$(PY) bench/chaos.py --seed $(CHAOS_SEED) $(foreach s,$(CHAOS_NETWORK),--scenario $(s)) \
+	  --out bench/NETWORK-RESULTS.md
 
 # 20 workers started while their group's coordinator is frozen 15-25 s (issue 53: librdkafka's
 # abort in the start-up access check): each starts or exits 1 (~12 minutes; make test runs 2)

@@ -4,7 +4,9 @@ in bench/CHAOS-RESULTS.md.
     .venv/bin/python bench/chaos.py [--seed N] [--scenario NAME ...] [--mode MODE ...]
                                     [--before REV] [--out bench/CHAOS-RESULTS.md]
 
-The local single-node broker is started (and stopped at the end if this run started it).
+The local single-node broker is started (and stopped at the end if this run started it); the
+network scenarios (``net-*``) run on the three-node cluster through Toxiproxy, both started
+for them (``make chaos-network``: ``--scenario net-... --out bench/NETWORK-RESULTS.md``).
 ``--before REV`` first runs ``pause`` (SIGSTOP at random moments: the scenario of issue 37,
 the only one code without the pause points of worker/chaos.py can take) with the workers of
 commit REV, from a worktree under out/chaos/before with its own extensions built
@@ -44,6 +46,15 @@ def machine() -> dict:
 
 def write(out: Path, res: dict) -> None:
     m = res["machine"]
+    rows = res["after"] + res.get("before", [])
+    network = any(r["scenario"].startswith("net-") for r in rows)
+    single = any(not r["scenario"].startswith("net-") for r in rows)
+    from tests.toxiproxy import VERSION as TOXIPROXY
+
+    where = " and ".join(
+        w for w, on in (("one node, the local broker", single),
+                        (f"three nodes, the workers through Toxiproxy {TOXIPROXY}", network))
+        if on)
     lines = [
         "# Chaos suite: results",
         "",
@@ -56,7 +67,7 @@ def write(out: Path, res: dict) -> None:
         f"Machine: {m.get('Model name', '?')}, {m.get('cpus_usable', '?')} usable CPUs, "
         f"{m.get('ram_gib', 0):.0f} GiB; Python {m['python']}, confluent-kafka "
         f"{m.get('confluent_kafka', '?')} (librdkafka {m.get('librdkafka', '?')}), Apache Kafka "
-        f"{m.get('kafka', '?')} (one node, the local broker).",
+        f"{m.get('kafka', '?')} ({where}).",
         "",
     ]
     if res.get("before"):

@@ -21,7 +21,15 @@ otherwise, ``make test`` its short form in exactly_once, and pause in at_least_o
   ``transaction.timeout.ms``: the broker aborts the transaction and fences the producer; the
   worker exits 1 and is started again, as an orchestrator would;
 - ``broker-restart``: the broker stopped and started again under load (with one pause);
-- ``swap-rebalance``: the model file replaced (``model.reload``) while a second worker joins.
+- ``swap-rebalance``: the model file replaced (``model.reload``) while a second worker joins;
+- ``net-*`` (issue 53): network faults between the workers and the three-node cluster, through
+  Toxiproxy (tests/toxiproxy.py): ``net-latency`` (0.5-3 s each way), ``net-bandwidth``
+  (1 KB/s), ``net-blackhole`` (10-20 s, both ways, requests only or answers only, the
+  connections held open), ``net-reset-peer``, ``net-slicer``, ``net-limit-data`` (every
+  connection closed after 1 B-500 KB), ``net-broker-down`` (one node unreachable for the
+  worker alone, 10-20 s), ``net-flapping`` (links down and up every 0.5-2 s); after each
+  fault the output must flow again before the next. ``make test`` runs one of each in one
+  run a mode (``NETWORK_ALL``, tests/test_network.py), ``make chaos-network`` ten of each.
 
 Input: one-row messages (id i in message i, features seeded i) at 50 messages/s, round-robin
 over the input's partitions, from an idempotent acks=all producer. At the end every worker gets
@@ -33,8 +41,9 @@ dead-letter topic, and the group's committed offsets equal the input's end offse
     python -m tests.chaos [--long] [--scenario NAME ...] [--mode exactly_once|at_least_once]
                           [--seed N] [--bootstrap HOST:PORT] [--worker-tree DIR]
 
-``make test`` runs the short forms (tests/test_chaos.py); ``make chaos`` (bench/chaos.py) the
-long ones (50 pauses in ``pause`` in each mode) and writes bench/CHAOS-RESULTS.md. Every random
+``make test`` runs the short forms (tests/test_chaos.py, tests/test_network.py); ``make
+chaos`` (bench/chaos.py) the long ones (50 pauses in ``pause`` in each mode) and writes
+bench/CHAOS-RESULTS.md, ``make chaos-network`` bench/NETWORK-RESULTS.md. Every random
 choice comes from ``--seed`` (printed), so a failure replays. ``--worker-tree`` runs the
 workers from another checkout (with its extensions built), to measure a commit before a fix.
 """
@@ -161,8 +170,12 @@ class Run:
 
     def __init__(self, bootstrap: str, workdir: Path, models: dict[str, Path], mode: str,
                  seed: int, partitions: int = 2, tree: Path = REPO, client: dict | None = None,
-                 delivery: dict | None = None, reload: bool = False):
+                 delivery: dict | None = None, reload: bool = False, proxy=None):
         self.bootstrap, self.workdir, self.mode = bootstrap, workdir, mode
+        # network scenarios: the workers reach the (three-node) cluster through Toxiproxy
+        # (tests/toxiproxy.py); the input, the checks and the brokers talk directly
+        self.proxy = proxy
+        self.worker_bootstrap = proxy.bootstrap if proxy is not None else bootstrap
         self.models = models  # model_id -> artifact
         self.rng = random.Random(seed)
         self.tree = tree
@@ -171,7 +184,11 @@ class Run:
         self.topics = {"in": f"chaos-in-{tag}", "out": f"chaos-out-{tag}",
                        "dlq": f"chaos-dlq-{tag}"}
         for key, n in (("in", partitions), ("out", 2), ("dlq", 1)):
-            create_topic(self.admin, self.topics[key], partitions=n)
+            if proxy is None:
+                create_topic(self.admin, self.topics[key], partitions=n)
+            else:  # the cluster: every partition on all three nodes, two in sync to write
+                create_topic(self.admin, self.topics[key], partitions=n, replication=3,
+                             config={"min.insync.replicas": "2"})
         self.group = f"chaos-{tag}"
         self.model_path = workdir / "live.model"
         shutil.copyfile(next(iter(models.values())), self.model_path)
@@ -192,7 +209,8 @@ class Run:
 
     # -- workers
     def add_worker(self, name: str) -> WorkerProc:
-        cfg = K.write_config(self.workdir / f"{name}.yaml", self.bootstrap, self.model_path,
+        cfg = K.write_config(self.workdir / f"{name}.yaml", self.worker_bootstrap,
+                             self.model_path,
                              self.topics["in"], self.topics["out"], self.topics["dlq"],
                              group=self.group, mode=self.mode, client=self.client,
                              **self.delivery)
@@ -306,6 +324,8 @@ class Run:
         self.wait_output(20)
 
     def finish(self, timeout: float = 240) -> dict:
+        if self.proxy is not None:
+            self.proxy.reset()  # (a scenario that failed mid-fault left one)
         self.input.stop.set()
         self.input.join(180)
         assert self.input.error is None, self.input.error
@@ -381,6 +401,8 @@ class Run:
 
     def close(self) -> None:
         self._watch.set()
+        if self.proxy is not None:
+            self.proxy.reset()
         for w in self.workers.values():
             if w.alive():
                 with contextlib.suppress(ProcessLookupError):
@@ -510,6 +532,115 @@ def s_swap_rebalance(run: Run, n: int) -> None:
         run.wait_output(50)
 
 
+# ---------------------------------------------------------------- network faults
+# Through Toxiproxy between the workers and the three-node cluster (tests/toxiproxy.py). Each
+# fault is one cycle: applied to every node's proxy (or one node's), held for a while, taken
+# away, then the output must flow again before the next. Directions: upstream is the worker's
+# requests, downstream the brokers' answers.
+
+
+def _hold(run: Run, lo: float, hi: float) -> float:
+    held = run.rng.uniform(lo, hi)
+    time.sleep(held)
+    return held
+
+
+def _toxic_everywhere(run: Run, kind: str, streams, **attributes) -> list[tuple[int, str]]:
+    return [(node, run.proxy.add(node, kind, stream, **attributes))
+            for node in (1, 2, 3) for stream in streams]
+
+
+def _after_fault(run: Run, what: str) -> None:
+    run.proxy.reset()
+    run.cycles += 1
+    run.events.append(what)
+    run.wait_output(20, timeout=240)  # it flows again
+
+
+def f_latency(run: Run) -> None:
+    ms = run.rng.randint(500, 3000)
+    _toxic_everywhere(run, "latency", ("upstream", "downstream"), latency=ms, jitter=ms // 4)
+    held = _hold(run, 4, 8)
+    _after_fault(run, f"latency {ms} ms each way, {held:.1f} s")
+
+
+def f_bandwidth(run: Run) -> None:
+    _toxic_everywhere(run, "bandwidth", ("upstream", "downstream"), rate=1)  # KB/s
+    held = _hold(run, 4, 8)
+    _after_fault(run, f"bandwidth 1 KB/s, {held:.1f} s")
+
+
+def f_blackhole(run: Run) -> None:
+    """Nothing passes (both ways, requests only, or answers only) and the connections stay
+    open: the brokers' silence a worker cannot tell from slowness. 10-20 s: past the session
+    (6 s) and the transaction timeout (10 s)."""
+    streams = run.rng.choice([("upstream", "downstream"), ("upstream",), ("downstream",)])
+    _toxic_everywhere(run, "timeout", streams, timeout=0)
+    held = _hold(run, 10, 20)
+    _after_fault(run, f"blackhole {'+'.join(streams)}, {held:.1f} s")
+
+
+def f_reset_peer(run: Run) -> None:
+    ms = run.rng.choice([0, 100, 500, 2000])
+    _toxic_everywhere(run, "reset_peer", ("upstream",), timeout=ms)
+    held = _hold(run, 3, 6)
+    _after_fault(run, f"reset_peer after {ms} ms, {held:.1f} s")
+
+
+def f_slicer(run: Run) -> None:
+    size = run.rng.choice([1, 16, 64, 256])
+    _toxic_everywhere(run, "slicer", ("upstream", "downstream"), average_size=size,
+                      size_variation=size // 2, delay=run.rng.choice([0, 100, 1000]))
+    held = _hold(run, 5, 8)
+    _after_fault(run, f"slicer {size} B, {held:.1f} s")
+
+
+def f_limit_data(run: Run) -> None:
+    """Every connection closed after a few bytes (and again after reconnecting)."""
+    n = run.rng.choice([1, 100, 2_000, 50_000, 500_000])
+    stream = run.rng.choice(["upstream", "downstream"])
+    _toxic_everywhere(run, "limit_data", (stream,), bytes=n)
+    held = _hold(run, 5, 8)
+    _after_fault(run, f"limit_data {n} B {stream}, {held:.1f} s")
+
+
+def f_broker_down(run: Run) -> None:
+    """One broker unreachable for the worker alone (the cluster sees it well: it leads its
+    partitions and coordinates what it coordinated)."""
+    node = run.rng.choice([1, 2, 3])
+    run.proxy.enable(node, False)
+    held = _hold(run, 10, 20)
+    _after_fault(run, f"node {node} unreachable for the worker, {held:.1f} s")
+
+
+def f_flapping(run: Run) -> None:
+    """A node's link going down and up every 0.5-2 s for ~10 s."""
+    t_end = time.monotonic() + run.rng.uniform(8, 12)
+    flaps = 0
+    while time.monotonic() < t_end:
+        node = run.rng.choice([1, 2, 3])
+        run.proxy.enable(node, False)
+        time.sleep(run.rng.uniform(0.5, 2.0))
+        run.proxy.enable(node, True)
+        time.sleep(run.rng.uniform(0.5, 2.0))
+        flaps += 1
+    _after_fault(run, f"flapping: {flaps} links down and up")
+
+
+NETWORK_FAULTS = {"latency": f_latency, "bandwidth": f_bandwidth, "blackhole": f_blackhole,
+                  "reset-peer": f_reset_peer, "slicer": f_slicer, "limit-data": f_limit_data,
+                  "broker-down": f_broker_down, "flapping": f_flapping}
+
+
+def network_scenario(faults: list):
+    def play_faults(run: Run, n: int) -> None:
+        run.start(1)
+        for k in range(n):
+            _between(run, 1.0, 3.0)
+            faults[k % len(faults)](run)
+    return play_faults
+
+
 @dataclass
 class Scenario:
     name: str
@@ -521,6 +652,7 @@ class Scenario:
     client: dict = field(default_factory=dict)
     reload: bool = False
     broker: bool = False  # restarts the broker: only on a broker the run started
+    network: bool = False  # through Toxiproxy to the three-node cluster (tests/test_network.py)
 
 
 SCENARIOS = [
@@ -534,7 +666,13 @@ SCENARIOS = [
     Scenario("zombie", s_zombie, 1, 4, long_modes=("exactly_once",)),
     Scenario("broker-restart", s_broker_restart, 1, 3, broker=True),
     Scenario("swap-rebalance", s_swap_rebalance, 2, 8, reload=True),
-]
+] + [
+    # make chaos: ten faults of each type in each mode; make test: NETWORK_ALL
+    Scenario(f"net-{name}", network_scenario([fault]), 1, 10, short_modes=(), network=True)
+    for name, fault in NETWORK_FAULTS.items()]
+# make test (tests/test_network.py): one fault of each type, in one run a mode
+NETWORK_ALL = Scenario("net-all", network_scenario(list(NETWORK_FAULTS.values())),
+                       len(NETWORK_FAULTS), len(NETWORK_FAULTS), network=True)
 BY_NAME = {s.name: s for s in SCENARIOS}
 
 
@@ -553,14 +691,18 @@ def compile_models(workdir: Path) -> dict[str, Path]:
 
 
 def play(scenario: Scenario, mode: str, bootstrap: str, workdir: Path, models: dict,
-         seed: int, long: bool = False, tree: Path = REPO, cycles: int | None = None) -> dict:
+         seed: int, long: bool = False, tree: Path = REPO, cycles: int | None = None,
+         proxy=None) -> dict:
     """One scenario in one mode (``cycles`` pauses or faults instead of its short or long
-    form's): the result row (see Run.check) with its seed."""
+    form's): the result row (see Run.check) with its seed. A network scenario needs
+    ``proxy`` (a tests.toxiproxy.Toxiproxy) and ``bootstrap`` the cluster's."""
+    if scenario.network and proxy is None:
+        raise ValueError(f"{scenario.name} runs through Toxiproxy: no proxy given")
     workdir.mkdir(parents=True, exist_ok=True)
     n = cycles or (scenario.long if long else scenario.short)
     say(f"{scenario.name} ({mode}, {n} cycles, seed {seed}) in {workdir}")
     run = Run(bootstrap, workdir, models, mode, seed, tree=tree, client=scenario.client,
-              reload=scenario.reload)
+              reload=scenario.reload, proxy=proxy if scenario.network else None)
     t0 = time.monotonic()
     try:
         scenario.play(run, n)
@@ -592,25 +734,54 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def network_harness(workdir: Path):
+    """The three-node cluster (started, and stopped at the end if it was not running) and
+    Toxiproxy in front of it: (the cluster's bootstrap, the proxy)."""
+    from tests.toxiproxy import Toxiproxy
+
+    run = [str(BROKER_SCRIPT), "--brokers", "3"]
+    already = subprocess.run([*run, "status"], capture_output=True, timeout=30).returncode == 0
+    proc = subprocess.run([*run, "start"], capture_output=True, text=True, timeout=900)
+    lines = [x.strip() for x in proc.stdout.splitlines() if x.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"broker --brokers 3 start failed:\n{proc.stderr}")
+    proxy = Toxiproxy(workdir / "toxiproxy.log")
+    try:
+        yield lines[-1], proxy
+    finally:
+        proxy.close()
+        if not already:
+            subprocess.run([*run, "stop"], capture_output=True, timeout=180)
+
+
 def play_all(bootstrap: str, seed: int, names=None, modes=None, long: bool = False,
              tree: Path = REPO, restart_broker: bool = True,
              cycles: int | None = None) -> list[dict]:
     """Every scenario named (all by default) in each of its delivery modes (those of its
-    short or long form; only ``modes`` if given)."""
+    short or long form; only ``modes`` if given). The network scenarios run on the
+    three-node cluster through Toxiproxy, started here when the first of them comes."""
     workdir = REPO / "out" / "chaos"
     workdir.mkdir(parents=True, exist_ok=True)
     say(f"seed {seed}, broker {bootstrap}, workers from {tree}")
     models = compile_models(workdir)
     results = []
-    for k, sc in enumerate(BY_NAME[n] for n in (names or list(BY_NAME))):
-        for mode in sc.long_modes if long else sc.short_modes:
-            if modes and mode not in modes:
-                continue
-            if sc.broker and not restart_broker:
-                say(f"{sc.name}: not run (it restarts the broker, which this run did not start)")
-                continue
-            results.append(play(sc, mode, bootstrap, workdir / f"{sc.name}-{mode}", models,
-                                seed + 1000 * k + MODES.index(mode), long, tree, cycles))
+    with contextlib.ExitStack() as stack:
+        network = None
+        for k, sc in enumerate(BY_NAME[n] for n in (names or list(BY_NAME))):
+            for mode in sc.long_modes if long else sc.short_modes:
+                if modes and mode not in modes:
+                    continue
+                if sc.broker and not restart_broker:
+                    say(f"{sc.name}: not run (it restarts the broker, which this run did not "
+                        "start)")
+                    continue
+                if sc.network and network is None:
+                    network = stack.enter_context(network_harness(workdir))
+                b, proxy = network if sc.network else (bootstrap, None)
+                results.append(play(sc, mode, b, workdir / f"{sc.name}-{mode}", models,
+                                    seed + 1000 * k + MODES.index(mode), long, tree, cycles,
+                                    proxy=proxy))
     return results
 
 

@@ -31,7 +31,7 @@ def model_path(tmp_path_factory):
 # and the group coordinator's recovery after a whole-cluster restart outlasted the test's
 # wait (clean-clone runs, 2026-12-04).
 _GROUPS = {"test_security.py": "security"}
-_SERIAL = {"test_cluster.py"}
+_SERIAL = {"test_cluster.py", "test_network.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,6 +52,7 @@ ALLOWED_SKIPS = (
     "this CPU has no AVX-512",  # test_explain.py, test_partition_walk.py: the CPU's features
     "helm not found",  # test_deploy.py: helm is built by .ci/run where Go is (README)
     "prometheus not found",  # test_alerts.py: .ci/run installs Debian's package (README)
+    "toxiproxy not found",  # test_network.py: built with Go by the fixture or .ci/run (README)
     "restarts the local broker",  # test_chaos.py: a broker named by the environment is not ours
 )
 

@@ -14,6 +14,9 @@ kafka_cluster (session)
     The three-node cluster (``broker --brokers 3``) with ``kill(n)``, ``restart(n)`` and
     ``leader(topic, partition)``; ``cluster_topic_factory`` makes topics on it (replication
     factor 3, ``min.insync.replicas`` 2).
+toxiproxy (session)
+    Toxiproxy in front of the cluster's nodes (tests/toxiproxy.py): network faults between a
+    worker and its brokers.
 topic_factory (function)
     ``topic_factory(partitions=1, prefix="test", config=None) -> str`` creates a uniquely named
     topic, waits until all its partitions have leaders, and deletes it at teardown.
@@ -104,10 +107,17 @@ def create_topic(
     config: dict | None = None,
     timeout: float = 30.0,
     replication: int = 1,
+    replicas: list[list[int]] | None = None,
 ) -> str:
+    """``replicas``: each partition's replicas (the first its preferred leader) instead of
+    ``partitions`` x ``replication`` placed by the broker."""
+    topic = (NewTopic(name, num_partitions=len(replicas), replication_factor=-1,
+                      replica_assignment=replicas, config=config or {}) if replicas
+             else NewTopic(name, num_partitions=partitions, replication_factor=replication,
+                           config=config or {}))
+    partitions = len(replicas) if replicas else partitions
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=replication,
-                  config=config or {})],
+        [topic],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
@@ -241,16 +251,40 @@ def cluster_topic_factory(kafka_cluster):
     clients = [AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})]
     created: list[str] = []
 
-    def factory(partitions: int = 1, prefix: str = "test", config: dict | None = None) -> str:
+    def factory(partitions: int = 1, prefix: str = "test", config: dict | None = None,
+                leaders: list[int] | None = None) -> str:
+        """``leaders``: partition i led by node leaders[i % len(leaders)] (replicas on all
+        three nodes); by default the brokers place them."""
         name = f"{prefix}-{uuid.uuid4().hex}"
+        replicas = None if not leaders else [
+            [leaders[i % len(leaders)]] + [n for n in (1, 2, 3) if n != leaders[i % len(leaders)]]
+            for i in range(partitions)]
         create_topic(clients[0], name, partitions=partitions,
-                     config={"min.insync.replicas": "2", **(config or {})}, replication=3)
+                     config={"min.insync.replicas": "2", **(config or {})}, replication=3,
+                     replicas=replicas)
         created.append(name)
         return name
 
     yield factory
     delete_topics(clients[0], created)
     clients.clear()
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(kafka_cluster, tmp_path_factory):
+    """Toxiproxy in front of the cluster's nodes (tests/toxiproxy.py): a worker bootstrapped
+    at ``toxiproxy.bootstrap`` reaches the brokers only through it. Built with Go on first
+    use; without Go the tests that need it skip, saying so."""
+    from tests import toxiproxy as T
+
+    try:
+        proxy = T.Toxiproxy(tmp_path_factory.mktemp("toxiproxy") / "toxiproxy.log")
+    except T.Unavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 class SecureBroker:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import queue
 import threading
 import time
@@ -60,15 +61,14 @@ class ProducerStuck(KafkaException):
 
 
 class _CallThread:
-    """One daemon thread that runs a producer's blocking transactional calls, so a call that
-    never returns strands this thread, not the run loop (which waits with a bound and then
-    replaces the producer). A thread per producer: calls stay in order, as librdkafka
-    requires of the transactional API."""
+    """One daemon thread that runs a client's blocking calls (a producer's transactional
+    calls, a consumer's offset commits), so a call that never returns strands this thread,
+    not the run loop (which waits with a bound, or until a stop's grace has passed). A thread
+    per client: calls stay in order, as librdkafka requires of the transactional API."""
 
-    def __init__(self):
+    def __init__(self, name: str = "kafka-transactions"):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="kafka-transactions",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -141,6 +141,10 @@ def to_record(msg) -> Record:
                   ts if ts_type else 0, headers)
 
 
+def _never() -> bool:
+    return False
+
+
 class KafkaSource:
     """A consumer-group member; every batch is committed before the next poll.
 
@@ -151,6 +155,10 @@ class KafkaSource:
     whoever owns the partition now reads it again from the committed offset. A partition lost
     and given back inside one poll (a session timeout after a pause, a cooperative rebalance)
     keeps what was fetched under its new assignment."""
+
+    # (class defaults too: a source a test builds without __init__ closes like any other)
+    stopping = staticmethod(_never)  # the run loop's "give up" (a stop asked for, grace passed)
+    commit_abandoned = False  # a commit was given up at a stop and may still run
 
     def __init__(self, conf: dict, topics: list[str]):
         self.principal, self.group = principal_of(conf), conf.get("group.id")
@@ -176,6 +184,8 @@ class KafkaSource:
         self._epochs = itertools.count(1)  # 0 is no assignment's
         self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
         self.closing = False  # close() has begun: an assignment it serves is not taken
+        self._committer: _CallThread | None = None  # where offset commits run (commit)
+        self.commit_abandoned = False  # a commit was given up at a stop and may still run
         self.lost: list[str] = []  # partitions lost (not revoked) and not assigned since
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
@@ -342,8 +352,22 @@ class KafkaSource:
         is logged: the partition's next owner reads those messages again."""
         if not batch:
             return
+        offsets = self.next_offsets(batch)
+        if self._committer is None:
+            self._committer = _CallThread("offset-commit")
         try:
-            self.consumer.commit(offsets=self.next_offsets(batch), asynchronous=False)
+            # librdkafka's synchronous commit has no timeout: while the group's coordinator
+            # does not answer it waits for ever. It runs on a thread of its own, so a stop can
+            # give it up once its grace has passed (issue 53: the hard-exit watchdog ended it)
+            self._committer.call(partial(self.consumer.commit, offsets=offsets,
+                                         asynchronous=False), (), math.inf, self.stopping)
+        except ProducerStuck as stuck:
+            self.commit_abandoned = True
+            log.warning("stopping: the offset commit did not return within the stop's grace "
+                        "(delivery.stop_timeout_ms); given up, so these messages are read "
+                        "again by the partitions' next owner",
+                        partitions=[f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in offsets],
+                        waited_s=round(stuck.waited_s, 1))
         except KafkaException as exc:
             self._refused(exc.args[0] if exc.args else exc, batch[0].topic)
             log.warning("offset commit failed: these messages may be delivered again",
@@ -451,10 +475,17 @@ class KafkaSource:
     def close(self, timeout_s: float = 10.0) -> None:
         """Leave the group. With the brokers gone librdkafka's close never returns: it runs
         in a thread of its own, and after ``timeout_s`` the worker exits without it (the
-        group expels this member after its session timeout)."""
-        import threading
-
+        group expels this member after its session timeout). Once a stop's grace has passed
+        (the brokers did not answer within it) the bound is CLOSE_AFTER_GRACE_S, so the worker
+        exits within delivery.stop_timeout_ms plus about that; after a commit was given up
+        (it may still be inside the consumer) the group is not left at all."""
         self.closing = True
+        if self.commit_abandoned:
+            log.warning("exiting without leaving the group: an offset commit is still in "
+                        "flight (the group expels this member after its session timeout)")
+            return
+        if self.stopping():
+            timeout_s = min(timeout_s, CLOSE_AFTER_GRACE_S)
         t = threading.Thread(target=self.consumer.close, name="consumer-close", daemon=True)
         t.start()
         t.join(timeout_s)
@@ -463,8 +494,9 @@ class KafkaSource:
                         "away): exiting without leaving the group", waited_s=timeout_s)
 
 
-def _never() -> bool:
-    return False
+# How long a consumer may take to leave its group once a stop's grace has passed: the
+# brokers did not answer within the grace, so the leave is tried briefly, then not waited for
+CLOSE_AFTER_GRACE_S = 1.0
 
 
 # What a record adds to its value in a record batch (batch header 61 bytes, record framing up to
