@@ -55,7 +55,10 @@ class StallWatch:
         the thread is a daemon)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(4)
+            # past a stop's grace the brokers did not answer: a query in flight is not waited
+            # for (the worker exits within delivery.stop_timeout_ms + 2 s)
+            late = getattr(self.source, "stopping", None)
+            self._thread.join(0.2 if callable(late) and late() else 4)
         if hasattr(self.source, "close_probe"):
             self.source.close_probe()
 

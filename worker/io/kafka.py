@@ -158,7 +158,9 @@ class KafkaSource:
 
     # (class defaults too: a source a test builds without __init__ closes like any other)
     stopping = staticmethod(_never)  # the run loop's "give up" (a stop asked for, grace passed)
-    commit_abandoned = False  # a commit was given up at a stop and may still run
+    commit_abandoned = False  # a commit is inside the consumer on the commit thread
+    _callback_depth = 0  # inside a rebalance callback (inside this thread's consume)
+    _committer: _CallThread | None = None  # where offset commits run (commit)
 
     def __init__(self, conf: dict, topics: list[str]):
         self.principal, self.group = principal_of(conf), conf.get("group.id")
@@ -184,8 +186,6 @@ class KafkaSource:
         self._epochs = itertools.count(1)  # 0 is no assignment's
         self.stopping = _never  # the run loop's "give up" (a stop asked for, grace passed)
         self.closing = False  # close() has begun: an assignment it serves is not taken
-        self._committer: _CallThread | None = None  # where offset commits run (commit)
-        self.commit_abandoned = False  # a commit was given up at a stop and may still run
         self.lost: list[str] = []  # partitions lost (not revoked) and not assigned since
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
@@ -195,6 +195,13 @@ class KafkaSource:
     # a batch, the worker drops the records fetched under a revoked assignment (take_revoked,
     # owns) before delivering.
     def _on_assign(self, consumer, partitions):
+        self._callback_depth += 1
+        try:
+            self._assigned(consumer, partitions)
+        finally:
+            self._callback_depth -= 1
+
+    def _assigned(self, consumer, partitions):
         if self.closing:
             # close() serves an assignment that no poll took yet (a stop during start-up):
             # nothing will be read from these partitions, and the handle is being destroyed,
@@ -255,12 +262,20 @@ class KafkaSource:
         return start
 
     def _on_revoke(self, consumer, partitions):
-        self._end(partitions)
+        self._callback_depth += 1
+        try:
+            self._end(partitions)
+        finally:
+            self._callback_depth -= 1
         log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]"
                                                   for p in partitions])
 
     def _on_lost(self, consumer, partitions):
-        self._end(partitions)
+        self._callback_depth += 1
+        try:
+            self._end(partitions)
+        finally:
+            self._callback_depth -= 1
         # lost, not revoked: the group's coordinator did not answer; until partitions are
         # assigned again the worker waits on it (the stall watch says so)
         self.lost = [f"{p.topic}[{p.partition}]" for p in partitions]
@@ -353,25 +368,44 @@ class KafkaSource:
         if not batch:
             return
         offsets = self.next_offsets(batch)
-        if self._committer is None:
-            self._committer = _CallThread("offset-commit")
         try:
+            if self._in_rebalance:
+                # inside a rebalance callback, i.e. inside this thread's consume(): the
+                # consumer serves one thread at a time, so a commit handed to another thread
+                # would wait for that consume to return, which waits for the commit (the
+                # group hung at the first revoke with a backlog: found by review)
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+                return
+            if self._committer is None:
+                self._committer = _CallThread("offset-commit")
             # librdkafka's synchronous commit has no timeout: while the group's coordinator
             # does not answer it waits for ever. It runs on a thread of its own, so a stop can
             # give it up once its grace has passed (issue 53: the hard-exit watchdog ended it)
-            self._committer.call(partial(self.consumer.commit, offsets=offsets,
-                                         asynchronous=False), (), math.inf, self.stopping)
+            self._committer.call(self._commit_now, (offsets,), math.inf, self.stopping)
         except ProducerStuck as stuck:
-            self.commit_abandoned = True
             log.warning("stopping: the offset commit did not return within the stop's grace "
-                        "(delivery.stop_timeout_ms); given up, so these messages are read "
-                        "again by the partitions' next owner",
+                        "(delivery.stop_timeout_ms); given up, so these messages may be read "
+                        "again by the partitions' next owner (if the brokers took the request "
+                        "already, it still lands)",
                         partitions=[f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in offsets],
                         waited_s=round(stuck.waited_s, 1))
         except KafkaException as exc:
             self._refused(exc.args[0] if exc.args else exc, batch[0].topic)
             log.warning("offset commit failed: these messages may be delivered again",
                         error=str(exc))
+
+    def _commit_now(self, offsets: list[TopicPartition]) -> None:
+        """On the commit thread: ``commit_abandoned`` holds while a commit is inside the
+        consumer (close() does not touch a consumer a commit is still in)."""
+        self.commit_abandoned = True
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        finally:
+            self.commit_abandoned = False
+
+    @property
+    def _in_rebalance(self) -> bool:
+        return self._callback_depth > 0
 
     def rewind(self, timeout_s: float = 30.0) -> None:
         """Seek every assigned partition back to its committed offset (after an abort). While
@@ -447,7 +481,8 @@ class KafkaSource:
             from .access import admin_config
 
             self._probe = AdminClient(admin_config(self._conf))
-        futures = self._probe.list_offsets(
+        probe = self._probe  # (close_probe may drop it while this waits)
+        futures = probe.list_offsets(
             {TopicPartition(t, p): OffsetSpec.latest() for t, p in owned},
             isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
         deadline = time.monotonic() + timeout_s + 1
@@ -465,6 +500,7 @@ class KafkaSource:
             at = self.read_to.get((tp.topic, tp.partition))
             if at is not None:
                 lags[name] = max(end - at, 0)
+        probe.poll(0)  # (serves its log lines: worker/kafkalog.py)
         if unknown:  # its connections may hold timed-out requests: the next ask, a new one
             self._probe = None
         return lags, ends, unknown
@@ -480,7 +516,7 @@ class KafkaSource:
         exits within delivery.stop_timeout_ms plus about that; after a commit was given up
         (it may still be inside the consumer) the group is not left at all."""
         self.closing = True
-        if self.commit_abandoned:
+        if self.commit_abandoned:  # given up at the stop and still inside the consumer
             log.warning("exiting without leaving the group: an offset commit is still in "
                         "flight (the group expels this member after its session timeout)")
             return
@@ -706,7 +742,8 @@ class KafkaSink:
     def flush(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:  # in 1 s steps: a stop (with the broker away) ends the wait
-            remaining = self.producer.flush(min(1.0, max(deadline - time.monotonic(), 0)))
+            step = 0 if self.stopping() else min(1.0, max(deadline - time.monotonic(), 0))
+            remaining = self.producer.flush(step)
             if not remaining or time.monotonic() >= deadline or self.stopping():
                 break
         if remaining or self._errors:
