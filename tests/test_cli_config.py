@@ -147,7 +147,9 @@ def test_file_worker_metrics_and_sigterm(tmp_path):
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         body = health = None
-        for _ in range(100):
+        deadline = time.monotonic() + 60  # (start-up beside a loaded suite took over 10 s)
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
             try:
                 health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",

@@ -246,6 +246,9 @@ class KafkaConfig(_Section):
     """A file holding the private key's password."""
     ssl_endpoint_identification: bool = True
     """Check that a broker's certificate names the host connected to (off only for a test)."""
+    connect_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Start-up: how long to wait for any broker to answer; then exit 1 naming the addresses
+    tried and why they did not answer."""
     client: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Any librdkafka setting, passed through to consumer and producer (except those the
     delivery guarantees depend on)."""
@@ -367,6 +370,9 @@ class KafkaConfig(_Section):
             conf["ssl.endpoint.identification.algorithm"] = (
                 "https" if self.ssl_endpoint_identification else "none")
         conf.update(self.client)
+        from .kafkalog import kafka_logger
+
+        conf["logger"] = kafka_logger()  # librdkafka's lines through the worker's log
         return conf
 
     def warnings(self) -> list[str]:

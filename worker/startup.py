@@ -262,8 +262,11 @@ def _run(settings: Settings, summary: bool, signals: _Signals) -> int:
             sink = open_sink(settings)
             stack.callback(sink.close)
         except StartupError as exc:
-            print(f"{'config error' if exc.exit_code == 2 else 'error'}: {exc}",
-                  file=sys.stderr)
+            line = f"{'config error' if exc.exit_code == 2 else 'error'}: {exc}"
+            if settings.logging.format == "json":  # one JSON line among JSON lines
+                log.error(line, field=exc.field, exit_code=exc.exit_code)
+            else:
+                print(line, file=sys.stderr)
             return exc.exit_code
         except ConfigError as exc:  # a secret file that went away since the config was read
             print(exc, file=sys.stderr)

@@ -31,7 +31,7 @@ _CLIENT_PREFIXES = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "sock
 def admin_config(conf: dict) -> dict:
     """An admin client's share of a consumer's or producer's settings: the brokers, security
     and connection settings."""
-    return {k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES)}
+    return {k: v for k, v in conf.items() if k.startswith(_CLIENT_PREFIXES) or k == "logger"}
 
 # broker error code -> the resource type it refuses
 AUTHORIZATION_ERRORS = {
@@ -130,10 +130,19 @@ def check_access(settings, transactional: bool, timeout_s: float = 30.0) -> None
     if not needs:
         return
     unknown: list[Permission] = []
-    missing = missing_permissions(conf, needs, timeout_s, unknown=unknown)
+    absent: list[str] = []
+    missing = missing_permissions(conf, needs, timeout_s, unknown=unknown, absent=absent,
+                                  connect_timeout_s=settings.kafka.connect_timeout_s)
     if missing:
         raise NotAuthorized(missing, principal_of(conf))
-    checked = [str(p) for p in needs if p not in unknown]
+    if absent:
+        named = {t: key for key, t in _topic_settings(settings).items()}
+        log.warning("kafka topic does not exist: create it first (the worker creates no "
+                    "topic; a broker with auto.create.topics.enable makes it on first use "
+                    "with its defaults)",
+                    topics=[f"{t} ({named[t]})" if t in named else t for t in absent])
+        unknown = [p for p in unknown if not (p.resource == "topic" and p.name in absent)]
+    checked = [str(p) for p in needs if p not in unknown and p.name not in absent]
     if unknown:  # no answer in time, or brokers that do not report authorized operations
         log.warning("kafka access not verified (the brokers did not say): a refusal will "
                     "stop the worker when it comes", principal=principal_of(conf),
@@ -142,27 +151,63 @@ def check_access(settings, transactional: bool, timeout_s: float = 30.0) -> None
         log.info("kafka access checked", principal=principal_of(conf), permissions=checked)
 
 
+def _topic_settings(settings) -> dict[str, str]:
+    """The setting that names each topic the worker uses."""
+    out = {}
+    if settings.source.type == "kafka":
+        for t in settings.source.topic.split(","):
+            out.setdefault("source.topic", t.strip())
+    if settings.sink.type == "kafka":
+        out["sink.topic"] = settings.sink.topic
+        out["sink.dead_letter_topic"] = settings.sink.dead_letter_topic
+    return out
+
+
+class BrokersUnreachable(StartupError):
+    """No broker of bootstrap.servers answered within kafka.connect_timeout_s (exit 1)."""
+
+    def __init__(self, bootstrap: str, waited_s: float, why: str | None):
+        addresses = ", ".join(a.strip() for a in bootstrap.split(",") if a.strip())
+        super().__init__("kafka", f"no Kafka broker answered at {addresses} within "
+                                  f"{waited_s:.0f} s (kafka.connect_timeout_s)"
+                                  + (f": {why}" if why else ""), exit_code=1)
+
+
 def missing_permissions(client_conf: dict, needs: list[Permission], timeout_s: float = 30.0,
-                        unknown: list | None = None) -> list[Permission]:
+                        unknown: list | None = None, absent: list | None = None,
+                        connect_timeout_s: float | None = None) -> list[Permission]:
     """Which of ``needs`` (topics and groups) the brokers deny this client's principal, asked
     with an admin client of its own; ``unknown`` collects those the brokers did not judge (no
-    answer in time, an absent topic, no authorized operations). Raises AuthenticationFailed
-    (or StartupError for a setting librdkafka refuses)."""
+    answer in time, an absent topic, no authorized operations), ``absent`` the topics the
+    brokers say do not exist. With ``connect_timeout_s``, first waits that long for any
+    broker to answer, then raises BrokersUnreachable naming them. Raises
+    AuthenticationFailed (or StartupError for a setting librdkafka refuses)."""
     unknown = [] if unknown is None else unknown
+    absent = [] if absent is None else absent
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
 
     principal = principal_of(client_conf)
     refused: list[KafkaError] = []
+    trouble: list[KafkaError] = []  # the last transport error: why no broker answers
+
+    def on_error(err: KafkaError) -> None:
+        if err.code() in AUTHENTICATION_ERRORS:
+            refused.append(err)
+        elif err.code() != KafkaError._ALL_BROKERS_DOWN or not trouble:
+            trouble[:] = [err]  # (why a broker is down says more than "all are down")
+
     conf = admin_config(client_conf)
-    conf["error_cb"] = lambda err: refused.append(err) if err.code() in \
-        AUTHENTICATION_ERRORS else None
+    conf["error_cb"] = on_error
     try:
         admin = AdminClient(conf)
     except KafkaException as exc:
         err = exc.args[0] if exc.args else exc
         raise StartupError("kafka", err.str() if isinstance(err, KafkaError) else str(exc)) \
             from None
+    if connect_timeout_s is not None:
+        _wait_for_a_broker(admin, client_conf.get("bootstrap.servers", ""), connect_timeout_s,
+                           refused, trouble, principal)
     deadline = time.monotonic() + timeout_s
 
     told = []
@@ -202,7 +247,8 @@ def missing_permissions(client_conf: dict, needs: list[Permission], timeout_s: f
                     hidden.add(topic)
                 elif res.code() in _TRANSIENT:
                     again.append(topic)
-                # an absent topic (UNKNOWN_TOPIC_OR_PART): nothing to judge here
+                elif res.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    absent.append(topic)  # nothing to judge: said as absent
             elif res.authorized_operations is not None:
                 allowed[topic] = {op.name for op in res.authorized_operations}
         topics = again
@@ -235,6 +281,33 @@ def missing_permissions(client_conf: dict, needs: list[Permission], timeout_s: f
             unknown.append(p)
     missing.sort(key=lambda p: (p.resource != "topic", p.operation != "READ"))
     return missing
+
+
+def _wait_for_a_broker(admin, bootstrap: str, timeout_s: float, refused: list, trouble: list,
+                       principal: str) -> None:
+    """Until one broker answers a metadata request (the client then knows the cluster), at
+    most ``timeout_s``; BrokersUnreachable after that, with librdkafka's last word on why
+    (connection refused, a name that does not resolve, a TLS handshake that failed)."""
+    t0 = time.monotonic()
+    told = False
+    while True:
+        left = timeout_s - (time.monotonic() - t0)
+        try:
+            admin.list_topics(timeout=max(0.1, min(1.0, left)))
+            return
+        except KafkaException:
+            pass
+        admin.poll(0)  # (serves error_cb)
+        if refused:
+            raise AuthenticationFailed(refused[0].str(), principal)
+        if time.monotonic() - t0 >= timeout_s:
+            raise BrokersUnreachable(bootstrap, timeout_s,
+                                     trouble[0].str() if trouble else "no answer")
+        if not told and time.monotonic() - t0 > 2.0:
+            told = True
+            log.warning("waiting for the brokers to answer", bootstrap_servers=bootstrap,
+                        error=trouble[0].str() if trouble else None,
+                        gives_up_in_s=round(timeout_s - (time.monotonic() - t0)))
 
 
 def describe_group_apart(conf: dict, group: str, timeout_s: float) -> str:
