@@ -215,3 +215,12 @@ class SteadyProducer(threading.Thread):
             assert p.flush(120) == 0, "input not all acknowledged"
         except BaseException as exc:  # noqa: BLE001 (reported by the test)
             self.error = exc
+
+
+def free_port() -> int:
+    """A loopback port free now (a fixed one in the ephemeral range can be any connection's)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

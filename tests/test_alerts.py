@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -59,12 +58,6 @@ def test_every_panel_has_a_query_and_the_chart_ships_the_same_rules():
         assert what in titles, what
     chart = ROOT / "deploy" / "helm" / "scoring-worker" / "files" / "alerts.yaml"
     assert chart.read_text() == RULES.read_text()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -123,7 +116,7 @@ def test_a_feature_turned_null_fires_its_alerts_in_a_real_prometheus(
     model_path = tmp_path / "profiled.model"
     model.save(model_path)
     topics = {k: topic_factory(partitions=2, prefix=k) for k in ("in", "scores", "dlq")}
-    wport, pport = _free_port(), _free_port()
+    wport, pport = K.free_port(), K.free_port()
     cfg = K.write_config(tmp_path / "w.yaml", kafka_bootstrap, model_path, topics["in"],
                          topics["scores"], topics["dlq"], group=f"g-{topics['in']}",
                          mode="at_least_once", metrics_port=wport)

@@ -133,7 +133,9 @@ def test_file_worker_metrics_and_sigterm(tmp_path):
     from worker.io.records import write_records
 
     write_records(tmp_path / "in.arrows", demo.demo_messages(3000, 5, seed=4))
-    port = 39464
+    from tests.kafka_util import free_port
+
+    port = free_port()
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({
         "source": {"type": "file", "path": str(tmp_path / "in.arrows")},

@@ -14,6 +14,8 @@ and the brokers talk directly): issue 53.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -107,6 +109,35 @@ def test_sigterm_under_a_blackhole_exits_within_the_grace_and_loses_nothing(
     assert len(counts) == n, "ids that were never sent"
     if mode == "exactly_once":
         assert (counts == 1).all(), f"{int((counts > 1).sum())} ids duplicated"
+
+
+def test_brokers_advertising_what_the_worker_cannot_reach_end_the_start_up(
+        tmp_path, kafka_cluster, toxiproxy, model_path):
+    # the classic container mistake (found by review): the bootstrap address answers, the
+    # addresses the brokers advertise (advertised.listeners) do not; the worker waited for
+    # ever, never ready. Here the PROXIED listeners answer directly and advertise the proxies'
+    # ports, whose proxies are disabled (not listening)
+    from tests.toxiproxy import NODES, listener_port, proxy_port
+
+    direct = ",".join(f"127.0.0.1:{listener_port(n)}" for n in NODES)
+    cfg = K.write_config(tmp_path / "worker.yaml", direct, model_path, "in", "out", "dlq",
+                         group="g-advertised", kafka={"connect_timeout_s": 10})
+    toxiproxy.reset()
+    for n in NODES:
+        toxiproxy.enable(n, False)
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                              capture_output=True, text=True, timeout=120, cwd=K.REPO)
+        took = time.monotonic() - t0
+    finally:
+        toxiproxy.reset()
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert took < 10 + 10, took
+    line = [x for x in text.splitlines() if "none of the addresses they advertise" in x]
+    assert len(line) == 1, text[-3000:]
+    assert f"127.0.0.1:{proxy_port(1)}" in line[0] and "advertised.listeners" in line[0], line
 
 
 SEED = int(os.environ.get("CHAOS_SEED") or time.time())

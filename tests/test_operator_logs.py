@@ -89,6 +89,52 @@ def test_the_bridge_says_a_repeated_line_once_then_how_often_it_came():
     assert b.admit("FAIL", "Connect to ipv4#127.0.0.1:1 failed (after 7ms)") == (49, 0)
 
 
+def test_the_bridge_keeps_lines_about_different_brokers_and_clients_apart():
+    # review: with every digit taken out, three brokers' failures were one line, and a
+    # second broker failing stayed unsaid for a minute
+    b = kafkalog.Bridge(Clock())
+    said = [b.admit("FAIL", f"kafka-{n}:9092/{n}: Connect to ipv4#10.0.0.{n}:9092 failed "
+                            f"(after {n * 7}ms in state CONNECT)") for n in (0, 1, 2)]
+    assert said == [(0, 0)] * 3
+    assert b.admit("FAIL", "kafka-0:9092/0: Connect to ipv4#10.0.0.0:9092 failed "
+                           "(after 3ms in state CONNECT)") is None  # a repeat
+    assert b.admit("FAIL", "kafka-0:9092/0: Connect to ipv4#10.0.0.0:9092 failed "
+                           "(after 3ms in state CONNECT)", client="rdkafka#producer-2") == (0, 0)
+
+
+def test_lines_below_the_level_do_not_use_up_the_rate(capsys):
+    import structlog
+
+    structlog.configure(processors=[structlog.processors.add_log_level,
+                                    structlog.processors.JSONRenderer()],
+                        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout))
+    try:
+        b = kafkalog.Bridge(Clock())
+        b.setLevel(logging.INFO)
+        for k in range(500):  # kafka.client debug: all, at logging.level INFO
+            b.handle(_record("BROKER", f"debug line {k} of {'x' * (k % 50)}", logging.DEBUG))
+        b.handle(_record("FAIL", "127.0.0.1:1/bootstrap: Connection refused"))
+        # a setting every client gets, the other kind's: not a warning
+        b.handle(_record("CONFWARN", "Configuration property fetch.min.bytes is a consumer "
+                                     "property and will be ignored by this producer instance",
+                         logging.WARNING))
+    finally:
+        structlog.reset_defaults()
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(e["facility"], e["level"]) for e in events] == [("FAIL", "warning")], events
+    assert "suppressed_lines" not in events[0]
+
+
+def test_an_empty_or_impossible_bootstrap_is_a_config_error(tmp_path):
+    for bad, says in (("' , '", "names no broker"), ("'h:99999'", "port 99999")):
+        cfg = _config(tmp_path, "x", "console")
+        cfg.write_text(cfg.read_text().replace("'x'", bad))
+        proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "kafka.bootstrap_servers" in proc.stderr and says in proc.stderr, proc.stderr
+
+
 def test_the_bridge_limits_the_rate_and_says_what_it_dropped():
     clock = Clock()
     b = kafkalog.Bridge(clock)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -255,6 +256,18 @@ class KafkaConfig(_Section):
     allow_secrets_in_file: bool = False
     """Accept a password written in the config file (default: only from the environment or
     a *_file field)."""
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        entries = [e.strip() for e in v.split(",") if e.strip()]
+        if not entries:
+            raise ValueError("names no broker: give host:port[,host:port...]")
+        for e in entries:
+            m = re.search(r"(?:^[^:\[\]]+|\]):(\d+)$", e)  # host:port, [v6]:port
+            if m and not 0 < int(m.group(1)) <= 65535:
+                raise ValueError(f"{e!r}: port {m.group(1)} is not 1..65535")
+        return v
 
     @field_validator("client")
     @classmethod

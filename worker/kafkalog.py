@@ -3,11 +3,15 @@ line (JSON with ``logging.format: json``), deduplicated and rate-limited, instea
 ``%3|...|FAIL|...`` lines on stderr (a wrong broker address wrote 234-2,451 of them).
 
 Every Kafka client the worker makes gets ``logger`` (``KafkaConfig.common``): confluent-kafka
-then queues librdkafka's lines and hands them to this logger when the client is polled. A line
-is keyed by its facility and its text with the digits taken out (the same failure to connect,
-whatever the milliseconds it took): the first of a key is logged, repeats within REPEAT_S are
-counted and said with the next line of that key after it (``repeated``). At most BURST lines
-in any WINDOW_S; past that they are counted and the count said once lines flow again.
+then queues librdkafka's lines and hands them to this logger when the client is polled (an
+idle sink's producer is polled by the loop's idle pass). Lines below the worker's log level
+are dropped first. A line is keyed by its client, its facility and its text without what
+varies from one repeat to the next (``after 12ms``, counts; addresses and broker names stay):
+the first of a key is logged, repeats within REPEAT_S are counted and said with the next line
+of that key after it (``repeated``). At most BURST lines in any WINDOW_S; past that they are
+counted and the count said once lines flow again. librdkafka's note that a shared setting
+(``kafka.client``) is the other kind of client's ("is a consumer property and will be ignored
+by this producer instance") is a debug line: every client gets every setting by design.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ WINDOW_S = 10.0
 KEYS = 512  # keys remembered (the oldest forgotten first)
 TEXT_MAX = 500  # characters of a line kept
 
-_DIGITS = re.compile(r"\d+")
+# what varies between repeats of one line: durations, and numbers standing alone (not part of
+# an address, a port, a broker's name or id)
+_VARYING = re.compile(r"after \d+ms|(?<![\w.:/#\[-])\d+(?![\w.:/\]-])")
+_OTHER_KIND = re.compile(r"is a (consumer|producer) property and will be ignored")
 
 
 class Bridge(logging.Handler):
@@ -45,7 +52,12 @@ class Bridge(logging.Handler):
             fac, client, text = (record.args if isinstance(record.args, tuple)
                                  and len(record.args) == 3 else ("", "", record.getMessage()))
             text = str(text)[:TEXT_MAX]
-            line = self.admit(str(fac), text)
+            level = record.levelno
+            if _OTHER_KIND.search(text):
+                level = logging.DEBUG
+            if level < self.level:  # below the worker's level: not counted against the rate
+                return
+            line = self.admit(str(fac), text, str(client))
             if line is None:
                 return
             repeated, dropped = line
@@ -54,7 +66,6 @@ class Bridge(logging.Handler):
                 fields["repeated"] = repeated
             if dropped:
                 fields["suppressed_lines"] = dropped
-            level = record.levelno
             if level >= logging.WARNING:  # (librdkafka's errors are the client's own view:
                 log.warning("librdkafka", **fields)  # the worker says what is fatal)
             elif level >= logging.INFO:
@@ -64,11 +75,11 @@ class Bridge(logging.Handler):
         except Exception:  # noqa: BLE001 (a log line never breaks a client)
             self.handleError(record)
 
-    def admit(self, facility: str, text: str) -> tuple[int, int] | None:
+    def admit(self, facility: str, text: str, client: str = "") -> tuple[int, int] | None:
         """Whether this line is said now: (repeats of its key since it was last said, lines
         dropped by the rate limit since one was last said), or None."""
         now = self.clock()
-        key = (facility, _DIGITS.sub("#", text))
+        key = (client, facility, _VARYING.sub("#", text))
         with self._lock:
             entry = self._seen.get(key)
             if entry is not None and now - entry[0] < REPEAT_S:
@@ -92,6 +103,18 @@ class Bridge(logging.Handler):
 _logger: logging.Logger | None = None
 
 
+_level = logging.INFO
+
+
+def set_level(level: str) -> None:
+    """The worker's log level (logging.level): lines below it are dropped before counting."""
+    global _level
+    _level = getattr(logging, level.upper(), logging.INFO)
+    if _logger is not None:
+        for h in _logger.handlers:
+            h.setLevel(_level)
+
+
 def kafka_logger() -> logging.Logger:
     """The logger every Kafka client of this process is given (one bridge)."""
     global _logger
@@ -99,6 +122,8 @@ def kafka_logger() -> logging.Logger:
         lg = logging.getLogger("scoring_worker.librdkafka")
         lg.setLevel(logging.DEBUG)
         lg.propagate = False
-        lg.addHandler(Bridge())
+        bridge = Bridge()
+        bridge.setLevel(_level)
+        lg.addHandler(bridge)
         _logger = lg
     return _logger

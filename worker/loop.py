@@ -184,6 +184,9 @@ class Worker:
                     self._complete()  # idle: settle the batch in flight
                     if self._pending is None:
                         self._mark_ready()
+                        idle = getattr(self.sink, "idle", None)
+                        if idle is not None:
+                            idle()  # (a Kafka sink serves its client's log lines)
                     if self.source.exhausted:
                         break
                     self._idle_monitors()

@@ -27,6 +27,9 @@ def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
     import logging
 
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr, format="%(message)s")
+    from . import kafkalog
+
+    kafkalog.set_level(level)
     renderer = (structlog.processors.JSONRenderer() if fmt == "json"
                 else structlog.dev.ConsoleRenderer(colors=False))
     structlog.configure(

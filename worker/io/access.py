@@ -136,7 +136,7 @@ def check_access(settings, transactional: bool, timeout_s: float = 30.0) -> None
     if missing:
         raise NotAuthorized(missing, principal_of(conf))
     if absent:
-        named = {t: key for key, t in _topic_settings(settings).items()}
+        named = _topic_settings(settings)
         log.warning("kafka topic does not exist: create it first (the worker creates no "
                     "topic; a broker with auto.create.topics.enable makes it on first use "
                     "with its defaults)",
@@ -153,13 +153,18 @@ def check_access(settings, transactional: bool, timeout_s: float = 30.0) -> None
 
 def _topic_settings(settings) -> dict[str, str]:
     """The setting that names each topic the worker uses."""
-    out = {}
+    out: dict[str, str] = {}  # topic -> setting
     if settings.source.type == "kafka":
         for t in settings.source.topic.split(","):
-            out.setdefault("source.topic", t.strip())
+            if t.strip():
+                out.setdefault(t.strip(), "source.topic")
     if settings.sink.type == "kafka":
-        out["sink.topic"] = settings.sink.topic
-        out["sink.dead_letter_topic"] = settings.sink.dead_letter_topic
+        for key in ("topic", "dead_letter_topic", "shadow_topic"):
+            t = getattr(settings.sink, key, None)
+            if t:
+                out.setdefault(t, f"sink.{key}")
+    if getattr(settings.monitoring, "topic", None):
+        out.setdefault(settings.monitoring.topic, "monitoring.topic")
     return out
 
 
@@ -169,8 +174,20 @@ class BrokersUnreachable(StartupError):
     def __init__(self, bootstrap: str, waited_s: float, why: str | None):
         addresses = ", ".join(a.strip() for a in bootstrap.split(",") if a.strip())
         super().__init__("kafka", f"no Kafka broker answered at {addresses} within "
-                                  f"{waited_s:.0f} s (kafka.connect_timeout_s)"
+                                  f"{waited_s:g} s (kafka.connect_timeout_s)"
                                   + (f": {why}" if why else ""), exit_code=1)
+
+
+class AdvertisedUnreachable(StartupError):
+    """A bootstrap address answered, but none of the addresses the brokers advertise (where
+    every later request goes) takes a connection: advertised.listeners names what this
+    worker cannot reach (exit 1)."""
+
+    def __init__(self, bootstrap: str, advertised: list[str], why: str):
+        super().__init__("kafka", f"the brokers at {bootstrap} answered, but none of the "
+                                  f"addresses they advertise takes a connection from here "
+                                  f"({', '.join(advertised)}: {why}); check the brokers' "
+                                  "advertised.listeners", exit_code=1)
 
 
 def missing_permissions(client_conf: dict, needs: list[Permission], timeout_s: float = 30.0,
@@ -293,7 +310,8 @@ def _wait_for_a_broker(admin, bootstrap: str, timeout_s: float, refused: list, t
     while True:
         left = timeout_s - (time.monotonic() - t0)
         try:
-            admin.list_topics(timeout=max(0.1, min(1.0, left)))
+            md = admin.list_topics(timeout=max(0.1, min(1.0, left)))
+            _reach_advertised(md, bootstrap, t0 + timeout_s)
             return
         except KafkaException:
             pass
@@ -308,6 +326,26 @@ def _wait_for_a_broker(admin, bootstrap: str, timeout_s: float, refused: list, t
             log.warning("waiting for the brokers to answer", bootstrap_servers=bootstrap,
                         error=trouble[0].str() if trouble else None,
                         gives_up_in_s=round(timeout_s - (time.monotonic() - t0)))
+
+
+def _reach_advertised(md, bootstrap: str, deadline: float) -> None:
+    """One of the addresses the brokers advertise takes a TCP connection (the classic
+    container mistake: a bootstrap address that works, advertised.listeners naming a host or
+    port only the brokers' own network reaches, and a worker that then waits for ever)."""
+    import socket
+
+    advertised = sorted({(b.host, b.port) for b in md.brokers.values()})
+    if not advertised:
+        return
+    why = "no answer"
+    for host, port in advertised:
+        try:
+            with socket.create_connection((host, port),
+                                          timeout=max(0.2, min(3.0, deadline - time.monotonic()))):
+                return
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
+    raise AdvertisedUnreachable(bootstrap, [f"{h}:{p}" for h, p in advertised], why)
 
 
 def describe_group_apart(conf: dict, group: str, timeout_s: float) -> str:

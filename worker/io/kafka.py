@@ -732,6 +732,11 @@ class KafkaSink:
                                own + [("input_dropped", b"key and headers too large")],
                                r.origin)
 
+    def idle(self) -> None:
+        """Nothing in flight: serve the producer's queued events (its log lines, said when
+        they happen rather than at the next produce)."""
+        self.producer.poll(0)
+
     def write(self, outputs: list[Record], dead: list[Record]) -> None:
         for r in outputs:  # scores, and a shadow model's scores to its own topic
             self._produce(r.topic or self.topic, r)
