@@ -90,6 +90,14 @@ def stop_worker(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 60)
     return proc.wait(timeout)
 
 
+def timed_stop(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, float]:
+    """SIGTERM a running worker: (its exit code, seconds from the signal to the exit)."""
+    assert proc.poll() is None, "the worker had exited already"
+    t0 = time.monotonic()
+    rc = stop_worker(proc, timeout=timeout)
+    return rc, time.monotonic() - t0
+
+
 def read_topic(bootstrap: str | dict, topic: str, expect_messages: int | None = None,
                timeout: float = 120, committed: bool = True, idle: float = 3.0) -> list:
     """Every message of a topic, read from the start by a fresh group."""

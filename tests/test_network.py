@@ -74,9 +74,7 @@ def test_sigterm_under_a_blackhole_exits_within_the_grace_and_loses_nothing(
                 toxiproxy.add(node, "timeout", stream, timeout=0)  # nothing passes
         time.sleep(2.0)  # a commit is waiting on the silent broker
         assert proc.poll() is None, log.read_text()[-3000:]
-        t0 = time.monotonic()
-        rc = K.stop_worker(proc, timeout=60)
-        took = time.monotonic() - t0
+        rc, took = K.timed_stop(proc)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -68,6 +68,15 @@ def _record(fac: str, text: str, level=logging.ERROR) -> logging.LogRecord:
                              (fac, "rdkafka#consumer-1", text), None)
 
 
+@pytest.fixture
+def json_events():
+    """The structlog events logged during the test (``level`` as a JSON line has it)."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        yield lambda: [{**e, "level": e["log_level"]} for e in logs]
+
+
 class Clock:
     def __init__(self):
         self.t = 1000.0
@@ -102,25 +111,17 @@ def test_the_bridge_keeps_lines_about_different_brokers_and_clients_apart():
                            "(after 3ms in state CONNECT)", client="rdkafka#producer-2") == (0, 0)
 
 
-def test_lines_below_the_level_do_not_use_up_the_rate(capsys):
-    import structlog
-
-    structlog.configure(processors=[structlog.processors.add_log_level,
-                                    structlog.processors.JSONRenderer()],
-                        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout))
-    try:
-        b = kafkalog.Bridge(Clock())
-        b.setLevel(logging.INFO)
-        for k in range(500):  # kafka.client debug: all, at logging.level INFO
-            b.handle(_record("BROKER", f"debug line {k} of {'x' * (k % 50)}", logging.DEBUG))
-        b.handle(_record("FAIL", "127.0.0.1:1/bootstrap: Connection refused"))
-        # a setting every client gets, the other kind's: not a warning
-        b.handle(_record("CONFWARN", "Configuration property fetch.min.bytes is a consumer "
-                                     "property and will be ignored by this producer instance",
-                         logging.WARNING))
-    finally:
-        structlog.reset_defaults()
-    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+def test_lines_below_the_level_do_not_use_up_the_rate(json_events):
+    b = kafkalog.Bridge(Clock())
+    b.setLevel(logging.INFO)
+    for k in range(500):  # kafka.client debug: all, at logging.level INFO
+        b.handle(_record("BROKER", f"debug line {k} of {'x' * (k % 50)}", logging.DEBUG))
+    b.handle(_record("FAIL", "127.0.0.1:1/bootstrap: Connection refused"))
+    # a setting every client gets, the other kind's: not a warning
+    b.handle(_record("CONFWARN", "Configuration property fetch.min.bytes is a consumer "
+                                 "property and will be ignored by this producer instance",
+                     logging.WARNING))
+    events = json_events()
     assert [(e["facility"], e["level"]) for e in events] == [("FAIL", "warning")], events
     assert "suppressed_lines" not in events[0]
 
@@ -154,21 +155,13 @@ def test_the_bridge_forgets_the_oldest_keys_first():
     assert len(b._seen) == kafkalog.KEYS
 
 
-def test_the_bridge_renders_through_structlog(capsys):
-    import structlog
-
-    structlog.configure(processors=[structlog.processors.add_log_level,
-                                    structlog.processors.JSONRenderer()],
-                        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout))
-    try:
-        b = kafkalog.Bridge(Clock())
-        b.emit(_record("FAIL", "Connect failed"))
-        b.emit(_record("FAIL", "Connect failed"))  # a repeat: not said
-        b.emit(_record("CONFWARN", "a setting ignored", logging.WARNING))
-        b.emit(_record("INIT", "started", logging.INFO))
-    finally:
-        structlog.reset_defaults()
-    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+def test_the_bridge_renders_through_structlog(json_events):
+    b = kafkalog.Bridge(Clock())
+    b.emit(_record("FAIL", "Connect failed"))
+    b.emit(_record("FAIL", "Connect failed"))  # a repeat: not said
+    b.emit(_record("CONFWARN", "a setting ignored", logging.WARNING))
+    b.emit(_record("INIT", "started", logging.INFO))
+    events = json_events()
     assert [(e["facility"], e["level"]) for e in events] == [
         ("FAIL", "warning"), ("CONFWARN", "warning"), ("INIT", "info")]
     assert events[0]["message"] == "Connect failed" and events[0]["event"] == "librdkafka"
