@@ -598,6 +598,9 @@ class ServeConfig(_Section):
     max_response_bytes: int = Field(64 << 20, ge=1024, le=1 << 34)
     """Largest answer: its size at most (rows, outputs, reason codes, text or binary) is
     worked out before scoring, and a request that could pass it is answered 413."""
+    access_log: bool = False
+    """Log every request (method, path, status, bytes, ms, client); 4xx and 5xx answers are
+    logged either way, at most 10 a second (the rest counted in the next line)."""
     max_connections: int = Field(1024, ge=1, le=1_000_000)
     """Open connections at most; more are answered 503 and closed as they arrive (kept below
     the process's open-file limit, less 64)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httptools
@@ -36,6 +37,8 @@ import structlog
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
+
+from .accesslog import AccessLog
 
 log = structlog.get_logger("worker.serve")
 
@@ -101,6 +104,8 @@ class Bounds:
         self.refusing = 0  # connections answered 503, lingering
         self.buffered = 0  # request body bytes held, all connections
         self.refused_logged = 0.0
+        # request lines: every request with serve.access_log, else 4xx/5xx at a bounded rate
+        self.access = AccessLog(getattr(serve, "access_log", False))
 
 
 def _settle(cycle) -> None:
@@ -301,6 +306,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self.closing = True
         self._drop_partial()
         self.bounds.metrics.answered(route, status)
+        self.bounds.access.said(b"-", b"-", status, 0, None, getattr(self, "client", None),
+                                message)
         mine = self.req_cycle
         if mine is not None and not mine.response_complete:  # its application ends
             mine.disconnected = True
@@ -529,7 +536,7 @@ def _unless_gone(cycle, handle, method, path, headers, pieces):
     return handle(method, path, headers, pieces, True)
 
 
-def make_app(service, lane: Lane | None = None):
+def make_app(service, lane: Lane | None = None, access: AccessLog | None = None):
     """``service.handle`` as an ASGI application: the request's headers as they were when the
     head ended (trailers never reach it), its path as sent (absolute-form targets routed by
     their path), one answer with its length. A large request (a body past HEAVY_BODY, or past
@@ -560,6 +567,7 @@ def make_app(service, lane: Lane | None = None):
                 return
             if not msg.get("more_body"):
                 break
+        t0 = time.perf_counter()
         pieces = scope["extensions"][BODY]
         n = sum(map(len, pieces))
         method, path = scope["method"].encode(), scope["raw_path"]
@@ -577,6 +585,9 @@ def make_app(service, lane: Lane | None = None):
         else:
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             status, ctype, out, extra = handle(method, path, headers, body)
+        if access is not None:
+            access.said(method, path, status, len(out), t0, scope.get("client"),
+                        out if status >= 400 else None)
         start = {"type": "http.response.start", "status": status,
                  "headers": [(b"content-type", ctype), (b"content-length", b"%d" % len(out)),
                              *extra]}
@@ -637,13 +648,15 @@ def protocol_for(service, loop):
     (graceful shutdown reads it) and the heavy lane (shut down after)."""
     serve = service.serve
     lane = heavy_lane()
-    config = Config(make_app(service, lane), http=BoundedProtocol, interface="asgi3",
+    bounds = Bounds(service, serve)
+    config = Config(make_app(service, lane, bounds.access), http=BoundedProtocol,
+                    interface="asgi3",
                     lifespan="off", ws="none", log_config=None, access_log=False,
                     proxy_headers=False, server_header=False, date_header=False,
                     timeout_keep_alive=serve.keepalive_timeout_ms / 1000)
     config.load()
     state = ServerState()
-    cls = type("Protocol", (BoundedProtocol,), {"bounds": Bounds(service, serve)})
+    cls = type("Protocol", (BoundedProtocol,), {"bounds": bounds})
 
     def factory():
         return cls(config=config, server_state=state, app_state={}, _loop=loop)
