@@ -36,8 +36,8 @@ def _config(tmp_path, bootstrap: str, fmt: str = "json", extra: str = "",
 
 @pytest.mark.parametrize("fmt", ["json", "console"])
 def test_an_unreachable_bootstrap_exits_1_within_the_bound_naming_the_addresses(tmp_path, fmt):
-    # before: 102-131 s to exit 1, 234-2,451 raw librdkafka lines among the JSON lines, and a
-    # plain fatal line that did not name the address (issue 52; 101 s and 2,348 lines here)
+    # before (issue 52): 102-131 s to exit 1, 234-2,451 raw librdkafka lines among the JSON
+    # lines, and a plain fatal line that did not name the address
     cfg = _config(tmp_path, "127.0.0.1:1,127.0.0.1:2", fmt)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg)],
