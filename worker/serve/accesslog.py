@@ -1,12 +1,15 @@
 """``serve``'s request lines (issue 52): every request with ``serve.access_log: true``; by
-default only the answers that went wrong (4xx and 5xx; not a health probe's 503), at most
-ERRORS_PER_S a second, the rest counted and said with the next line logged
+default only the answers that went wrong (4xx and 5xx; not a readiness probe's 503), at most
+ERRORS_PER_S a second for the 4xx and as many for the 5xx (a flood of one does not hide the
+other), the rest counted and said with the next line of their kind logged
 (``errors_not_logged``).
 
 A line names the method, the path (as sent, at most PATH_MAX characters, control characters
 escaped: a request cannot forge log lines), the status, the answer's bytes, the time from the
 request's end to its answer, the client's address and, for an error, the error the client was
-told. Nothing of the request's body is logged."""
+told (which may quote a name the request gave, an input's or a datatype, at most ERROR_MAX
+characters). No body, header or value is logged. Logging never fails an answer: a log that
+cannot be written (a closed pipe, a full disk) drops the line."""
 
 from __future__ import annotations
 
@@ -43,44 +46,52 @@ def _error(body) -> str:
     return _text(str(doc.get("error", "")) if isinstance(doc, dict) else "", ERROR_MAX)
 
 
-def _probe(path) -> bool:
-    return bytes(path[:11]) == b"/v2/health/" if isinstance(path, (bytes, bytearray,
-                                                                   memoryview)) else False
+def _probe(path, status: int) -> bool:
+    """A readiness or liveness probe told 503 (starting, swapping, stalled): no error."""
+    return status == 503 and isinstance(path, (bytes, bytearray, memoryview)) and \
+        bytes(path[:11]) == b"/v2/health/"
 
 
 class AccessLog:
     def __init__(self, every: bool = False, clock=time.monotonic):
         self.every = every
         self.clock = clock
-        self._second = -1
-        self._this_second = 0
-        self._dropped = 0  # error lines over the rate since one was said
+        # per kind (4: 4xx, 5: 5xx): [the second, lines said in it, lines over the rate]
+        self._kinds = {4: [-1, 0, 0], 5: [-1, 0, 0]}
 
     def said(self, method, path, status: int, nbytes: int, t0: float | None, peer,
              error=None) -> bool:
-        """Log one answered request if it is to be (returns whether it was). ``t0``: when
-        the request ended (time.perf_counter), ``peer``: (host, port), ``error``: the error
-        answer's body or message."""
+        """Log one answered request if it is to be (returns whether it was); never raises.
+        ``t0``: when the request ended (time.perf_counter), ``peer``: (host, port),
+        ``error``: the error answer's body or message."""
+        try:
+            return self._said(method, path, status, nbytes, t0, peer, error)
+        except Exception:  # noqa: BLE001 (a log that cannot be written never fails an answer)
+            return False
+
+    def _said(self, method, path, status, nbytes, t0, peer, error) -> bool:
         failed = status >= 400
-        if not self.every and (not failed or _probe(path)):
-            return False  # (a readiness probe's 503 while starting or stalled is no error)
+        if not self.every and (not failed or _probe(path, status)):
+            return False
+        kind = None
         if failed:
+            kind = self._kinds[5 if status >= 500 else 4]
             second = int(self.clock())
-            if second != self._second:
-                self._second, self._this_second = second, 0
-            if self._this_second >= ERRORS_PER_S:
-                self._dropped += 1
+            if second != kind[0]:
+                kind[0], kind[1] = second, 0
+            if kind[1] >= ERRORS_PER_S:
+                kind[2] += 1
                 return False
-            self._this_second += 1
+            kind[1] += 1
         fields: dict = {"method": _text(method, 16), "path": _text(path, PATH_MAX),
                         "status": status, "bytes": nbytes}
         if t0 is not None:
             fields["ms"] = round((time.perf_counter() - t0) * 1000, 2)
         if isinstance(peer, (tuple, list)) and len(peer) >= 2:
             fields["client"] = f"{peer[0]}:{peer[1]}"
-        if failed:
+        if kind is not None:
             fields["error"] = _error(error)
-            if self._dropped:
-                fields["errors_not_logged"], self._dropped = self._dropped, 0
+            if kind[2]:
+                fields["errors_not_logged"], kind[2] = kind[2], 0
         (log.warning if status >= 500 else log.info)("request", **fields)
         return True

@@ -164,9 +164,12 @@ class BoundedProtocol(HttpToolsProtocol):
                 return
             b.refusing += 1
             self.served = None  # counted in bounds.refusing
-            transport.write(error_bytes(503, f"serve.max_connections ({b.max_connections}) "
-                                             "connections are open: try again"))
+            message = (f"serve.max_connections ({b.max_connections}) connections are open: "
+                       "try again")
+            transport.write(error_bytes(503, message))
             self._linger(REFUSED_LINGER_S)
+            b.access.said(b"-", b"-", 503, 0, None, transport.get_extra_info("peername"),
+                          message)
             return
         super().connection_made(transport)
         b.open += 1
@@ -306,8 +309,6 @@ class BoundedProtocol(HttpToolsProtocol):
         self.closing = True
         self._drop_partial()
         self.bounds.metrics.answered(route, status)
-        self.bounds.access.said(b"-", b"-", status, 0, None, getattr(self, "client", None),
-                                message)
         mine = self.req_cycle
         if mine is not None and not mine.response_complete:  # its application ends
             mine.disconnected = True
@@ -326,6 +327,8 @@ class BoundedProtocol(HttpToolsProtocol):
     def _answer_error(self, status: int, message: str) -> None:
         self.transport.write(error_bytes(status, message))
         self._linger()
+        self.bounds.access.said(b"-", b"-", status, 0, None, getattr(self, "client", None),
+                                message)
 
     def _linger(self, seconds: float = LINGER_S) -> None:
         # a lingering close: the answer, then our end shut while what the client still sends
