@@ -158,7 +158,7 @@ class KafkaSource:
 
     # (class defaults too: a source a test builds without __init__ closes like any other)
     stopping = staticmethod(_never)  # the run loop's "give up" (a stop asked for, grace passed)
-    commit_abandoned = False  # a commit is inside the consumer on the commit thread
+    commit_in_flight = False  # a commit is inside the consumer on the commit thread
     _callback_depth = 0  # inside a rebalance callback (inside this thread's consume)
     _committer: _CallThread | None = None  # where offset commits run (commit)
 
@@ -395,13 +395,13 @@ class KafkaSource:
                         error=str(exc))
 
     def _commit_now(self, offsets: list[TopicPartition]) -> None:
-        """On the commit thread: ``commit_abandoned`` holds while a commit is inside the
+        """On the commit thread: ``commit_in_flight`` holds while a commit is inside the
         consumer (close() does not touch a consumer a commit is still in)."""
-        self.commit_abandoned = True
+        self.commit_in_flight = True
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         finally:
-            self.commit_abandoned = False
+            self.commit_in_flight = False
 
     @property
     def _in_rebalance(self) -> bool:
@@ -516,7 +516,7 @@ class KafkaSource:
         exits within delivery.stop_timeout_ms plus about that; after a commit was given up
         (it may still be inside the consumer) the group is not left at all."""
         self.closing = True
-        if self.commit_abandoned:  # given up at the stop and still inside the consumer
+        if self.commit_in_flight:  # given up at the stop and still inside the consumer
             log.warning("exiting without leaving the group: an offset commit is still in "
                         "flight (the group expels this member after its session timeout)")
             return
