@@ -46,6 +46,7 @@ test-fast: build
 # session timeout (50 a delivery mode) and max.poll.interval.ms, at random moments and at
 # chosen points, workers joining and leaving, partitions added, a fenced zombie, broker
 # restarts, a model swap during a rebalance; writes bench/CHAOS-RESULTS.md. CHAOS_SEED replays.
+# Then chaos-abort (~12 minutes) and chaos-network (~45 minutes), below.
 CHAOS_SEED ?= $(shell date +%s)
 chaos: build
 	$(PY) bench/chaos.py --seed $(CHAOS_SEED) $(foreach s,$(CHAOS_LOCAL),--scenario $(s))
@@ -58,7 +59,7 @@ CHAOS_NETWORK = net-latency net-bandwidth net-blackhole net-reset-peer net-slice
 	net-broker-down net-flapping
 
 # Network faults (issue 53): ten of each Toxiproxy fault type in each delivery mode between a
-# worker and the three-node cluster (~70 minutes; make test runs one of each a mode); writes
+# worker and the three-node cluster (~45 minutes; make test runs one of each a mode); writes
 # bench/NETWORK-RESULTS.md. Toxiproxy is built with Go on first use (tests/toxiproxy.py).
 chaos-network: build
 	$(PY) bench/chaos.py --seed $(CHAOS_SEED) $(foreach s,$(CHAOS_NETWORK),--scenario $(s)) \
