@@ -435,6 +435,104 @@ def record_cmd(config_path, bootstrap_servers, topic, output, from_offset, from_
     click.echo(f"recorded {n} messages from {topic} -> {output}")
 
 
+@main.command("dead-letters")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Worker config: its sink names the dead letters (topic or file), its "
+              "kafka section how to reach them, its source.topic where a requeue writes.")
+@click.option("--reason", "reasons", multiple=True,
+              help="Only letters of this reason (error_code; repeat for several).")
+@click.option("--since", default=None,
+              help="Only letters written at or after this time (a file sink's keep their "
+              "input's time): ISO 8601 (UTC unless it says) or an age (30m, 2h, 7d).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Letters printed after the summary (0: the summary only).")
+@click.option("--json", "as_json", is_flag=True,
+              help="The selected letters as JSON lines (bytes that are not UTF-8 as base64), "
+              "no summary.")
+@click.option("--requeue", is_flag=True,
+              help="Write the selected letters' originals back to their input topic, each "
+              "once (in transactions, with a requeued_from header naming the letter).")
+def dead_letters_cmd(config_path, reasons, since, limit, as_json, requeue) -> None:
+    """Summarise and print the dead letters by reason; with --requeue, send the originals
+    back to the input once their cause is fixed."""
+    from .config import ConfigError, load_settings
+    from .deadletters import (
+        DeadLetterError,
+        Selection,
+        TopicReader,
+        describe,
+        file_letters,
+        parse_since,
+        read_all,
+    )
+    from .deadletters import requeue as requeue_letters
+
+    _exit_if_stopped()
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    try:
+        selection = Selection(frozenset(reasons), parse_since(since) if since else None)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    sink, kafka = settings.sink, settings.kafka
+    if requeue and (sink.type != "kafka" or settings.source.type != "kafka"):
+        _config_exit("--requeue writes back to a Kafka input: the config's source and sink "
+                     "must be Kafka (source.type, sink.type)")
+    timeout = kafka.connect_timeout_s
+    try:
+        if requeue:
+            from .startup import configure_logging
+
+            configure_logging(settings.logging.level, settings.logging.format)
+            topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
+            written, skipped = requeue_letters(
+                kafka.common(), sink.dead_letter_topic, topics, selection, timeout,
+                say=lambda line: click.echo(line, err=True))
+            click.echo(f"requeued {written:,} letters from {sink.dead_letter_topic} to "
+                       f"{', '.join(topics)}")
+            for why, n in skipped.most_common():
+                click.echo(f"  not requeued: {n:,} ({why})")
+            return
+        if sink.type == "kafka":
+            from .startup import configure_logging
+
+            configure_logging(settings.logging.level, settings.logging.format)
+            reader = TopicReader(kafka.common(), sink.dead_letter_topic, timeout)
+            where = sink.dead_letter_topic
+            try:
+                summary, chosen, requeued = read_all(reader, selection, limit)
+            finally:
+                reader.close()
+        else:
+            where = sink.dead_letter_path
+            summary, chosen, requeued = read_all(file_letters(where), selection, limit)
+    except DeadLetterError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    if as_json:
+        import json
+
+        for letter in chosen:
+            view = letter.view()
+            view["requeued"] = (letter.partition, letter.offset) in requeued
+            click.echo(json.dumps(view, ensure_ascii=False))
+        return
+    for line in summary.lines(where):
+        click.echo(line)
+    if chosen:
+        click.echo("")
+    for letter in chosen:
+        for line in describe(letter, (letter.partition, letter.offset) in requeued):
+            click.echo(line)
+    if summary.selected > len(chosen) and limit:
+        click.echo(f"({summary.selected - len(chosen):,} more: --limit, --reason, --since "
+                   "or --json)")
+
+
 @main.command("replay")
 @click.argument("input_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),

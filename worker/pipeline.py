@@ -484,7 +484,8 @@ class Pipeline:
                ("source_topic", rec.topic.encode()),
                ("source_partition", str(rec.partition).encode()),
                ("source_offset", str(rec.offset).encode()),
-               ("model_id", self.model.model_id.encode())]
+               ("model_id", self.model.model_id.encode()),
+               ("source_timestamp", str(rec.timestamp_ms).encode())]
         headers = own + forwarded(rec.headers)
         value, key = rec.value, rec.key
         limit = self.max_dead_bytes
@@ -562,8 +563,10 @@ def missing_counts(g: Gathered, names: list[str]) -> np.ndarray:
 
 def forwarded(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     """The input's headers as outputs and dead letters carry them (trace context and the
-    like), a name the worker writes renamed input-NAME."""
-    return [(f"input-{k}" if k.lower() in RESERVED_HEADERS else k, v) for k, v in headers]
+    like), a name the worker writes renamed input-NAME, and so a name already starting with
+    input- too (so the renaming can be undone: io.records.original_headers)."""
+    return [(f"input-{k}" if k.lower() in RESERVED_HEADERS or k[:6].lower() == "input-"
+             else k, v) for k, v in headers]
 
 
 def _size(value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> int:

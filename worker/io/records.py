@@ -31,7 +31,14 @@ RECORD_SCHEMA = pa.schema([
 # instead of the worker's own.
 RESERVED_HEADERS = frozenset({"content-type", "model_id", "role", "error", "error_code",
                               "source_topic", "source_partition", "source_offset",
+                              "source_timestamp",
                               "value_dropped", "input_dropped"})
+
+
+def original_headers(carried: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The input's headers from those an output or dead letter carries after the worker's own
+    (pipeline.forwarded undone: one input- prefix taken off)."""
+    return [(k[6:] if k[:6].lower() == "input-" else k, v) for k, v in carried]
 
 
 @dataclass
