@@ -78,8 +78,13 @@ def write_config(path: Path, bootstrap: str, model: Path, source: str, sink: str
 
 
 def start_worker(config: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
+    return start_worker_args(["--config", str(config)], log, env)
+
+
+def start_worker_args(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """`scoring-worker ARGS` in the background, its output appended to ``log``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "--config", str(config)],
+        [sys.executable, "-m", "worker.cli", *args],
         cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})})
 
