@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SW := $(VENV)/bin/scoring-worker
 BROKER := deploy/kafka-local/broker
 
-.PHONY: setup build demo demo-data test test-fast lint bench bench-lazy bench-e2e bench-explain fidelity mutate \
+.PHONY: setup build demo demo-data test image test-fast lint bench bench-lazy bench-e2e bench-explain fidelity mutate \
 	bench-categorical bench-tls bench-serve bench-serve-fairness bench-runtimes golden clean chaos-abort \
 	chaos-network \
 	broker-start \
@@ -38,8 +38,16 @@ test: build
 	tests/run.sh $(PY)
 
 # The edit loop: every test that needs no broker and no cluster (CI runs everything, make test)
+# The container image (deploy/Dockerfile) built with Podman on a Debian base made with
+# debootstrap (deploy/image/build: no registry needed; Debian's podman, debootstrap and runc
+# installed where apt and root allow), then the demo and serve run inside it non-root on a
+# read-only root (tests/test_image.py). .ci/run runs it after make test: ~4 minutes from a fresh
+# machine, ~2 with the base cached.
+image: demo-data
+	SW_NO_SKIPS=1 $(PY) -m pytest -q -p no:cacheprovider -m image -rs tests/test_image.py
+
 test-fast: build
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not kafka and not cluster and not alone" \
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not kafka and not cluster and not alone and not image" \
 		--durations=15
 
 # The chaos suite's long forms (~60 minutes; make test runs the short ones): pauses past the

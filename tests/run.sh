@@ -60,7 +60,7 @@ fi
 # cluster's tests flaked when four processes of the whole suite ran beside them), the rest
 # (B, these files) beside the broker tests, whose processes mostly wait too; each report
 # follows its phase's.
-FREE="not kafka and not cluster and not serial and not alone"
+FREE="not kafka and not cluster and not serial and not alone and not image"
 FREE_B=(tests/test_fuzz.py tests/test_onnx.py tests/test_onnx5.py tests/test_serve.py
         tests/test_categorical.py)
 free_a_log=$(mktemp)
