@@ -8,7 +8,7 @@ BROKER := deploy/kafka-local/broker
 
 .PHONY: setup build demo demo-data test image test-fast lint bench bench-lazy bench-e2e bench-explain fidelity mutate \
 	bench-categorical bench-tls bench-serve bench-serve-fairness bench-runtimes golden clean chaos-abort \
-	chaos-network \
+	chaos-network docs \
 	broker-start \
 	broker-stop fuzz soak chaos
 
@@ -88,6 +88,13 @@ fuzz: build
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# The documentation site (README.md is the landing page, docs/ the pages, mkdocs.yml the nav):
+# MkDocs with the Material theme (the `test` extra), strict: a broken link or anchor fails it.
+# tests/test_docs.py builds it too. After a change to worker/config.py:
+# python -m worker.configdoc --update (docs/configuration.md's reference).
+docs: setup
+	$(PY) -m mkdocs build --strict -d out/site
 
 # Kernels against XGBoost, scikit-learn and TL2cgen (versions pinned in the `bench` extra).
 bench: build

@@ -383,7 +383,7 @@ def test_paths_no_avro_schema_can_hold_are_refused(tmp_path, model, fields, id_c
 
 
 def test_avro_bounds_at_their_edges(tmp_path):
-    """Each bound README's Avro section states, at its value (read) and one past (refused
+    """Each bound docs/formats.md's Avro section states, at its value (read) and one past (refused
     with its reason): 32 nested records, an int's 32 bits, a long's 10 varint bytes, a
     block's item count against the bytes left, a schema file's 1 MiB (tests/BOUNDS.md)."""
     # nesting: 32 records read, 33 refused

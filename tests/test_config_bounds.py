@@ -1,7 +1,7 @@
-"""Every bound README's configuration reference states (its `range` column), tried at its
-edges: the bound itself is accepted, one past it is refused naming the key, as a config file
-would be (exit 2). The README is read as committed, so a bound that moves in the code and
-not in the docs, or the other way, fails here (issue 55; tests/BOUNDS.md)."""
+"""Every bound the configuration reference (docs/configuration.md) states (its `range` column),
+tried at its edges: the bound itself is accepted, one past it is refused naming the key, as a
+config file would be (exit 2). The page is read as committed, so a bound that moves in the code
+and not in the docs, or the other way, fails here (issue 55; tests/BOUNDS.md)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 
 from worker.config import ConfigError, load_settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
 def _documented() -> list[tuple[str, str, str]]:
-    """(key, default, range) of each row of README's reference that states a range."""
-    text = README.read_text()
+    """(key, default, range) of each row of the reference that states a range."""
+    text = PAGE.read_text()
     block = text[text.index("<!-- config-reference:begin -->"):
                  text.index("<!-- config-reference:end -->")]
     rows = []
@@ -112,7 +112,8 @@ def test_each_documented_default_is_the_default(key, default, rng):
 
 @pytest.mark.parametrize("budget_mb", [256, 1000])
 def test_the_message_and_batch_bounds_within_the_memory_budget_at_their_edge(budget_mb):
-    # README: a message at most a quarter of delivery.memory_budget_mb, a batch an eighth
+    # docs/configuration.md: a message at most a quarter of delivery.memory_budget_mb, a batch
+    # an eighth
     budget = budget_mb * 1024 * 1024
     for key, most in (("max_message_bytes", budget // 4), ("max_batch_bytes", budget // 8)):
         other = {"max_batch_bytes": 1024} if key == "max_message_bytes" else {}
@@ -122,6 +123,6 @@ def test_the_message_and_batch_bounds_within_the_memory_budget_at_their_edge(bud
         with pytest.raises(ConfigError, match=f"delivery.{key}: {most + 1} is more than"):
             load_settings(None, model={"path": "m.model"}, source=dict(SOURCE),
                           delivery={"memory_budget_mb": budget_mb, key: most + 1, **other})
-    text = README.read_text()
+    text = PAGE.read_text()
     assert "default: an eighth of memory_budget_mb, at most a quarter of it" in text
     assert "at most an eighth of memory_budget_mb" in text

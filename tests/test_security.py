@@ -1,5 +1,5 @@
 """The worker on secured brokers (deploy/kafka-local/broker --security sasl_ssl|mtls): the
-ACLs the README lists are enough and each one is needed, credentials come from files or the
+ACLs docs/operations.md lists are enough and each one is needed, credentials come from files or the
 environment and are never logged, and whoever lacks them (an intruder, a plaintext client, a
 wrong password, a broker whose certificate does not name the host) is refused."""
 
@@ -34,13 +34,14 @@ from tests.kafka_broker import create_topic
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parent.parent
 
-# ---- the ACL list, read from the README (what an operator copies is what is tested) ----
+# ---- the ACL list, read from docs/operations.md, Security (what an operator copies is what is
+# tested) ----
 
 _OPS = {"Read": AclOperation.READ, "Write": AclOperation.WRITE,
         "DescribeConfigs": AclOperation.DESCRIBE_CONFIGS}
 _TYPES = {"--topic": ResourceType.TOPIC, "--group": ResourceType.GROUP,
           "--transactional-id": ResourceType.TRANSACTIONAL_ID}
-# the names README's lines use (config/prod.yaml's), replaced by each test's own
+# the names the docs' lines use (config/prod.yaml's), replaced by each test's own
 _README_NAMES = {"transactions": "in", "scores": "out", "scores-dlq": "dlq",
                  "scores-shadow": "shadow", "scoring-worker": "group",
                  "scoring-worker-": "txn_prefix"}
@@ -49,9 +50,9 @@ _SAID = {"Read": "READ", "Write": "WRITE", "DescribeConfigs": "DESCRIBE_CONFIGS"
 
 
 def readme_acls() -> dict[str, list[tuple[str, str, str, bool]]]:
-    """README's kafka-acls lines by section ("both", "exactly_once", "shadow"): (operation,
-    resource flag, the README's resource name, prefixed)."""
-    text = (REPO / "README.md").read_text()
+    """The kafka-acls lines of docs/operations.md by section ("both", "exactly_once",
+    "shadow"): (operation, resource flag, the docs' resource name, prefixed)."""
+    text = (REPO / "docs" / "operations.md").read_text()
     block = text.split("**ACLs the worker needs**", 1)[1].split("```sh", 1)[1]
     block = block.split("```", 1)[0]
     out: dict[str, list] = {}
@@ -162,7 +163,7 @@ def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
-# ---- delivery with exactly the README's ACLs ----
+# ---- delivery with exactly the documented ACLs ----
 
 @pytest.mark.parametrize("mode,secret", [("exactly_once", "file"), ("at_least_once", "env")])
 def test_exactly_the_readme_acls_deliver(tmp_path, sasl_ssl_broker, model_path, mode, secret):

@@ -1,5 +1,7 @@
-"""Render the configuration reference (README) from the pydantic models: `python -m
-worker.configdoc`. A test checks README.md carries the current rendering."""
+"""Render the configuration reference (docs/configuration.md) from the pydantic models:
+`python -m worker.configdoc` prints it, `python -m worker.configdoc --update
+[docs/configuration.md]` writes it between the markers. A test checks the page carries the
+current rendering."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pydantic import BaseModel
 from .config import ENV_PREFIX, Settings
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+PAGE = "docs/configuration.md"  # where the reference is, from the repository's root
 
 
 def _type_name(annotation) -> str:
@@ -41,6 +44,14 @@ def _optional_model(annotation) -> type[BaseModel] | None:
             issubclass(options[0], BaseModel):
         return options[0]
     return None
+
+
+def _text(doc: str) -> str:
+    """A description as a table cell: pipes escaped, and a ``<`` outside code spans written
+    ``&lt;`` so that ``<topic>-dlq`` shows as text, not as an HTML tag."""
+    doc = doc.replace("|", "\\|").replace("\n", " ")
+    parts = re.split(r"(`[^`]*`)", doc)
+    return "".join(p if p.startswith("`") else p.replace("<", "&lt;") for p in parts)
 
 
 def _default(field) -> str:
@@ -85,7 +96,7 @@ def render() -> str:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 walk(ann, key + ".")
                 continue
-            doc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+            doc = _text(field.description or "")
             typ = _type_name(ann).replace("|", "\\|")
             lines.append(f"| `{key}` | `{typ}` | `{_default(field)}` | {_range(field)} | "
                          f"{doc} |")
@@ -106,7 +117,7 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: Path) -> bool:
+def update_page(path: Path) -> bool:
     text = path.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     new = text[:start] + "\n" + render() + "\n" + text[end:]
@@ -118,7 +129,8 @@ def update_readme(path: Path) -> bool:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--update":
-        changed = update_readme(Path(sys.argv[2] if len(sys.argv) > 2 else "README.md"))
-        print("README.md updated" if changed else "README.md already current")
+        path = Path(sys.argv[2] if len(sys.argv) > 2 else PAGE)
+        changed = update_page(path)
+        print(f"{path} updated" if changed else f"{path} already current")
     else:
         print(render())
