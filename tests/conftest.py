@@ -50,10 +50,10 @@ def pytest_collection_modifyitems(config, items):
 # pass. Each allowed skip is still listed in the summary (-ra).
 ALLOWED_SKIPS = (
     "this CPU has no AVX-512",  # test_explain.py, test_partition_walk.py: the CPU's features
-    "helm not found",  # test_deploy.py: helm is built by .ci/run where Go is (README)
-    "prometheus not found",  # test_alerts.py: .ci/run installs Debian's package (README)
+    "helm not found",  # test_deploy.py: helm is built by .ci/run where Go is (docs/)
+    "prometheus not found",  # test_alerts.py: .ci/run installs Debian's package (docs/)
     "podman not found",  # test_image.py: deploy/image/build installs Debian's where it may
-    "toxiproxy not found",  # test_network.py: built with Go by the fixture or .ci/run (README)
+    "toxiproxy not found",  # test_network.py: built with Go by the fixture or .ci/run (docs/)
     "restarts the local broker",  # test_chaos.py: a broker named by the environment is not ours
 )
 

@@ -33,8 +33,8 @@ def _worker_container(docs):
 def _check_guarantees(docs):
     sts, c = _worker_container(docs)
     env = {e["name"]: e for e in c["env"]}
-    # a stable id per pod, under the README's ACL prefix <group id>-: the pod name through
-    # an earlier variable (Kubernetes expands $(POD_NAME))
+    # a stable id per pod, under the ACL prefix docs/operations.md grants (<group id>-): the
+    # pod name through an earlier variable (Kubernetes expands $(POD_NAME))
     names = [e["name"] for e in c["env"]]
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert names.index("POD_NAME") < names.index("SCORING_WORKER__KAFKA__TRANSACTIONAL_ID")
@@ -57,7 +57,8 @@ def _helm():
     for cand in (shutil.which("helm"), str(Path.home() / "go" / "bin" / "helm")):
         if cand and os.access(cand, os.X_OK):
             return cand
-    pytest.skip("helm not found: go install helm.sh/helm/v3/cmd/helm@v3.22.0 (README)")
+    pytest.skip("helm not found: go install helm.sh/helm/v3/cmd/helm@v3.22.0 "
+                "(docs/operations.md)")
 
 
 def _check_hardening(docs, values):

@@ -61,7 +61,7 @@ def server_binary() -> Path:
                                 else None)
     if go is None:
         raise Unavailable(f"toxiproxy not found and no Go to build it: go install "
-                          f"{MODULE}@{VERSION} (README)")
+                          f"{MODULE}@{VERSION} (docs/operations.md)")
     CACHE.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([go, "install", f"{MODULE}@{VERSION}"], capture_output=True,
                           text=True, timeout=900, env={**os.environ, "GOBIN": str(CACHE)})

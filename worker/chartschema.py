@@ -73,7 +73,7 @@ def build(values_text: str) -> dict:
         ref = section.get("$ref", "")
         if ref.startswith("#/$defs/"):
             defs[ref.rsplit("/", 1)[1]].pop("required", None)
-    config["description"] = ("The worker's own config (README: Configuration); the keys the "
+    config["description"] = ("The worker's own config (docs/configuration.md); the keys the "
                              "chart's values set are refused at render, naming the value.")
     values = yaml.safe_load(values_text)
     schema = _describe(values, "")

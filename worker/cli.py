@@ -1,4 +1,4 @@
-"""Commands: run (--config), compile, score, record, replay, serve, check."""
+"""Commands: run (--config), compile, profile, score, record, replay, serve, check, dead-letters."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _same_file(a, b) -> bool:
 @click.version_option(__version__, prog_name="scoring-worker")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, explain_config: bool) -> None:
-    """Always-on scoring worker: Arrow record batches in, tree-ensemble scores out."""
+    """Always-on scoring worker: Arrow, JSON or Avro messages in, tree-ensemble scores out."""
     if ctx.invoked_subcommand is not None:
         return
     if not config_path:

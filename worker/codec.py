@@ -741,9 +741,9 @@ def _template(dtype: np.dtype, classifier: bool, n: int) -> pa.RecordBatch:
 def result_batch(ids: pa.Array | None, r: ScoreResult, classifier: bool,
                  slice_: slice | None = None,
                  feature_names: list[str] | None = None) -> pa.RecordBatch:
-    """The output columns (README: Messages) for rows ``slice_`` of a score result; ``ids``
-    are those rows' ids (one message's id column), or None for each row's index in its
-    message."""
+    """The output columns (docs/formats.md: Arrow IPC messages) for rows ``slice_`` of a score
+    result; ``ids`` are those rows' ids (one message's id column), or None for each row's index
+    in its message."""
     return ResultColumns(r, classifier, feature_names).batch(ids, slice_)
 
 

@@ -107,7 +107,7 @@ class ArrowFormat:
 
 
 class ArrowOutput:
-    """One Arrow IPC stream an input message (README: Messages), after a head cached per
+    """One Arrow IPC stream an input message (docs/formats.md), after a head cached per
     output schema, topic and partition (``codec.StreamEncoder``)."""
 
     name = "arrow"

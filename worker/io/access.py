@@ -5,7 +5,7 @@ an unknown CA, a certificate the broker refuses: exit 1 with one line) and asks 
 operations this principal may perform on each topic and on the consumer group (Metadata and
 DescribeGroups with ``include_authorized_operations``), so a missing ACL is named at start-up
 instead of surfacing as a stalled consumer or a retried transaction. What the worker needs, per
-delivery mode, is ``required`` (the README's "Security" section lists the same as kafka-acls
+delivery mode, is ``required`` (docs/operations.md's "Security" section lists the same as kafka-acls
 lines). A refusal that comes later (an ACL removed while the worker runs, a transactional id
 it may not use) is ``NotAuthorized`` at the point it happens: fatal, exit 1, never retried.
 """

@@ -92,7 +92,7 @@ class NotAuthorized(FatalError):
         grant = missing[0].kafka_acls(principal)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         text = (f"kafka: {principal} is not authorized: {what} "
-                f"(kafka-acls {grant}{more}; the README's Security section lists what the "
+                f"(kafka-acls {grant}{more}; docs/operations.md, Security, lists what the "
                 f"worker needs)")
         super().__init__(f"{text}: {detail}" if detail else text)
 

@@ -226,7 +226,7 @@ def verify(model: CompiledModel, source, rng_seed: int = 0, n: int = 512,
     return err
 
 
-# What verify holds each library's output to (README, "Compiling models"), relative to each
+# What verify holds each library's output to (docs/models.md, "Compiling models"), relative to each
 # output's magnitude (at least 1): measured over the test suite's 736 compilations, the largest
 # difference of each is well inside its limit (bench/FIDELITY.md gives the matrix)
 TOLERANCES = {
@@ -283,7 +283,7 @@ def compile_model(source, layout: str = "auto", check: bool = True,
     probe = threshold_rows(ens) if check else None
     if check and verify(model, source, probe=probe) != 0.0 and ens.accumulate == "float32":
         model = _calibrate_base(model, source, kernel)
-        if model.source.startswith("xgboost"):  # promised bit for bit (README): hold it
+        if model.source.startswith("xgboost"):  # promised bit for bit (docs/models.md): hold it
             err = verify(model, source, probe=probe)
             if err != 0.0:
                 raise UnsupportedModelError(

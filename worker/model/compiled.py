@@ -1,4 +1,4 @@
-"""CompiledModel: the packed model plus the numpy-side API (README: Python API)."""
+"""CompiledModel: the packed model plus the numpy-side API (docs/models.md: Python API)."""
 
 from __future__ import annotations
 
@@ -338,7 +338,7 @@ class CompiledModel:
     def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
                     explain: str | None = None, top_k: int = 3,
                     explain_min_score: float | None = None, **params) -> ScoreResult:
-        """Scores, labels, decisions, work units and stop reasons (README: Python API).
+        """Scores, labels, decisions, work units and stop reasons (docs/models.md: Python API).
         ``explain`` (``treeshap`` or ``path``): reason codes (``reasons``) for the rows
         scored at or above ``explain_min_score`` (default: the lowest threshold)."""
         X = self.by_name(X)
