@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from tests import kafka_util as K
 from tests import models as M
-from worker.deadletters import Selection, _preview, parse_since
+from worker.deadletters import Selection, _iso, _preview, _safe, parse_since
 from worker.io.records import RESERVED_HEADERS, original_headers
 from worker.pipeline import forwarded
 
@@ -118,6 +118,12 @@ def test_selection():
     assert not Selection(since_ms=1001).takes(letter)
     marker = parse_letter(1, 9, 0, None, None, [("requeued", b"5")])
     assert tuple(marker) == (1, 5)
+    # a letter's input may carry a header named requeued: kept, never read as a marker
+    kept = parse_letter(1, 9, 0, None, None, [("error_code", b"x"), ("requeued", b"5"),
+                                              ("null", None)])
+    assert kept.carried == [("requeued", b"5"), ("null", None)]
+    for garbage in (b"", b"x", None):
+        assert parse_letter(1, 9, 0, None, None, [("requeued", garbage)]).reason == "?"
     # a record carrying a requeued header and a worker's header is a letter, not a marker
     assert parse_letter(1, 9, 0, None, None, [("error_code", b"x"),
                                               ("requeued", b"5")]).reason == "x"
@@ -200,8 +206,7 @@ def test_list_requeue_each_once_and_score_after_the_fix(tmp_path, kafka_bootstra
                                                                                     "0"]
     assert f"({N_MISSING + N_BAD - 2} more" in r.stdout
 
-    r = run_cli("dead-letters", "--config", cfg, "--json", "--reason", "missing_field",
-                "--limit", "1000")
+    r = run_cli("dead-letters", "--config", cfg, "--json", "--reason", "missing_field")
     views = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(views) == N_MISSING
     for v in views:
@@ -223,9 +228,12 @@ def test_list_requeue_each_once_and_score_after_the_fix(tmp_path, kafka_bootstra
     copies = [m for m in msgs if any(k == "requeued_from" for k, _ in m.headers() or [])]
     assert len(copies) == N_MISSING
     origins = set()
+    for v in views:  # the letters keep the input's own time
+        assert v["source_timestamp"] == _iso(sent[v["key"].encode()][3])
     for m in copies:
         value, part, headers, ts = sent[m.key()]
-        assert m.value() == value and m.partition() == part and m.timestamp()[1] == ts
+        # stamped now: an input's old time would put the copy under retention at once
+        assert m.value() == value and m.partition() == part and m.timestamp()[1] > ts
         *rest, (name, origin) = m.headers()
         assert rest == headers and name == "requeued_from"
         origins.add(origin)
@@ -296,3 +304,168 @@ def test_a_requeue_killed_mid_way_then_rerun_copies_each_once(tmp_path, kafka_bo
     assert len(origins) == n and len(set(origins)) == n
     keys = sorted(m.key() for m in msgs if m.headers())
     assert keys == sorted(f"bad-{k}".encode() for k in range(n))
+
+
+# --- hostile letters, topics and stops (what a review found) --------------------------------
+
+def test_terminal_sequences_in_a_letter_are_escaped():
+    from worker.deadletters import describe, parse_letter
+
+    evil = "esc\x1b[2J\x1b]0;title\x07\nforged [0:99] line"
+    letter = parse_letter(0, 1, 0, b"k", b"v", [("error_code", evil.encode()),
+                                                ("error", evil.encode()),
+                                                ("model_id", evil.encode()),
+                                                ("x\x1b[5mblink", b"\x1b[31m")])
+    text = "\n".join(describe(letter, False))
+    assert "\x1b" not in text and "\x07" not in text and text.count("\n") == 4
+    assert "\\x1b[2J" in text and "x\\x1b[5mblink=<" in text
+    assert _safe("plain text") == "plain text"
+
+
+def _forged(tmp_path, kafka_bootstrap, topics, model_path, **kafka):
+    path = K.write_config(tmp_path / "forged.yaml", kafka_bootstrap, model_path, topics["in"],
+                          topics["out"], topics["dlq"], group=f"g-{topics['in']}", kafka=kafka)
+    return path
+
+
+def _letter(topic_in: str, i: int, value: bytes, code=b"bad_json") -> dict:
+    return {"key": f"k{i}".encode(), "value": value,
+            "headers": [("error", b"e"), ("error_code", code), ("source_topic", topic_in.encode()),
+                        ("source_partition", b"0"), ("source_offset", str(i).encode()),
+                        ("model_id", b"m" * 64), ("source_timestamp", b"1")]}
+
+
+@pytest.mark.kafka
+def test_a_copy_the_broker_refuses_is_skipped_and_the_rest_requeued(tmp_path, kafka_bootstrap,
+                                                                     topic_factory,
+                                                                     model_path):
+    topics = {"in": topic_factory(partitions=1, prefix="in",
+                                  config={"max.message.bytes": "4000"}),
+              "out": topic_factory(partitions=1, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i, value in enumerate([b"a", b"x" * 20000, b"c"]):
+        p.produce(topics["dlq"], **_letter(topics["in"], i, value))
+    assert p.flush(30) == 0
+    cfg = _forged(tmp_path, kafka_bootstrap, topics, model_path)
+    r = run_cli("dead-letters", "--config", cfg, "--requeue")
+    assert r.returncode == 0, r.stderr
+    assert "requeued 2 letters" in r.stdout
+    assert "not requeued: 1 (the broker refused its copy: " in r.stdout and \
+        "the first: letter 0:1)" in r.stdout
+    msgs = K.read_topic(kafka_bootstrap, topics["in"], expect_messages=2)
+    assert sorted(m.value() for m in msgs) == [b"a", b"c"]
+    again = run_cli("dead-letters", "--config", cfg, "--requeue")
+    assert "requeued 0 letters" in again.stdout and "2 (requeued before)" in again.stdout
+
+
+@pytest.mark.kafka
+def test_an_open_transaction_on_the_topic_stops_a_requeue_and_is_said(tmp_path,
+                                                                     kafka_bootstrap,
+                                                                     topic_factory, model_path):
+    topics = {"in": topic_factory(partitions=1, prefix="in"),
+              "out": topic_factory(partitions=1, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(3):
+        p.produce(topics["dlq"], **_letter(topics["in"], i, b"v"))
+    assert p.flush(30) == 0
+    cfg = _forged(tmp_path, kafka_bootstrap, topics, model_path, connect_timeout_s=2)
+    assert run_cli("dead-letters", "--config", cfg, "--requeue").returncode == 0
+    # (offsets 0-2 letters, 3-5 markers, 6 their commit) a producer that began a transaction
+    # on the dead-letter topic and never ended it: the
+    # markers written after it are hidden from read-committed readers until it ends
+    stuck = Producer({"bootstrap.servers": kafka_bootstrap,
+                      "transactional.id": f"stuck-{topics['dlq']}"})
+    stuck.init_transactions(10)
+    stuck.begin_transaction()
+    stuck.produce(topics["dlq"], value=b"open")
+    stuck.flush(10)
+    more = Producer({"bootstrap.servers": kafka_bootstrap})
+    more.produce(topics["dlq"], **_letter(topics["in"], 3, b"v"))
+    assert more.flush(30) == 0
+    r = run_cli("dead-letters", "--config", cfg, "--requeue")
+    assert r.returncode == 1 and "has a transaction open since offset 7" in r.stderr, r.stderr
+    listing = run_cli("dead-letters", "--config", cfg)
+    assert listing.returncode == 0 and "3 dead letters" in listing.stdout
+    assert "a transaction open since offset 7 hides 2 records" in listing.stderr
+    stuck.abort_transaction(10)
+    r = run_cli("dead-letters", "--config", cfg, "--requeue")
+    assert r.returncode == 0 and "requeued 1 letters" in r.stdout, r.stderr
+    msgs = K.read_topic(kafka_bootstrap, topics["in"], expect_messages=4)
+    assert len(msgs) == 4  # each once
+
+
+def test_unreachable_brokers_are_one_line(tmp_path, model_path):
+    topics = {"in": "i", "out": "o", "dlq": "d"}
+    port = K.free_port()  # nothing listens there
+    cfg = _forged(tmp_path, f"127.0.0.1:{port}", topics, model_path, connect_timeout_s=2)
+    for extra in ([], ["--requeue"]):
+        t0 = time.monotonic()
+        r = run_cli("dead-letters", "--config", cfg, *extra)
+        assert r.returncode == 1 and time.monotonic() - t0 < 20, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in r.stderr and f"127.0.0.1:{port}" in last, r.stderr
+
+
+def test_a_file_that_is_not_whole_is_said_in_one_line(tmp_path, model_path):
+    cfg, _lines = _jsonl_worker(tmp_path, model_path)
+    dlq = tmp_path / "scores-dlq.arrows"
+    dlq.write_bytes(b"not arrow at all")
+    r = run_cli("dead-letters", "--config", cfg)
+    assert r.returncode == 1 and "is not a readable recorded topic" in r.stderr
+    assert "Traceback" not in r.stderr
+    dlq.unlink()
+    dlq.mkdir()
+    r = run_cli("dead-letters", "--config", cfg)
+    assert r.returncode == 1 and "is a folder" in r.stderr
+    dlq.rmdir()
+    from worker.io.records import Record, RecordWriter
+
+    with RecordWriter(dlq) as w:  # four batches, as a sink writes them batch by batch
+        for b in range(4):
+            w.write([Record("in", 0, i, None, b"x" * 5000, 0, [("error_code", b"bad_json")])
+                     for i in range(b * 100, b * 100 + 100)])
+    whole = dlq.read_bytes()
+    dlq.write_bytes(whole[: len(whole) * 2 // 3])  # a write cut short
+    r = run_cli("dead-letters", "--config", cfg, "--limit", "0")
+    assert r.returncode == 0, r.stderr
+    assert "warning:" in r.stderr and "a write cut short?" in r.stderr
+    assert "200 dead letters" in r.stdout  # the whole batches before the cut
+
+
+def test_requeue_refuses_listing_flags(tmp_path, model_path):
+    cfg, _ = _jsonl_worker(tmp_path, model_path)
+    r = run_cli("dead-letters", "--config", cfg, "--requeue", "--json")
+    assert r.returncode == 2 and "--json and --limit are for listing" in r.stderr
+
+
+@pytest.mark.kafka
+def test_a_requeue_stopped_by_sigterm_aborts_and_says_so(tmp_path, kafka_bootstrap,
+                                                         topic_factory, model_path):
+    topics = {"in": topic_factory(partitions=1, prefix="in"),
+              "out": topic_factory(partitions=1, prefix="scores"),
+              "dlq": topic_factory(partitions=1, prefix="dlq")}
+    n = 6000
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    for i in range(n):
+        p.produce(topics["dlq"], **_letter(topics["in"], i, b"v" * 2000))
+        p.poll(0)
+    assert p.flush(60) == 0
+    cfg = _forged(tmp_path, kafka_bootstrap, topics, model_path)
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "dead-letters", "--config",
+                             str(cfg), "--requeue"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()
+    assert first.startswith("requeued 1,000"), first + proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(60)
+    rest = proc.stderr.read()
+    assert rc == 128 + signal.SIGTERM and "stopped" in rest, rest
+    t0 = time.monotonic()  # the aborted transaction holds no reader back
+    r = run_cli("dead-letters", "--config", cfg, "--requeue", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 60
+    msgs = K.read_topic(kafka_bootstrap, topics["in"], expect_messages=n)
+    origins = [dict(m.headers())["requeued_from"] for m in msgs]
+    assert len(origins) == n and len(set(origins)) == n

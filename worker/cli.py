@@ -445,8 +445,9 @@ def record_cmd(config_path, bootstrap_servers, topic, output, from_offset, from_
 @click.option("--since", default=None,
               help="Only letters written at or after this time (a file sink's keep their "
               "input's time): ISO 8601 (UTC unless it says) or an age (30m, 2h, 7d).")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Letters printed after the summary (0: the summary only).")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="Letters printed (default: 20 after the summary; with --json every one; "
+              "0: the summary only).")
 @click.option("--json", "as_json", is_flag=True,
               help="The selected letters as JSON lines (bytes that are not UTF-8 as base64), "
               "no summary.")
@@ -459,16 +460,29 @@ def dead_letters_cmd(config_path, reasons, since, limit, as_json, requeue) -> No
     from .config import ConfigError, load_settings
     from .deadletters import (
         DeadLetterError,
+        FileReader,
         Selection,
         TopicReader,
         describe,
-        file_letters,
         parse_since,
-        read_all,
+        scan,
     )
     from .deadletters import requeue as requeue_letters
 
     _exit_if_stopped()
+
+    class Stopped(BaseException):
+        pass
+
+    def stop(signum, _frame):
+        raise Stopped(signum)
+
+    # a stop ends the command (a requeue's open transaction aborted first), never as success
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    if requeue and (as_json or limit is not None):
+        raise click.UsageError("--requeue takes --reason and --since; --json and --limit are "
+                               "for listing")
     try:
         settings = load_settings(config_path)
     except ConfigError as exc:
@@ -482,12 +496,14 @@ def dead_letters_cmd(config_path, reasons, since, limit, as_json, requeue) -> No
     if requeue and (sink.type != "kafka" or settings.source.type != "kafka"):
         _config_exit("--requeue writes back to a Kafka input: the config's source and sink "
                      "must be Kafka (source.type, sink.type)")
+    if sink.type == "kafka":
+        from .startup import configure_logging
+
+        configure_logging(settings.logging.level, settings.logging.format)
     timeout = kafka.connect_timeout_s
+    reader = None
     try:
         if requeue:
-            from .startup import configure_logging
-
-            configure_logging(settings.logging.level, settings.logging.format)
             topics = [t.strip() for t in settings.source.topic.split(",") if t.strip()]
             written, skipped = requeue_letters(
                 kafka.common(), sink.dead_letter_topic, topics, selection, timeout,
@@ -498,39 +514,46 @@ def dead_letters_cmd(config_path, reasons, since, limit, as_json, requeue) -> No
                 click.echo(f"  not requeued: {n:,} ({why})")
             return
         if sink.type == "kafka":
-            from .startup import configure_logging
-
-            configure_logging(settings.logging.level, settings.logging.format)
             reader = TopicReader(kafka.common(), sink.dead_letter_topic, timeout)
+            reader.bounds(wait_s=min(timeout, 5.0))  # the worker's transactions are short
             where = sink.dead_letter_topic
-            try:
-                summary, chosen, requeued = read_all(reader, selection, limit)
-            finally:
-                reader.close()
         else:
+            reader = FileReader(sink.dead_letter_path)
             where = sink.dead_letter_path
-            summary, chosen, requeued = read_all(file_letters(where), selection, limit)
+        if as_json:
+            import json
+
+            def show(letter, requeued):
+                click.echo(json.dumps({**letter.view(), "requeued": requeued},
+                                      ensure_ascii=False))
+
+            scan(reader, selection, show, limit)
+        else:
+            shown: list = []
+            summary = scan(reader, selection, lambda *a: shown.append(a),
+                           20 if limit is None else limit)
+            for line in summary.lines(where):
+                click.echo(line)
+            for letter, requeued in shown:
+                click.echo("")
+                for line in describe(letter, requeued):
+                    click.echo(line)
+            if summary.selected > summary.shown and summary.shown:
+                click.echo(f"\n({summary.selected - summary.shown:,} more: --limit, --reason, "
+                           "--since or --json)")
+        for warning in reader.warnings:
+            click.echo(f"warning: {warning}", err=True)
     except DeadLetterError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
-    if as_json:
-        import json
-
-        for letter in chosen:
-            view = letter.view()
-            view["requeued"] = (letter.partition, letter.offset) in requeued
-            click.echo(json.dumps(view, ensure_ascii=False))
-        return
-    for line in summary.lines(where):
-        click.echo(line)
-    if chosen:
-        click.echo("")
-    for letter in chosen:
-        for line in describe(letter, (letter.partition, letter.offset) in requeued):
-            click.echo(line)
-    if summary.selected > len(chosen) and limit:
-        click.echo(f"({summary.selected - len(chosen):,} more: --limit, --reason, --since "
-                   "or --json)")
+    except Stopped as stopped:
+        click.echo("dead-letters: stopped" + (" (a requeue's open transaction aborted: "
+                                              "nothing of it written)" if requeue else ""),
+                   err=True)
+        sys.exit(128 + stopped.args[0])
+    finally:
+        if reader is not None:
+            reader.close()
 
 
 @main.command("replay")

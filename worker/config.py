@@ -715,6 +715,24 @@ class Settings(BaseSettings):
                 if _same_file(out, inp):
                     raise ValueError(f"{out_key} is the same file as {in_key} ({inp}): the "
                                      "run would overwrite its own input")
+        if self.sink.type == "kafka":
+            # a topic the worker reads or writes scores to is never also its dead-letter topic
+            # (a dead letter read back as input would be dead-lettered again, for ever)
+            outs = {"sink.topic": self.sink.topic,
+                    "sink.dead_letter_topic": self.sink.dead_letter_topic}
+            if self.model.shadow_path:
+                outs["sink.shadow_topic"] = self.sink.shadow_topic
+            names = dict(outs)
+            if self.source.type == "kafka":
+                for t in self.source.topic.split(","):
+                    if t.strip():
+                        names.setdefault(f"source.topic ({t.strip()})", t.strip())
+            seen: dict[str, str] = {}
+            for key, topic in names.items():
+                if topic in seen:
+                    raise ValueError(f"{key} and {seen[topic]} are the same topic ({topic}): "
+                                     "inputs, scores and dead letters each need their own")
+                seen[topic] = key
         return self
 
     @classmethod
