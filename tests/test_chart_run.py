@@ -240,6 +240,18 @@ def test_the_schema_is_generated_from_the_settings():
      "config.model.reload: the chart sets this key from its value model.reload"),
     (["--set", "config.source.topic=x"], "from its value topics.input"),
     (["--set", "mode=serve", "--set", "config.serve.port=1"], "from its value serve.port"),
+    # set by the pod's environment or Secrets: config would be overridden, or leak a secret
+    (["--set", "config.kafka.transactional_id=x"], "config.kafka.transactional_id: is set per "
+                                                   "pod from kafka.groupId"),
+    (["--set", "config.metrics.host=0.0.0.0"], "config.metrics.host: is the pod's IP"),
+    (["--set", "config.kafka.sasl_username=bob"], "comes from kafka.credentialsSecret"),
+    (["--set", "config.kafka.sasl_password=hunter2"], "is a secret, never in a ConfigMap"),
+    (["--set", "config.kafka.allow_secrets_in_file=true"], "would let a secret into"),
+    # kafka.client: the keys the worker owns, and secrets (helm names another path at random)
+    (["--set", "config.kafka.client.enable\\.auto\\.commit=true"],
+     "invalid propertyName 'enable.auto.commit'"),
+    (["--set", "config.kafka.client.ssl\\.keystore\\.password=x"],
+     "invalid propertyName 'ssl.keystore.password'"),
     # (helm's message names another path for a property name at random: the pattern is said)
     (["--set-json", 'avroSchemas={"x1": {}}'], "'x1' does not match pattern '^[0-9]+$'"),
     (["--set-json", 'avroSchemas={"1": 5}'], "/avroSchemas/1': got number"),
@@ -255,3 +267,18 @@ def test_helm_lint_checks_the_schema():
     bad = subprocess.run([_helm(), "lint", str(CHART), "--set", "config.soruce.format=json"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "'soruce' not allowed" in bad.stdout + bad.stderr
+
+
+def test_lazy_off_renders_as_off_however_yaml_reads_it(tmp_path):
+    """YAML reads an unquoted off as false: the value and config's mode accept it and the
+    ConfigMap says "off" (a new user's `scoring: {lazy: off}` was refused as not one of
+    'off', ...)."""
+    docs = _render(tmp_path, {"scoring": {"lazy": False}})
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert 'mode: "off"' in cm["data"]["prod.yaml"] or "mode: 'off'" in cm["data"]["prod.yaml"]
+    assert yaml.safe_load(cm["data"]["prod.yaml"])["scoring"]["lazy"]["mode"] == "off"
+    out = subprocess.run([_helm(), "template", "fraud", str(CHART), "--set", "mode=serve",
+                          "--set-json", 'config={"scoring": {"explain": {"method": "path"}}}',
+                          "--set", "scoring.lazy=off"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -28,7 +28,8 @@ EXACT = {
     "kafka.saslMechanism": {"enum": ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512",
                                      "OAUTHBEARER"]},
     "delivery.mode": {"enum": ["exactly_once", "at_least_once"]},
-    "scoring.lazy": {"enum": ["off", "certified", "lazyrf", "lazygbm"]},
+    # YAML reads an unquoted off as false: taken as off, as the worker takes it
+    "scoring.lazy": {"enum": ["off", "certified", "lazyrf", "lazygbm", False]},
     "scoring.threads": {"type": "integer", "minimum": 1, "maximum": 256},
     "serve.grpcPort": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535},
     "serve.port": {"type": "integer", "minimum": 1, "maximum": 65535},
@@ -62,6 +63,23 @@ def _describe(value, path: str) -> dict:
     return {}  # null: any
 
 
+def _as_the_worker_reads(defs: dict) -> None:
+    """Where the worker's own validation refuses or accepts more than its fields' types say:
+    kafka.client's reserved and secret librdkafka keys refused when rendering too, and a lazy
+    mode of false (YAML's unquoted off) taken as off."""
+    from .config import RESERVED_CLIENT_KEYS, SECRET_CLIENT_KEYS
+
+    client = defs["KafkaConfig"]["properties"]["client"]
+    client["propertyNames"] = {"not": {"anyOf": [
+        {"enum": sorted(set(RESERVED_CLIENT_KEYS) | SECRET_CLIENT_KEYS)},
+        {"pattern": "[Pp][Aa][Ss][Ss][Ww][Oo][Rr][Dd]|[Ss][Ee][Cc][Rr][Ee][Tt]"}]}}
+    client["description"] = (client.get("description", "") + " (not the keys the worker "
+                             "owns, and no secret: those are refused)").strip()
+    mode = defs["LazyConfig"]["properties"]["mode"]
+    defs["LazyConfig"]["properties"]["mode"] = {"anyOf": [mode, {"const": False}],
+                                               "description": mode.get("description", "")}
+
+
 def build(values_text: str) -> dict:
     from .config import Settings
 
@@ -69,6 +87,7 @@ def build(values_text: str) -> dict:
     config = {k: v for k, v in settings.items() if k not in ("$defs", "title", "required")}
     # the sections' own required keys (model.path) are the chart's to set: not the value's
     defs = settings["$defs"]
+    _as_the_worker_reads(defs)
     for section in config["properties"].values():
         ref = section.get("$ref", "")
         if ref.startswith("#/$defs/"):

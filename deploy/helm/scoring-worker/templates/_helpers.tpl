@@ -46,7 +46,7 @@ scoring:
   id_column: {{ .Values.scoring.idColumn | quote }}
   thresholds: {{ toJson .Values.scoring.thresholds }}
   threads: {{ .Values.scoring.threads }}
-  lazy: {mode: {{ .Values.scoring.lazy }}}
+  lazy: {mode: {{ include "scoring-worker.lazy" . }}}
 delivery:
   mode: {{ .Values.delivery.mode }}
   stop_timeout_ms: {{ .Values.delivery.stopTimeoutMs }}
@@ -64,7 +64,7 @@ scoring:
   id_column: {{ .Values.scoring.idColumn | quote }}
   thresholds: {{ toJson .Values.scoring.thresholds }}
   threads: {{ .Values.scoring.threads }}
-  lazy: {mode: {{ .Values.scoring.lazy }}}
+  lazy: {mode: {{ include "scoring-worker.lazy" . }}}
 serve:
   host: 0.0.0.0
   port: {{ .Values.serve.port }}
@@ -82,6 +82,24 @@ serve:
   request_timeout_ms: {{ .Values.serve.requestTimeoutMs }}
   keepalive_timeout_ms: {{ .Values.serve.keepaliveTimeoutMs }}
 logging: {format: json, progress: false}
+{{- end -}}
+
+{{- /* scoring.lazy, quoted: YAML reads an unquoted off as false (taken as off) */ -}}
+{{- define "scoring-worker.lazy" -}}
+{{- if eq (toString .Values.scoring.lazy) "false" -}}"off"{{- else -}}{{ .Values.scoring.lazy | quote }}{{- end -}}
+{{- end -}}
+
+{{- /* Keys the pod sets another way (its environment, its Secrets): refused in config, with
+why. A secret written in config would sit in a ConfigMap; a key the environment also sets
+would be silently overridden by it. */ -}}
+{{- define "scoring-worker.refused" -}}
+kafka.transactional_id: "is set per pod from kafka.groupId (<group id>-<pod name>): one fixed id would fence every pod but one"
+kafka.sasl_username: "comes from kafka.credentialsSecret (its key username), through the pod's environment"
+kafka.sasl_password: "is a secret, never in a ConfigMap: kafka.credentialsSecret mounts it as a file"
+kafka.ssl_key_password: "is a secret, never in a ConfigMap: kafka.tlsSecret (its key key-password) provides it"
+kafka.sasl_oauthbearer_client_secret: "is a secret, never in a ConfigMap: mount it from a Secret and set kafka.sasl_oauthbearer_client_secret_file"
+kafka.allow_secrets_in_file: "would let a secret into the ConfigMap: secrets come from Secrets, as files"
+metrics.host: "is the pod's IP, through the pod's environment"
 {{- end -}}
 
 {{- /* Which chart value sets each key of the base config (named when config sets one). */ -}}
@@ -136,6 +154,7 @@ silently overridden, or silently ignored, would be a deployment that is not what
 {{- define "scoring-worker.config" -}}
 {{- $base := include (ternary "scoring-worker.serveBase" "scoring-worker.streamBase" (eq .Values.mode "serve")) . | fromYaml -}}
 {{- $owners := include "scoring-worker.owners" . | fromYaml -}}
+{{- $refused := include "scoring-worker.refused" . | fromYaml -}}
 {{- range $section, $keys := .Values.config -}}
 {{- if not (kindIs "map" $keys) -}}
 {{- fail (printf "config.%s: a section of the worker's config is a mapping of its keys" $section) -}}
@@ -143,6 +162,10 @@ silently overridden, or silently ignored, would be a deployment that is not what
 {{- $into := dict -}}
 {{- if hasKey $base $section -}}{{- $into = get $base $section -}}{{- end -}}
 {{- range $key, $value := $keys -}}
+{{- $path := printf "%s.%s" $section $key -}}
+{{- if hasKey $refused $path -}}
+{{- fail (printf "config.%s: %s" $path (get $refused $path)) -}}
+{{- end -}}
 {{- if hasKey $into $key -}}
 {{- fail (printf "config.%s.%s: the chart sets this key %s" $section $key (get $owners (printf "%s.%s" $section $key) | default "from its values (values.yaml)")) -}}
 {{- end -}}
