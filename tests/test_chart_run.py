@@ -253,8 +253,15 @@ def test_the_schema_is_generated_from_the_settings():
     (["--set", "config.kafka.client.ssl\\.keystore\\.password=x"],
      "invalid propertyName 'ssl.keystore.password'"),
     # (helm's message names another path for a property name at random: the pattern is said)
-    (["--set-json", 'avroSchemas={"x1": {}}'], "'x1' does not match pattern '^[0-9]+$'"),
+    (["--set-json", 'avroSchemas={"x1": {}}'],
+     "'x1' does not match pattern '^(0|[1-9][0-9]{0,9})$'"),
     (["--set-json", 'avroSchemas={"1": 5}'], "/avroSchemas/1': got number"),
+    (["--set-json", 'avroSchemas={"01": {}}'], "'01' does not match"),  # the worker reads 1.avsc
+    # keys the chart owns only in some settings are still its own
+    (["--set", "mode=serve", "--set", "config.serve.grpc_port=8081"], "value serve.grpcPort"),
+    (["--set", "config.model.shadow_path=x"], "value model.shadowFile"),
+    (["--set", "kafka.securityProtocol=PLAINTEXT", "--set", "config.kafka.sasl_mechanism=PLAIN"],
+     "value kafka.saslMechanism"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_the_chart_refuses_what_the_worker_would(args, says):
     assert says in _refused(*args)
@@ -282,3 +289,13 @@ def test_lazy_off_renders_as_off_however_yaml_reads_it(tmp_path):
                           "--set", "scoring.lazy=off"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_lazy_takes_its_policy_parameters(tmp_path):
+    docs = _render(tmp_path, {"scoring": {"lazy": {"mode": "certified", "tau": 0.95}}})
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    from worker.config import LazyConfig
+
+    lazy = yaml.safe_load(cm["data"]["prod.yaml"])["scoring"]["lazy"]
+    assert lazy == {"mode": "certified", "tau": 0.95}
+    assert LazyConfig(**lazy).mode == "certified"

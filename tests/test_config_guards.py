@@ -43,7 +43,11 @@ def _file_config(tmp_path, **sections) -> Path:
 
 @pytest.mark.parametrize("key", ["isolation.level", "enable.auto.commit", "enable.idempotence",
                                  "transactional.id", "enable.auto.offset.store", "acks",
-                                 "group.id", "Isolation.Level"])
+                                 "group.id", "Isolation.Level",
+                                 # the security settings that have fields (a client key set
+                                 # after them overrode the CA, the user, the key silently)
+                                 "ssl.ca.location", "ssl.key.location", "sasl.username",
+                                 "ssl.certificate.location", "sasl.oauthbearer.client.id"])
 def test_client_cannot_override_what_delivery_depends_on(tmp_path, key):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"kafka": {"client": {key: "x"}}}))

@@ -67,7 +67,7 @@ def _podman(env, *args, timeout=300, check=True) -> subprocess.CompletedProcess:
     return r
 
 
-HARDENED = ["--read-only", "--user", "10001", "--cap-drop", "ALL",
+HARDENED = ["--read-only", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "--tmpfs", "/tmp"]
 
 
@@ -108,6 +108,17 @@ def test_the_demo_runs_in_the_image_as_outside(image, tmp_path):
     np.testing.assert_array_equal(ids_in, ids_out)
     np.testing.assert_array_equal(s_in, s_out)
     assert (out / "demo-scores-dlq.arrows").exists()  # the demo's malformed messages
+
+
+@pytest.mark.image
+def test_the_image_has_what_inputs_and_models_need(image):
+    """The extras a deployment may need at run time (Avro input, CatBoost's categorical
+    hashing) are in the image, and its user is the chart's 10001:10001."""
+    tag, env = image
+    r = _podman(env, "run", "--rm", *HARDENED, "--network", "none", "--entrypoint",
+                "/opt/venv/bin/python", tag, "-c",
+                "import os, fastavro, clickhouse_cityhash; print(os.getuid(), os.getgid())")
+    assert r.stdout.split() == ["10001", "10001"]
 
 
 @pytest.mark.image

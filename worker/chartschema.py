@@ -29,14 +29,17 @@ EXACT = {
                                      "OAUTHBEARER"]},
     "delivery.mode": {"enum": ["exactly_once", "at_least_once"]},
     # YAML reads an unquoted off as false: taken as off, as the worker takes it
-    "scoring.lazy": {"enum": ["off", "certified", "lazyrf", "lazygbm", False]},
+    # or the lazy section itself: its mode and the policy's parameters
+    "scoring.lazy": {"anyOf": [{"enum": ["off", "certified", "lazyrf", "lazygbm", False]},
+                               {"$ref": "#/$defs/LazyConfig"}]},
     "scoring.threads": {"type": "integer", "minimum": 1, "maximum": 256},
     "serve.grpcPort": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535},
     "serve.port": {"type": "integer", "minimum": 1, "maximum": 65535},
     "metricsPort": {"type": "integer", "minimum": 1, "maximum": 65535},
     "image.pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
     "avroSchemas": {"type": "object", "additionalProperties": {"type": ["object", "string"]},
-                    "propertyNames": {"pattern": "^[0-9]+$"}},
+                    # the id as the worker names its file: <id>.avsc, no leading zero
+                    "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"}},
 }
 
 

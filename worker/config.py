@@ -174,6 +174,15 @@ RESERVED_CLIENT_KEYS = {
     "ssl.endpoint.identification.algorithm": "set kafka.ssl_endpoint_identification",
     "enable.ssl.certificate.verification": "the brokers' certificates are always verified "
                                            "(set kafka.ssl_ca_location to their CA)",
+    "ssl.ca.location": "set kafka.ssl_ca_location",
+    "ssl.certificate.location": "set kafka.ssl_certificate_location",
+    "ssl.key.location": "set kafka.ssl_key_location",
+    "sasl.username": "set kafka.sasl_username",
+    "sasl.oauthbearer.method": "set kafka.sasl_oauthbearer_method",
+    "sasl.oauthbearer.client.id": "set kafka.sasl_oauthbearer_client_id",
+    "sasl.oauthbearer.token.endpoint.url": "set kafka.sasl_oauthbearer_token_endpoint_url",
+    "sasl.oauthbearer.scope": "set kafka.sasl_oauthbearer_scope",
+    "sasl.oauthbearer.extensions": "set kafka.sasl_oauthbearer_extensions",
 }
 SECRET_CLIENT_KEYS = {"sasl.password", "ssl.key.password", "ssl.keystore.password",
                       "sasl.oauthbearer.client.secret", "ssl.key.pem", "ssl_key.pem",

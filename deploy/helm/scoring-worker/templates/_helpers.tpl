@@ -46,7 +46,7 @@ scoring:
   id_column: {{ .Values.scoring.idColumn | quote }}
   thresholds: {{ toJson .Values.scoring.thresholds }}
   threads: {{ .Values.scoring.threads }}
-  lazy: {mode: {{ include "scoring-worker.lazy" . }}}
+  lazy: {{ include "scoring-worker.lazy" . }}
 delivery:
   mode: {{ .Values.delivery.mode }}
   stop_timeout_ms: {{ .Values.delivery.stopTimeoutMs }}
@@ -64,7 +64,7 @@ scoring:
   id_column: {{ .Values.scoring.idColumn | quote }}
   thresholds: {{ toJson .Values.scoring.thresholds }}
   threads: {{ .Values.scoring.threads }}
-  lazy: {mode: {{ include "scoring-worker.lazy" . }}}
+  lazy: {{ include "scoring-worker.lazy" . }}
 serve:
   host: 0.0.0.0
   port: {{ .Values.serve.port }}
@@ -84,9 +84,13 @@ serve:
 logging: {format: json, progress: false}
 {{- end -}}
 
-{{- /* scoring.lazy, quoted: YAML reads an unquoted off as false (taken as off) */ -}}
+{{- /* scoring.lazy: a mode (quoted: YAML reads an unquoted off as false, taken as off), or
+the lazy section itself, its mode and its policy's parameters */ -}}
 {{- define "scoring-worker.lazy" -}}
-{{- if eq (toString .Values.scoring.lazy) "false" -}}"off"{{- else -}}{{ .Values.scoring.lazy | quote }}{{- end -}}
+{{- $lazy := .Values.scoring.lazy -}}
+{{- if kindIs "map" $lazy -}}{{ toJson $lazy }}
+{{- else if eq (toString $lazy) "false" -}}{mode: "off"}
+{{- else -}}{mode: {{ $lazy | quote }}}{{- end -}}
 {{- end -}}
 
 {{- /* Keys the pod sets another way (its environment, its Secrets): refused in config, with
@@ -166,8 +170,8 @@ silently overridden, or silently ignored, would be a deployment that is not what
 {{- if hasKey $refused $path -}}
 {{- fail (printf "config.%s: %s" $path (get $refused $path)) -}}
 {{- end -}}
-{{- if hasKey $into $key -}}
-{{- fail (printf "config.%s.%s: the chart sets this key %s" $section $key (get $owners (printf "%s.%s" $section $key) | default "from its values (values.yaml)")) -}}
+{{- if or (hasKey $into $key) (hasKey $owners $path) -}}
+{{- fail (printf "config.%s.%s: the chart sets this key %s" $section $key (get $owners $path | default "from its values (values.yaml)")) -}}
 {{- end -}}
 {{- $_ := set $into $key $value -}}
 {{- end -}}
