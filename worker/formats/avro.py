@@ -1,8 +1,9 @@
 """Avro events in Confluent's wire format: a magic byte 0, a 4-byte big-endian schema id, one
 Avro binary record.
 
-Each writer schema is fetched once per id (``source.schemas_dir``: ``<id>.avsc``; or a schema
-registry through confluent-kafka's ``SchemaRegistryClient``), parsed by fastavro (its
+Each writer schema is read once per id from ``source.schemas_dir`` (``<id>.avsc``: a folder a
+sidecar may fill from the schema registry; the worker itself talks to no registry), parsed by
+fastavro (its
 validation, names and namespaces) and compiled once into a reader plan: the record's fields
 resolved by name against the model's features (or ``source.fields``' dotted paths through
 nested records), so a producer may add, drop or reorder fields. The plan runs in C++
