@@ -371,7 +371,9 @@ class TopicReader:
 
     def records(self):
         """One pass over the topic up to the bounds (a Letter or a Marker each record)."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from .io.kafka import reader_event
 
         if self.ends is None:
             self.bounds(0)
@@ -387,14 +389,10 @@ class TopicReader:
                     raise DeadLetterError(f"sink.dead_letter_topic: {self.topic!r} gave "
                                           f"nothing for {self.timeout_s:.0f} s before its end")
                 for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            live.discard(m.partition())
-                            continue
-                        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                            continue  # no group is used: the lookup's refusal is harmless
-                        raise DeadLetterError(f"reading {self.topic!r}: {err.str()}")
+                    if reader_event(m, live):
+                        continue
+                    if m.error() is not None:
+                        raise DeadLetterError(f"reading {self.topic!r}: {m.error().str()}")
                     quiet_since = time.monotonic()
                     p, off = m.partition(), m.offset()
                     if p not in live:

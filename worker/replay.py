@@ -18,9 +18,9 @@ def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset:
                  progress=None) -> int:
     """Copy a topic's messages (committed only) into a recorded-topic file. Ends at the end of
     every partition, after ``max_messages``, or after ``max_seconds``, whichever comes first."""
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
-    from .io.kafka import to_record
+    from .io.kafka import reader_event, to_record
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"record-{uuid.uuid4().hex}",
                   "enable.auto.commit": False, "enable.partition.eof": True,
@@ -51,16 +51,10 @@ def record_topic(bootstrap: str, topic: str, output: str | Path, *, from_offset:
                 want = 500 if max_messages is None else min(500, max_messages - n)
                 buf = []
                 for m in c.consume(want, 0.5):
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            live.discard(m.partition())
-                            continue
-                        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                            # the recorder assigns partitions and commits nothing: its group
-                            # (librdkafka still looks up its coordinator) needs no ACL
-                            continue
-                        raise RuntimeError(f"consume error: {err}")
+                    if reader_event(m, live):
+                        continue
+                    if m.error() is not None:
+                        raise RuntimeError(f"consume error: {m.error()}")
                     buf.append(to_record(m))
                 w.write(buf)
                 n += len(buf)

@@ -133,6 +133,22 @@ def validate_client_config(conf: dict) -> None:
         raise _startup_error(exc) from None
 
 
+def reader_event(msg, live: set[int]) -> bool:
+    """For a reader that assigns partitions and joins no group (record, dead-letters): True
+    when ``msg`` is an event to pass over, not a record: a partition's end (taken off
+    ``live``), or the refusal of the group lookup librdkafka still makes (no group is used:
+    it needs no ACL). False for a record, and for an error the caller raises."""
+    from confluent_kafka import KafkaError
+
+    err = msg.error()
+    if err is None:
+        return False
+    if err.code() == KafkaError._PARTITION_EOF:
+        live.discard(msg.partition())
+        return True
+    return err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
 def to_record(msg) -> Record:
     """A consumed confluent-kafka message as a Record (the one conversion)."""
     ts_type, ts = msg.timestamp()
