@@ -8,8 +8,10 @@ thread.
         [--mode exactly_once|at_least_once] [--native]
 
 Needs `pip install py-spy` and the local broker (`deploy/kafka-local/broker start`, or
-BOOTSTRAP=host:port). Writes bench/out/profile-<mode>-<rows>.txt (the summary) and
-bench/out/profile-<mode>-<rows>.raw (py-spy's collapsed stacks, for a flame graph tool).
+BOOTSTRAP=host:port). Writes bench/out/profile-<mode>-<rows>-<all|busy>.txt (the summary)
+and .raw (py-spy's collapsed stacks, for a flame graph tool). --busy keeps only the samples
+where a thread runs (what uses the CPU); without it waiting is sampled too (what the loop
+waits on).
 """
 
 from __future__ import annotations
@@ -69,13 +71,17 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--mode", default="exactly_once")
     ap.add_argument("--native", action="store_true", help="native frames too (py-spy --native)")
+    ap.add_argument("--busy", action="store_true",
+                    help="only samples where a thread is running (no --idle): what uses the CPU, "
+                         "not what waits")
     args = ap.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     _xgb, art = e2e.model_files()
     bootstrap = e2e.bootstrap_servers()
     out_dir = REPO / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw = out_dir / f"profile-{args.mode}-{args.rows}.raw"
+    kind = "busy" if args.busy else "all"
+    raw = out_dir / f"profile-{args.mode}-{args.rows}-{kind}.raw"
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         topics = e2e.Topics(bootstrap)
@@ -87,7 +93,7 @@ def main() -> int:
                 time.sleep(3)  # start-up, the group join, the first transaction: not profiled
                 cmd = [spy, "record", "--pid", str(proc.pid), "--duration",
                        str(int(args.seconds)), "--rate", "250", "--format", "raw",
-                       "--threads", "--idle", "--output", str(raw)]
+                       "--threads", "--output", str(raw)] + ([] if args.busy else ["--idle"])
                 if args.native:
                     cmd.append("--native")
                 subprocess.run(cmd, check=True, capture_output=True)
@@ -96,8 +102,10 @@ def main() -> int:
         finally:
             topics.delete()
     text = (f"worker, {args.mode}, {args.rows} rows a message, {args.seconds:.0f} s of a "
-            f"{args.messages:,}-message backlog (bench/profile_broker.py)\n\n" + summarize(raw))
-    (out_dir / f"profile-{args.mode}-{args.rows}.txt").write_text(text)
+            f"{args.messages:,}-message backlog, "
+            f"{'running samples only' if args.busy else 'running and waiting samples'} "
+            f"(bench/profile_broker.py)\n\n" + summarize(raw))
+    (out_dir / f"profile-{args.mode}-{args.rows}-{kind}.txt").write_text(text)
     print(text)
     return 0
 
