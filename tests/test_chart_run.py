@@ -257,6 +257,7 @@ def test_the_schema_is_generated_from_the_settings():
      "'x1' does not match pattern '^(0|[1-9][0-9]{0,9})$'"),
     (["--set-json", 'avroSchemas={"1": 5}'], "/avroSchemas/1': got number"),
     (["--set-json", 'avroSchemas={"01": {}}'], "'01' does not match"),  # the worker reads 1.avsc
+    (["--set-json", 'avroSchemas={"12345678901": {}}'], "'12345678901' does not match"),  # 11
     # keys the chart owns only in some settings are still its own
     (["--set", "mode=serve", "--set", "config.serve.grpc_port=8081"], "value serve.grpcPort"),
     (["--set", "config.model.shadow_path=x"], "value model.shadowFile"),
@@ -299,3 +300,12 @@ def test_lazy_takes_its_policy_parameters(tmp_path):
     lazy = yaml.safe_load(cm["data"]["prod.yaml"])["scoring"]["lazy"]
     assert lazy == {"mode": "certified", "tau": 0.95}
     assert LazyConfig(**lazy).mode == "certified"
+
+
+def test_avro_schema_ids_at_the_bound_render(tmp_path):
+    """The id bound's edge (ten digits; 0 too) renders, each as <id>.avsc: one past it is
+    refused (test_the_chart_refuses_what_the_worker_would)."""
+    docs = _render(tmp_path, {"avroSchemas": {"0": {"type": "record", "name": "A", "fields": []},
+                                              "9999999999": "{}"}})
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert {"0.avsc", "9999999999.avsc"} <= set(cm["data"])
