@@ -38,6 +38,8 @@ def simdjson_dir() -> str:
 
 
 def extension(name: str) -> Extension:
+    import numpy
+
     if name == "eventread":  # C++: simdjson's DOM parser (cyext/json_rows.h)
         src = simdjson_dir()
         return Extension(
@@ -48,7 +50,7 @@ def extension(name: str) -> Extension:
     return Extension(
         f"worker._{name}",
         [f"cyext/{name}.pyx"],
-        include_dirs=["cyext"],
+        include_dirs=["cyext", numpy.get_include()],  # (numpy's C API: _monitor's few rows)
         extra_compile_args=compile_args,
         extra_link_args=["-fopenmp"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -1,11 +1,14 @@
 """Flight monitoring's cost (issue 51): the worker with monitoring on against off, file -> file,
-at 1-row and 1,000-row messages, and `score_batch` alone against `score_batch` plus the
-monitor's count, on bench/e2e.py's model (XGBoost 300 trees of depth 6, 30 features, 2%
-missing) with a reference profile of 20,000 rows like the stream's. The two sides alternate
+at 1-row and 1,000-row messages, and `score_batch` alone against `score_batch` counting
+its rows and scores (``monitor=model.monitor_counts()``), on bench/e2e.py's model (XGBoost
+300 trees of depth 6, 30 features, 2% missing) with a reference profile of 20,000 rows like
+the stream's. The two sides alternate
 (on, off, off, on, ...) so a slow minute of the machine falls on both; each figure is the
 median of the runs, with its spread. Part of `make bench-e2e`; alone:
 
-    python bench/monitoring_cost.py [--runs 6] [--quick]
+    python bench/monitoring_cost.py [--runs 6] [--quick] [--kernel-only]
+
+(--kernel-only: the score_batch pair alone, printed, nothing written.)
 
 Writes bench/MONITORING-RESULTS.md and bench/out/e2e/monitoring.json.
 """
@@ -63,27 +66,25 @@ def run(path: Path, art: Path, tmp: Path, on: bool) -> float:
     raise RuntimeError("no 'worker stopped' line")
 
 
-def kernel_pair(art: Path, rows: int, calls: int) -> tuple[float, float]:
-    """Seconds for ``calls`` score_batch calls of ``rows`` rows, without and with the
-    monitor's count of the same rows and scores (best of 5 each)."""
+def kernel_pair(art: Path, rows: int, calls: int) -> tuple[list[float], list[float]]:
+    """Seconds for ``calls`` score_batch calls of ``rows`` rows, without and with
+    monitoring (``monitor=model.monitor_counts()``: the rows and scores counted in the same
+    call): each round's best of 5, 8 rounds a side alternated."""
     import worker
-    from worker import monitoring
-    from worker.pipeline import BatchStats
 
     m = worker.load_model(art)
     t = e2e.table(0, rows, np.random.default_rng(rows))
     X = np.ascontiguousarray(np.column_stack([t.column(f).to_numpy()
                                               for f in e2e.FEATURES]), np.float32)
+    counts = m.monitor_counts()
 
     def plain():
         for _ in range(calls):
             m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1)
 
     def counted():
-        s = BatchStats()
         for _ in range(calls):
-            r = m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1)
-            monitoring.count(m, X, r.score, s)
+            m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1, monitor=counts)
 
     def best(fn):
         out = []
@@ -94,11 +95,12 @@ def kernel_pair(art: Path, rows: int, calls: int) -> tuple[float, float]:
         return min(out)
 
     a, b = [], []
-    for i in range(4):  # alternated
+    for i in range(8):  # alternated
         for fn, into in ((plain, a), (counted, b)) if i % 2 == 0 else ((counted, b),
                                                                       (plain, a)):
             into.append(best(fn))
-    return statistics.median(a), statistics.median(b)
+    assert counts.rows == 8 * 5 * calls * rows  # (every counted call counted its rows)
+    return a, b
 
 
 def agreement(art: Path) -> dict:
@@ -159,6 +161,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=6, help="runs a side (alternated)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--kernel-only", action="store_true")
     args = ap.parse_args()
     _, art = e2e.model_files()
     art = profiled(art)
@@ -172,7 +175,7 @@ def main() -> int:
                  "runs": args.runs, "file": {}, "kernel": {}}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for rows, n in counts.items():
+        for rows, n in ({} if args.kernel_only else counts).items():
             path = e2e.recording(rows, n)
             on, off = [], []
             for i in range(args.runs * 2):
@@ -184,9 +187,15 @@ def main() -> int:
                   f"on {n / statistics.median(on):,.0f} msg/s, cost {100 * cost:+.1f}% "
                   f"(spread off {spread(off)}, on {spread(on)})", flush=True)
     for rows, calls in ((1, 20_000), (1000, 100)):
-        a, b = kernel_pair(art, rows, calls // (10 if args.quick else 1))
-        res["kernel"][rows] = {"plain_s": a, "counted_s": b}
-        print(f"score_batch {rows:>4} rows: cost {100 * (b / a - 1):+.1f}%", flush=True)
+        calls //= 10 if args.quick else 1
+        a, b = kernel_pair(art, rows, calls)
+        res["kernel"][rows] = {"calls": calls, "plain_s": a, "counted_s": b}
+        cost = statistics.median(b) / statistics.median(a) - 1
+        print(f"score_batch {rows:>4} rows: off {1e6 * statistics.median(a) / calls:.2f} us, "
+              f"on {1e6 * statistics.median(b) / calls:.2f} us a call, cost {100 * cost:+.1f}% "
+              f"(spread off {spread(a)}, on {spread(b)})", flush=True)
+    if args.kernel_only:
+        return 0
     res["agreement"] = agreement(art)
     (e2e.OUT / "monitoring.json").write_text(json.dumps(res, indent=1))
     write(res)
@@ -200,8 +209,11 @@ def write(res: dict) -> None:
         rows.append((f"file -> file, {size}-row messages ({r['messages']:,}), worker run loop",
                      cost, f"off {spread(r['off_s'])}, on {spread(r['on_s'])}"))
     for size, r in res["kernel"].items():
-        rows.append((f"`score_batch` of {size} rows, + the monitor's count", 
-                     r["counted_s"] / r["plain_s"] - 1, "best of 5, median of 2 a side"))
+        a, b = r["plain_s"], r["counted_s"]
+        rows.append((f"`score_batch` of {size} rows, `monitor=` counts "
+                     f"({1e6 * statistics.median(a) / r['calls']:.2f} us a call off)",
+                     statistics.median(b) / statistics.median(a) - 1,
+                     f"off {spread(a)}, on {spread(b)} (rounds' best of 5)"))
     rows.sort(key=lambda x: -x[1])  # the worst first
     lines = [
         "# Flight monitoring's cost (issue 51)",

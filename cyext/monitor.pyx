@@ -9,15 +9,25 @@ from libc.stdint cimport int32_t, int64_t
 from libc.math cimport NAN
 from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy, memset
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS,
+                             PyBUF_FORMAT, PyBUF_WRITABLE)
 
 from swtypes cimport Column
 from stage cimport stage_block
 from worker._kernels cimport Columns
 
 import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
 
 cdef enum:
     BLOCK = 256       # rows staged at a time (where the rows are not a row block already)
+    STACK_GE = 4096   # the block's counters on the stack up to this many (16 KiB)
+    STACK_ROWS = 1024  # padded copies of an array's last rows on the stack up to this many
+    SMALL = 4         # rows of a row block a Counter keeps to count later (PENDING), at most
+    PENDING = 64      # rows a Counter keeps before it counts them
+    FEW_FEATURES = 2048  # features, at most, of a Counter that keeps rows
 MAX_EDGES = 255       # a feature's bin edges at most (bins: edges + 1)
 EXTRA = 3             # after a feature's bins: missing, below the minimum, above the maximum
 
@@ -52,6 +62,23 @@ cdef inline void _flush(int64_t n, int32_t nf, int64_t nfp, const int32_t* n_edg
         c[m + 2] += miss[nfp + j]
         c[m + 3] += miss[2 * nfp + j]
     memset(ge, 0, (kpad + 3) * nfp * sizeof(int32_t))
+
+
+cdef inline void _score_bins(const double* sc, int64_t n, const double* edges, int64_t m,
+                             int64_t* counts) noexcept nogil:
+    """Each score's bin (how many of the m ascending edges are <= it; NaN last, as numpy's
+    searchsorted puts it) counted."""
+    cdef int64_t i, k, b
+    cdef double v
+    for i in range(n):
+        v = sc[i]
+        if v != v:
+            counts[m] += 1
+            continue
+        b = 0
+        for k in range(m):
+            b += v >= edges[k]
+        counts[b] += 1
 
 
 cdef class Plan:
@@ -117,55 +144,95 @@ cdef class Plan:
         free(self.n_edges)
         free(self.sedges)
 
-    def count(self, X, int64_t[:, ::1] counts, score=None, score_counts=None):
-        """Add each row of ``X`` (column descriptors, or a C-contiguous float32 row block
-        read where it lies) to ``counts`` (features x stride): feature j's row holds its
-        bins 0..m (the bin of v: how many of its m edges are <= v), then its missing values
-        (NaN, nulls), then values below its minimum and above its maximum (counted in their
-        bins too); and each ``score`` (float64) to ``score_counts``. Every shape is checked
-        before anything is read or allocated."""
+    def count(self, X, counts, score=None, score_counts=None):
+        """Add each row of ``X`` (column descriptors, a C-contiguous float32 row block read
+        where it lies, or any 2-D numeric array, staged) to ``counts`` (int64, features x
+        stride, C order): feature j's row holds its bins 0..m (the bin of v: how many of its
+        m edges are <= v), then its missing values (NaN, nulls), then values below its
+        minimum and above its maximum (counted in their bins too); and each ``score`` (one
+        a row; float64, else converted) to ``score_counts`` (int64). Every shape is checked
+        before anything is read or counted."""
+        cdef Py_buffer cb, scb
+        cdef bint have_c = False, have_sc = False
+        try:
+            _int64_c(counts, &cb, "counts")
+            have_c = True
+            if cb.ndim != 2 or cb.shape[0] != self.nf or cb.shape[1] != self.stride:
+                raise ValueError(f"counts of shape {tuple(counts.shape)}, the plan's "
+                                 f"({self.nf}, {self.stride})")
+            if score is not None:
+                _int64_c(score_counts, &scb, "score_counts")
+                have_sc = True
+                if scb.ndim != 1 or scb.shape[0] != self.n_score_edges + 1:
+                    raise ValueError(f"score_counts of shape {tuple(score_counts.shape)} for "
+                                     f"{self.n_score_edges} score edges")
+            self._add(X, score, <int64_t*>cb.buf,
+                      <int64_t*>scb.buf if have_sc else NULL)
+        finally:
+            if have_c:
+                PyBuffer_Release(&cb)
+            if have_sc:
+                PyBuffer_Release(&scb)
+
+    cdef int _add(self, object X, object score, int64_t* counts, int64_t* scc) except -1:
+        """``count`` into counters whose shapes are checked (``scc``: NULL, or the score's
+        bins, n_score_edges + 1). Arrays are read through the buffer protocol (a typed
+        memoryview costs ~0.1-0.2 us each: at one row, more than the count)."""
+        cdef Py_buffer xb, sb
+        cdef bint have_x = False, have_s = False
         cdef Columns cols = None
-        cdef const float[:, ::1] block
-        cdef const double[::1] sc
-        cdef int64_t[::1] scc
         cdef const float* direct = NULL
+        cdef int64_t n = 0, ns = 0
+        try:
+            if isinstance(X, Columns):
+                cols = X
+            elif _row_block(X, &xb, self.nf):
+                have_x = True
+                n = xb.shape[0]
+                direct = <const float*>xb.buf
+            else:  # anything else numpy reads: staged as the kernels stage it
+                cols = Columns.from_numpy(X)
+            if cols is not None:
+                if cols.n_features != self.nf:
+                    raise ValueError(f"{cols.n_features} features, the plan {self.nf}")
+                n, direct = cols.n_rows, cols.direct
+            if scc != NULL:
+                have_s = _buffer(score, &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                if have_s and not _is(&sb, b"d", 8, 1):
+                    PyBuffer_Release(&sb)
+                    have_s = False
+                if not have_s:  # another dtype or layout: converted
+                    score = np.ascontiguousarray(score, np.float64)
+                    if score.ndim != 1:
+                        raise ValueError(f"score must be 1-D; got shape {score.shape}")
+                    PyObject_GetBuffer(score, &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                    have_s = True
+                ns = sb.shape[0]
+                if ns != n:
+                    raise ValueError(f"{ns} scores for {n} rows")
+                if ns > 64:  # releasing the GIL costs more than a few scores' bins
+                    with nogil:
+                        _score_bins(<const double*>sb.buf, ns, self.sedges,
+                                    self.n_score_edges, scc)
+                else:
+                    _score_bins(<const double*>sb.buf, ns, self.sedges, self.n_score_edges,
+                                scc)
+            if n and self.nf:
+                self._rows(direct, cols, n, counts)
+        finally:
+            if have_x:
+                PyBuffer_Release(&xb)
+            if have_s:
+                PyBuffer_Release(&sb)
+        return 0
+
+    cdef int _rows(self, const float* direct, Columns cols, int64_t n, int64_t* counts) \
+            except -1:
+        """Rows 0..n of ``direct`` (a row block, nf floats a row) or of ``cols`` (staged a
+        block at a time) into ``counts``; scratch on the stack where it fits."""
         cdef int32_t nf = self.nf
-        cdef int64_t n, r0, nb, r, k0, nd, i, k, b, m
+        cdef int64_t r0, nb, r, k0, nd
         cdef int64_t nfp = self.nfp, kpad = self.kpad
-        cdef double v
-        if isinstance(X, Columns):
-            cols = X
-            if cols.n_features != nf:
-                raise ValueError(f"{cols.n_features} features, the plan {nf}")
-            n, direct = cols.n_rows, cols.direct
-        else:
-            block = X  # a float32 C-contiguous 2-D array, else a TypeError or ValueError
-            if block.shape[1] != nf:
-                raise ValueError(f"{block.shape[1]} features, the plan {nf}")
-            n = block.shape[0]
-            if n and nf:
-                direct = &block[0, 0]
-        if counts.shape[0] != nf or counts.shape[1] != self.stride:
-            raise ValueError(f"counts of shape ({counts.shape[0]}, {counts.shape[1]}), the "
-                             f"plan's ({nf}, {self.stride})")
-        if score is not None:
-            sc = score
-            scc = score_counts
-            if scc.shape[0] != self.n_score_edges + 1:
-                raise ValueError(f"{scc.shape[0]} score bins for {self.n_score_edges} edges")
-            m = self.n_score_edges
-            with nogil:
-                for i in range(sc.shape[0]):
-                    v = sc[i]
-                    if v != v:  # NaN last, as numpy's searchsorted puts it
-                        scc[m] += 1
-                        continue
-                    b = 0
-                    for k in range(m):
-                        b += v >= self.sedges[k]
-                    scc[b] += 1
-        if n == 0 or nf == 0:
-            return
         # rows are read where they lie (a row block) or where staged, SW_MON_LANES values
         # from each chunk's start: a staged block's last rows read into a slack after it
         # (zeroed: the lanes past the features are never read back); the array's last rows,
@@ -177,54 +244,244 @@ cdef class Plan:
         cdef int64_t safe = n if direct == NULL else \
             0 if n * nf < nfp else (n * nf - nfp) // nf + 1
         cdef int64_t ncopy = min(n - safe, <int64_t>BLOCK)
-        cdef int32_t* ge = <int32_t*>calloc(<size_t>(kpad + 3) * <size_t>nfp,
-                                            sizeof(int32_t))
-        cdef float* stagebuf = <float*>calloc(<size_t>BLOCK * <size_t>nf + <size_t>nfp,
-                                              sizeof(float)) if direct == NULL else NULL
-        cdef float* rows = <float*>malloc(<size_t>ncopy * <size_t>nfp * sizeof(float)) \
-            if safe < n else NULL
+        cdef int64_t nge = (kpad + 3) * nfp  # < 2^29 * 264: no overflow
+        cdef int32_t ge_stack[STACK_GE]
+        cdef float rows_stack[STACK_ROWS]
+        cdef int32_t* ge = ge_stack
+        cdef float* rows = rows_stack
+        cdef float* stagebuf = NULL
         cdef const float* Xp
-        if ge == NULL or (direct == NULL and stagebuf == NULL) or (safe < n and rows == NULL):
-            free(ge)
+        cdef bint heap_ge = nge > STACK_GE, heap_rows = ncopy * nfp > STACK_ROWS
+        if heap_ge:
+            ge = <int32_t*>calloc(<size_t>nge, sizeof(int32_t))
+        else:
+            memset(ge, 0, <size_t>nge * sizeof(int32_t))
+        if heap_rows:
+            rows = <float*>malloc(<size_t>ncopy * <size_t>nfp * sizeof(float))
+        if direct == NULL:
+            stagebuf = <float*>calloc(<size_t>BLOCK * <size_t>nf + <size_t>nfp, sizeof(float))
+        if ge == NULL or rows == NULL or (direct == NULL and stagebuf == NULL):
+            if heap_ge:
+                free(ge)
+            if heap_rows:
+                free(rows)
             free(stagebuf)
-            free(rows)
             raise MemoryError()
-        try:
-            with nogil:
-                if rows != NULL:
-                    for r in range(ncopy * nfp):
-                        rows[r] = NAN
-                r0 = 0
-                while r0 < n:
-                    nb = n - r0 if n - r0 < BLOCK else BLOCK
-                    if direct != NULL:
-                        Xp = direct + r0 * nf
-                        nd = min(nb, max(safe - r0, <int64_t>0))  # read where they lie
-                    else:
-                        stage_block(cols.cols, nf, r0, nb, stagebuf)
-                        Xp = stagebuf
-                        nd = nb
-                    if nd < nb:  # the array's last rows: copied, padded
-                        for r in range(nd, nb):
-                            memcpy(rows + (r - nd) * nfp, Xp + r * nf, nf * sizeof(float))
-                    k0 = 0
-                    while k0 < kpad:
-                        if nd:
-                            sw_mon_count(Xp, nd, nf, nfp, self.et, k0, self.lohi,
-                                         self.lohi + nfp, ge, ge + kpad * nfp,
-                                         ge + (kpad + 1) * nfp, ge + (kpad + 2) * nfp)
-                        if nd < nb:
-                            sw_mon_count(rows, nb - nd, nfp, nfp, self.et, k0, self.lohi,
-                                         self.lohi + nfp, ge, ge + kpad * nfp,
-                                         ge + (kpad + 1) * nfp, ge + (kpad + 2) * nfp)
-                        k0 += SW_MON_EDGES
-                    _flush(nb, nf, nfp, self.n_edges, ge, ge + kpad * nfp, kpad,
-                           &counts[0, 0], self.stride)
-                    r0 += nb
-        finally:
+        with nogil:
+            for r in range(ncopy * nfp):
+                rows[r] = NAN
+            r0 = 0
+            while r0 < n:
+                nb = n - r0 if n - r0 < BLOCK else BLOCK
+                if direct != NULL:
+                    Xp = direct + r0 * nf
+                    nd = min(nb, max(safe - r0, <int64_t>0))  # read where they lie
+                else:
+                    stage_block(cols.cols, nf, r0, nb, stagebuf)
+                    Xp = stagebuf
+                    nd = nb
+                if nd < nb:  # the array's last rows: copied, padded
+                    for r in range(nd, nb):
+                        memcpy(rows + (r - nd) * nfp, Xp + r * nf, nf * sizeof(float))
+                k0 = 0
+                while k0 < kpad:
+                    if nd:
+                        sw_mon_count(Xp, nd, nf, nfp, self.et, k0, self.lohi,
+                                     self.lohi + nfp, ge, ge + kpad * nfp,
+                                     ge + (kpad + 1) * nfp, ge + (kpad + 2) * nfp)
+                    if nd < nb:
+                        sw_mon_count(rows, nb - nd, nfp, nfp, self.et, k0, self.lohi,
+                                     self.lohi + nfp, ge, ge + kpad * nfp,
+                                     ge + (kpad + 1) * nfp, ge + (kpad + 2) * nfp)
+                    k0 += SW_MON_EDGES
+                _flush(nb, nf, nfp, self.n_edges, ge, ge + kpad * nfp, kpad,
+                       counts, self.stride)
+                r0 += nb
+        if heap_ge:
             free(ge)
-            free(stagebuf)
+        if heap_rows:
             free(rows)
+        free(stagebuf)
+        return 0
+
+
+cdef inline bint _is(Py_buffer* b, const char* fmt, Py_ssize_t itemsize, int ndim):
+    """A buffer of ``ndim`` dimensions whose items are the format character fmt[0] (any
+    byte-order prefix but a swapped one) of ``itemsize`` bytes."""
+    cdef const char* f = b.format
+    if f == NULL or b.ndim != ndim or b.itemsize != itemsize:
+        return False
+    if f[0] == b"@" or f[0] == b"=" or f[0] == b"<":
+        f += 1
+    return f[0] == fmt[0] and f[1] == 0
+
+
+cdef inline const float* _few_rows(object X, int32_t nf) noexcept:
+    """``X``'s data where it is a numpy array of at most SMALL rows of nf float32 values, C
+    order, aligned, in the machine's byte order (else NULL)."""
+    cdef cnp.ndarray a
+    if type(X) is not cnp.ndarray:
+        return NULL
+    a = <cnp.ndarray>X
+    if cnp.PyArray_NDIM(a) != 2 or cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or \
+            not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISALIGNED(a) or \
+            not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_DIM(a, 1) != nf or \
+            cnp.PyArray_DIM(a, 0) > SMALL:
+        return NULL
+    return <const float*>cnp.PyArray_DATA(a)
+
+
+cdef inline const double* _scores_of(object s, cnp.npy_intp n) noexcept:
+    """``s``'s data where it is a numpy array of n float64 values, contiguous, aligned, in
+    the machine's byte order (else NULL)."""
+    cdef cnp.ndarray a
+    if type(s) is not cnp.ndarray:
+        return NULL
+    a = <cnp.ndarray>s
+    if cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or \
+            not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISALIGNED(a) or \
+            not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_DIM(a, 0) != n:
+        return NULL
+    return <const double*>cnp.PyArray_DATA(a)
+
+
+cdef bint _buffer(object o, Py_buffer* b, int flags) except -1:
+    """``o``'s buffer taken with ``flags`` (True), or not (False: none, or not so laid
+    out)."""
+    try:
+        PyObject_GetBuffer(o, b, flags)
+    except (BufferError, TypeError, ValueError):
+        return False
+    return True
+
+
+cdef bint _row_block(object X, Py_buffer* b, int32_t nf) except -1:
+    """``X`` a C-contiguous 2-D float32 array of nf columns, its buffer taken (True), or
+    not (False, nothing taken: the caller stages X)."""
+    if not _buffer(X, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT):
+        return False
+    if not _is(b, b"f", 4, 2) or b.shape[1] != nf:
+        PyBuffer_Release(b)
+        return False
+    return True
+
+
+cdef int _int64_c(object a, Py_buffer* b, str name) except -1:
+    """``a``'s writable C-contiguous buffer of int64 (else a ValueError naming it)."""
+    if not _buffer(a, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE):
+        raise ValueError(f"{name}: a writable C-contiguous int64 array")
+    if not (_is(b, b"l", 8, b.ndim) or _is(b, b"q", 8, b.ndim)):
+        PyBuffer_Release(b)
+        raise ValueError(f"{name}: a writable C-contiguous int64 array")
+    return 0
+
+
+cdef class Counter:
+    """A plan's counters, counted into by ``add`` (one call: the Python API's monitor,
+    ``score_batch(X, monitor=...)``): ``counts`` (features x the plan's stride) and
+    ``score_counts``, read as read-only views; ``reset`` zeroes them. A few rows at a time
+    (at most SMALL, a float32 row block) are kept, up to PENDING, and counted together by
+    the block counter (its setup costs more than one row's count); reading the counts counts
+    them first, so what is read is always every row added. Its arrays are never reallocated
+    (their addresses are kept); one thread counts at a time (another's ``add`` meanwhile is
+    refused, not interleaved)."""
+
+    cdef readonly Plan plan
+    cdef readonly object owner     # what it counts for (add's ``owner``: refused if another)
+    cdef object _counts, _scores
+    cdef int64_t* c
+    cdef int64_t* s
+    cdef float* pend               # PENDING rows of nf floats, then nfp of slack (zeroed)
+    cdef int64_t npend
+    cdef bint busy
+
+    def __cinit__(self, Plan plan not None, object owner=None, *args, **kwargs):
+        # (further arguments: a Python subclass's, worker.monitoring.Counts)
+        self.plan = plan
+        self.owner = owner
+        self._counts = np.zeros((plan.nf, plan.stride), np.int64)
+        self._scores = np.zeros(plan.n_score_edges + 1, np.int64)
+        self.c = <int64_t*><Py_ssize_t>self._counts.ctypes.data
+        self.s = <int64_t*><Py_ssize_t>self._scores.ctypes.data
+        self.pend = NULL
+        self.npend = 0
+        self.busy = False
+        if 0 < plan.nf and plan.nfp <= FEW_FEATURES:
+            self.pend = <float*>calloc(PENDING * <size_t>plan.nf + <size_t>plan.nfp,
+                                       sizeof(float))
+            if self.pend == NULL:
+                raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.pend)
+
+    cdef int _take(self) except -1:
+        if self.busy:
+            raise RuntimeError("this monitor is counting in another thread")
+        self.busy = True
+        return 0
+
+    cdef int _count_pending(self) except -1:
+        """The rows kept, counted (the caller holds ``busy``)."""
+        if self.npend:
+            self.plan._rows(self.pend, None, self.npend, self.c)
+            self.npend = 0
+        return 0
+
+    def add(self, X, score, owner=None):
+        """Rows ``X`` and their ``score`` (one a row) counted (``Plan.count``); refused
+        (ValueError) if ``owner`` is given and is not the counter's."""
+        cdef const float* few
+        cdef const double* sc
+        cdef int64_t n
+        if owner is not None and owner is not self.owner:
+            raise ValueError("monitor: counts made by another model's monitor_counts() (its "
+                             "reference profile is not this model's)")
+        self._take()
+        try:
+            few = _few_rows(X, self.plan.nf) if self.pend != NULL else NULL
+            if few != NULL:
+                n = cnp.PyArray_DIM(<cnp.ndarray>X, 0)
+                sc = _scores_of(score, n)
+                if sc != NULL:
+                    # numpy's own arrays, read through its C API (the buffer protocol costs
+                    # ~0.07 us an array: at one row, as much as the count) holding the GIL,
+                    # so neither can change under it; the rows kept, the scores counted
+                    if self.npend + n > PENDING:
+                        self._count_pending()
+                    memcpy(self.pend + self.npend * self.plan.nf, few,
+                           <size_t>n * <size_t>self.plan.nf * sizeof(float))
+                    self.npend += n
+                    _score_bins(sc, n, self.plan.sedges, self.plan.n_score_edges, self.s)
+                    return
+            self._count_pending()
+            self.plan._add(X, score, self.c, self.s)
+        finally:
+            self.busy = False
+
+    @property
+    def counts(self):
+        self._take()
+        try:
+            self._count_pending()
+        finally:
+            self.busy = False
+        v = self._counts.view()
+        v.flags.writeable = False
+        return v
+
+    @property
+    def score_counts(self):
+        v = self._scores.view()
+        v.flags.writeable = False
+        return v
+
+    def reset(self):
+        self._take()
+        self.npend = 0
+        self._counts[...] = 0
+        self._scores[...] = 0
+        self.busy = False
 
 
 def count_bins(X, const float[:, ::1] edges, const int32_t[::1] n_edges,

@@ -124,10 +124,112 @@ def test_count_bins_refuses_shapes_that_disagree():
                  (_kernels.Columns.from_numpy(np.zeros((4, 8), np.float32)), p.new_counts())):
         with pytest.raises(ValueError):
             plan.count(*args)
-    for block in (np.zeros((4, 7)), np.zeros((4, 7), np.float32)[:, ::2],
-                  np.zeros(7, np.float32)):
+    for block in (np.zeros((4, 7), np.float32)[:, ::2], np.zeros(7, np.float32),
+                  np.zeros((4, 6)), "rows"):
         with pytest.raises((ValueError, TypeError)):
             _monitor.count_bins(block, p.edges, p.n_edges, p.lo, p.hi, p.new_counts())
+    # a float64 block or a strided one is staged as the kernels stage it: the same counts
+    X = _hostile(40, 7, [p.edges[j, :p.n_edges[j]] for j in range(7)], seed=4)
+    for block in (X.astype(np.float64), np.asfortranarray(X), np.repeat(X, 2, 1)[:, ::2]):
+        got = p.new_counts()
+        _monitor.count_bins(block, p.edges, p.n_edges, p.lo, p.hi, got)
+        np.testing.assert_array_equal(got, _want(X, p))
+    for score, bins in ((np.zeros(5), np.zeros(len(p.score_edges) + 1, np.int64)),
+                        (np.zeros(4), np.zeros(len(p.score_edges) + 1, np.int32)),
+                        (np.zeros((4, 1)), np.zeros(len(p.score_edges) + 1, np.int64))):
+        counts = p.new_counts()
+        with pytest.raises(ValueError):  # checked before anything is counted
+            plan.count(cols, counts, score, bins)
+        assert not counts.any() and not bins.any()
+
+
+def _split(n: int, seed: int) -> list[int]:
+    """Call sizes summing to n: mostly one to four rows, now and then a larger block."""
+    rng = np.random.default_rng(seed)
+    out = []
+    while sum(out) < n - 3:
+        out.append(int(rng.choice([1, 1, 1, 2, 3, 4, 5, 63, 64, 65, 300])))
+    out[-1] -= sum(out) - (n - 3)
+    return [k for k in out if k] + [1, 1, 1]  # (the last rows kept when the counts are read)
+
+
+@pytest.mark.parametrize("nf", [1, 7, 16, 33])
+def test_score_batch_monitor_counts_every_row_as_numpy_does(nf):
+    """``score_batch(X, monitor=model.monitor_counts())``: rows counted in calls of one to a
+    few rows (kept and counted together) and larger blocks equal numpy's counts of all the
+    rows, and the scores' bins numpy's bins of the scores returned, whenever read."""
+    m = _model(nf)
+    p = m.reference
+    X = _hostile(1500, nf, [p.edges[j, :p.n_edges[j]] for j in range(nf)], seed=nf + 1)
+    c = m.monitor_counts()
+    scores, i = [], 0
+    for k in _split(len(X), nf):
+        scores.append(m.score_batch(X[i:i + k], thresholds=[0.5], monitor=c).score)
+        if i < 66 <= i + k or i < 500 <= i + k or i + k == 1:  # read midway: every row so far
+            np.testing.assert_array_equal(c.counts, _want(X[:i + k], p))
+        i += k
+    score = np.concatenate(scores)
+    np.testing.assert_array_equal(c.counts, _want(X, p))
+    np.testing.assert_array_equal(
+        c.score_counts, np.bincount(np.searchsorted(p.score_edges, score, side="right"),
+                                    minlength=len(p.score_edges) + 1))
+    assert c.rows == len(X)
+    with pytest.raises(ValueError):  # read-only views
+        c.counts[0, 0] = 7
+    c.reset()
+    assert c.rows == 0 and not c.counts.any() and not c.score_counts.any()
+    m.score_batch(X[:3], monitor=c)
+    np.testing.assert_array_equal(c.counts, _want(X[:3], p))
+
+
+def test_score_batch_monitor_reads_frames_and_other_dtypes_as_the_kernels_stage_them():
+    pd = pytest.importorskip("pandas")
+    m = _model(7)
+    p = m.reference
+    X = _hostile(200, 7, [p.edges[j, :p.n_edges[j]] for j in range(7)], seed=11)
+    frame = pd.DataFrame({f"f{j}": X[:, j] for j in reversed(range(7))})  # by name
+    for rows in (frame, X.astype(np.float64), np.asfortranarray(X), X.tolist()):
+        c = m.monitor_counts()
+        for i in range(0, 200, 50):
+            part = rows.iloc[i:i + 50] if rows is frame else rows[i:i + 50]
+            m.score_batch(part, monitor=c)
+        np.testing.assert_array_equal(c.counts, _want(X, p))
+
+
+def test_score_batch_monitor_figures_equal_numpy_on_one_row_calls():
+    m = _model(7)
+    X = np.random.default_rng(98).normal(size=(5000, 7)).astype(np.float32)
+    X[:, 2] *= 100
+    c = m.monitor_counts()
+    for i in range(len(X)):
+        m.score_batch(X[i:i + 1], monitor=c)
+    f = c.figures()
+    psis, missing, score_psi = _independent(m, X)
+    np.testing.assert_allclose([f["feature_psi"][f"f{j}"] for j in range(7)], psis, rtol=0,
+                               atol=1e-9)
+    np.testing.assert_allclose([f["missing_rate"][f"f{j}"] for j in range(7)], missing,
+                               rtol=0, atol=1e-12)
+    assert abs(f["score_psi"] - score_psi) <= 1e-9
+    assert f["counted"] == 5000 and f["feature_psi"]["f2"] > 0.25
+    assert f["out_of_range_rate"]["f2"] > 0.9
+
+
+def test_score_batch_monitor_refuses_another_models_counts_and_bad_scores():
+    a, b = _model(7), _model(16)
+    c = a.monitor_counts()
+    X = np.zeros((1, 16), np.float32)
+    with pytest.raises(ValueError, match="another model"):
+        b.score_batch(X, monitor=c)
+    assert c.rows == 0
+    bare = load_model(MODEL)
+    assert bare.reference is None
+    with pytest.raises(ValueError, match="no reference profile"):
+        bare.monitor_counts()
+    Y = np.zeros((2, 7), np.float32)
+    for score in (np.zeros(3), np.zeros((2, 1)), "x"):
+        with pytest.raises((ValueError, TypeError)):
+            c.add(Y, score)
+    assert c.rows == 0 and not c.score_counts.any()
 
 
 def _psi(a_counts: np.ndarray, e: np.ndarray) -> float:
@@ -680,4 +782,4 @@ def test_no_read_past_a_row_blocks_end():
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "monitor_guard.py")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    assert "counted 96 guarded blocks" in proc.stdout
+    assert "counted 144 guarded blocks" in proc.stdout

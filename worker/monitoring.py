@@ -18,7 +18,6 @@ import time
 import numpy as np
 import structlog
 
-from . import _kernels
 from .model import reference as R
 
 log = structlog.get_logger("worker.monitoring")
@@ -60,15 +59,11 @@ def count(model, X, score: np.ndarray, into, role: str = "live") -> None:
     p = model.reference
     if p is None:
         return
-    # a row block is read where it lies; anything else through column descriptors
-    cols = X if isinstance(X, _kernels.Columns) or (
-        type(X) is np.ndarray and X.ndim == 2 and X.dtype == np.float32 and
-        X.flags.c_contiguous) else _kernels.Columns.from_numpy(X)
     pair = into.monitor.get(role)
     if pair is None or pair[2] is not p:  # counts against another profile: not mixed
         pair = into.monitor[role] = (p.new_counts(),
                                      np.zeros(len(p.score_edges) + 1, np.int64), p)
-    p.plan.count(cols, pair[0], np.ascontiguousarray(score, np.float64), pair[1])
+    p.plan.count(X, pair[0], score, pair[1])  # (a row block read where it lies)
 
 
 class Monitor:
@@ -159,25 +154,11 @@ class Monitor:
         if p is not None and self.window_counted >= self.cfg.min_rows:
             # judged on the rows counted (all scored rows, unless monitoring stopped)
             names = self.model.feature_names
-            counted = self.window_counted
-            psi = R.feature_psi(self.window, p)
-            idx = np.arange(len(names))
-            missing = self.window[idx, p.n_edges + 1] / counted
-            out_range = (self.window[idx, p.n_edges + 2] + self.window[idx, p.n_edges + 3]) / \
-                counted
-            score_psi = R.psi(self.window_scores, p.score_fractions)
-            ref_missing = p.fractions[idx, p.n_edges + 1]
-            out["counted"] = counted
-            out["counts"] = {name: {"bins": self.window[j, :p.n_edges[j] + 1].tolist(),
-                                    "missing": int(self.window[j, p.n_edges[j] + 1]),
-                                    "below": int(self.window[j, p.n_edges[j] + 2]),
-                                    "above": int(self.window[j, p.n_edges[j] + 3])}
-                             for j, name in enumerate(names)}
-            out["score_bins"] = self.window_scores.tolist()
-            out.update(feature_psi=dict(zip(names, psi.tolist(), strict=True)),
-                       missing_rate=dict(zip(names, missing.tolist(), strict=True)),
-                       out_of_range_rate=dict(zip(names, out_range.tolist(), strict=True)),
-                       score_psi=score_psi)
+            out.update(R.judge(self.window, self.window_scores, p, names))
+            psi = np.asarray(list(out["feature_psi"].values()), np.float64)
+            missing = np.asarray(list(out["missing_rate"].values()), np.float64)
+            ref_missing = p.fractions[np.arange(len(names)), p.n_edges + 1]
+            score_psi = out["score_psi"]
             alert = self.cfg.alert_psi
             for j, name in enumerate(names):
                 if psi[j] >= alert:

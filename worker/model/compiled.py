@@ -80,6 +80,14 @@ class CompiledModel:
                           self.model_id, "auto")
         return m
 
+    def monitor_counts(self):
+        """Flight monitoring's counts for ``score_batch(X, monitor=...)`` (worker.model.
+        reference.Counts: ``figures()`` judges them against this model's reference profile)."""
+        if self.reference is None:
+            raise ValueError("the model has no reference profile: compile it with "
+                             "--reference (or model.with_reference(X))")
+        return reference.Counts(self.reference.plan, self)
+
     @property
     def kernel(self) -> str:
         """The full-evaluation kernel scoring this model: "quickscorer" (models whose trees
@@ -337,12 +345,20 @@ class CompiledModel:
 
     def score_batch(self, X, lazy: str = "off", thresholds=(0.5,), n_threads: int | None = None,
                     explain: str | None = None, top_k: int = 3,
-                    explain_min_score: float | None = None, **params) -> ScoreResult:
+                    explain_min_score: float | None = None, monitor=None,
+                    **params) -> ScoreResult:
         """Scores, labels, decisions, work units and stop reasons (docs/models.md: Python API).
         ``explain`` (``treeshap`` or ``path``): reason codes (``reasons``) for the rows
-        scored at or above ``explain_min_score`` (default: the lowest threshold)."""
+        scored at or above ``explain_min_score`` (default: the lowest threshold).
+        ``monitor`` (``monitor_counts()``): the rows and scores counted against the
+        reference profile, in the same call."""
         X = self.by_name(X)
         r = self._score_batch(X, lazy, thresholds, n_threads, **params)
+        if monitor is not None:  # (refused if another model's: the owner is checked)
+            # numpy rows as the counter reads them (a float32 row block where it lies, any
+            # other staged), anything else as the kernels staged it
+            monitor.add(X if type(X) is np.ndarray and not self.category_hashes
+                        else self.columns(X), r.score, self)
         if explain is not None:
             low = min(thresholds) if explain_min_score is None else explain_min_score
             self.reasons(X, r, explain, top_k, low, n_threads)

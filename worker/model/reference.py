@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from worker import _monitor
+
 from .artifact import ArtifactError
 
 REFERENCE = "reference"  # the meta key (outside the model id: artifact.OUTSIDE_ID)
@@ -69,8 +71,6 @@ class Profile:
     def plan(self):
         """The native counter's layout of this profile (worker._monitor.Plan), built once."""
         if self._plan is None:
-            from worker import _monitor
-
             self._plan = _monitor.Plan(self.edges, self.n_edges, self.lo, self.hi,
                                        self.score_edges, self.width)
         return self._plan
@@ -112,6 +112,53 @@ def score_bins(score: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Counts of ``score`` in the bins of ``edges`` (how many edges are <= a score); a NaN
     score (none is published) in the last."""
     return np.bincount(np.searchsorted(edges, score, side="right"), minlength=len(edges) + 1)
+
+
+def judge(counts: np.ndarray, score_counts: np.ndarray, profile, names: list[str]) -> dict:
+    """The figures of rows counted against ``profile`` (``counts``, ``score_counts``): the
+    rows counted, each feature's bin counts, PSI, missing rate and out-of-range rate, and
+    the score's bins and PSI (NaN figures where nothing was counted)."""
+    p = profile
+    idx = np.arange(len(names))
+    counted = int(counts[0, :int(p.n_edges[0]) + 2].sum()) if len(names) else 0
+    fpsi = feature_psi(counts, p)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        missing = counts[idx, p.n_edges + 1] / counted
+        out_range = (counts[idx, p.n_edges + 2] + counts[idx, p.n_edges + 3]) / counted
+    return {
+        "counted": counted,
+        "counts": {name: {"bins": counts[j, :p.n_edges[j] + 1].tolist(),
+                          "missing": int(counts[j, p.n_edges[j] + 1]),
+                          "below": int(counts[j, p.n_edges[j] + 2]),
+                          "above": int(counts[j, p.n_edges[j] + 3])}
+                   for j, name in enumerate(names)},
+        "score_bins": score_counts.tolist(),
+        "feature_psi": dict(zip(names, fpsi.tolist(), strict=True)),
+        "missing_rate": dict(zip(names, missing.tolist(), strict=True)),
+        "out_of_range_rate": dict(zip(names, out_range.tolist(), strict=True)),
+        "score_psi": psi(score_counts, p.score_fractions),
+    }
+
+
+class Counts(_monitor.Counter):
+    """Flight monitoring for the Python API: ``model.score_batch(X, monitor=c)`` counts the
+    rows and their scores against the model's reference profile in the same call (native,
+    no Python per row); ``figures()`` judges what was counted (``judge``: PSI, missing and
+    out-of-range rates a feature, the score's PSI), ``reset()`` starts again. Made by
+    ``model.monitor_counts()``; counts with one thread at a time (worker/monitoring.py
+    judges the worker's windows with the same ``judge``)."""
+
+    def __init__(self, plan, model):
+        self.model = model  # (the counter's owner: score_batch refuses another model's)
+        self.profile = model.reference
+
+    @property
+    def rows(self) -> int:
+        c = self.counts
+        return int(c[0, :int(self.profile.n_edges[0]) + 2].sum()) if c.shape[0] else 0
+
+    def figures(self) -> dict:
+        return judge(self.counts, self.score_counts, self.profile, self.model.feature_names)
 
 
 def build(model, X, bins: int = DEFAULT_BINS, thresholds=(0.5,)) -> dict:
@@ -163,8 +210,6 @@ def build(model, X, bins: int = DEFAULT_BINS, thresholds=(0.5,)) -> dict:
 
 def _staged(cols) -> np.ndarray:
     """The rows of column descriptors as the kernels stage them (float32, missing NaN)."""
-    from worker import _monitor
-
     return _monitor.stage(cols)
 
 
