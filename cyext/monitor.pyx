@@ -84,7 +84,8 @@ cdef inline void _score_bins(const double* sc, int64_t n, const double* edges, i
 cdef class Plan:
     """A reference profile laid out for the counter once: each feature's edges transposed
     and padded to whole vector chunks and passes (NaN: never >= a value), its range, the
-    score's edges. Read-only after it is built: threads may count with one plan at once."""
+    score's edges. Read-only after it is built: threads may count with one plan at once, each
+    into counts of its own."""
 
     cdef float* et                 # edges transposed: kpad rows of nfp features
     cdef float* lohi               # lo then hi, nfp each (NaN past the features)
@@ -113,8 +114,17 @@ cdef class Plan:
             if n_edges[j] < 0 or n_edges[j] > self.width or n_edges[j] + 1 + EXTRA > stride:
                 raise ValueError(f"feature {j}: {n_edges[j]} edges, {self.width} stored, "
                                  f"{stride} counts")
+        if stride < 1 + EXTRA:
+            raise ValueError(f"{stride} counts a feature: at least {1 + EXTRA}")
+        for j in range(self.nf):  # (a bin is the count of edges <= a value: ascending)
+            for k in range(n_edges[j]):
+                if edges[j, k] != edges[j, k] or k and edges[j, k] < edges[j, k - 1]:
+                    raise ValueError(f"feature {j}: its edges must ascend, without NaN")
         if score_edges.shape[0] > MAX_EDGES:
             raise ValueError(f"at most {MAX_EDGES} score edges")
+        for k in range(score_edges.shape[0]):
+            if score_edges[k] != score_edges[k] or k and score_edges[k] < score_edges[k - 1]:
+                raise ValueError("the score's edges must ascend, without NaN")
         # nf < 2^29 (a model's bound) keeps every product below in 64 bits
         self.nfp = (self.nf + SW_MON_LANES - 1) // SW_MON_LANES * SW_MON_LANES
         self.kpad = max((self.width + SW_MON_EDGES - 1) // SW_MON_EDGES, 1) * SW_MON_EDGES
@@ -158,13 +168,13 @@ cdef class Plan:
             _int64_c(counts, &cb, "counts")
             have_c = True
             if cb.ndim != 2 or cb.shape[0] != self.nf or cb.shape[1] != self.stride:
-                raise ValueError(f"counts of shape {tuple(counts.shape)}, the plan's "
+                raise ValueError(f"counts of shape {tuple(cb.shape[i] for i in range(cb.ndim))}, the plan's "
                                  f"({self.nf}, {self.stride})")
             if score is not None:
                 _int64_c(score_counts, &scb, "score_counts")
                 have_sc = True
                 if scb.ndim != 1 or scb.shape[0] != self.n_score_edges + 1:
-                    raise ValueError(f"score_counts of shape {tuple(score_counts.shape)} for "
+                    raise ValueError(f"score_counts of shape {tuple(scb.shape[i] for i in range(scb.ndim))} for "
                                      f"{self.n_score_edges} score edges")
             self._add(X, score, <int64_t*>cb.buf,
                       <int64_t*>scb.buf if have_sc else NULL)
@@ -201,10 +211,8 @@ cdef class Plan:
                 if have_s and not _is(&sb, b"d", 8, 1):
                     PyBuffer_Release(&sb)
                     have_s = False
-                if not have_s:  # another dtype or layout: converted
-                    score = np.ascontiguousarray(score, np.float64)
-                    if score.ndim != 1:
-                        raise ValueError(f"score must be 1-D; got shape {score.shape}")
+                if not have_s:  # another numeric dtype or layout: converted
+                    score = _score_array(score)
                     PyObject_GetBuffer(score, &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
                     have_s = True
                 ns = sb.shape[0]
@@ -316,6 +324,16 @@ cdef inline bint _is(Py_buffer* b, const char* fmt, Py_ssize_t itemsize, int ndi
     return f[0] == fmt[0] and f[1] == 0
 
 
+def _score_array(score):
+    """``score`` as a C-contiguous float64 array: one number a row, 1-D, of a numeric or
+    boolean dtype (anything else refused: a missing or mistyped score is not a NaN)."""
+    a = np.asarray(score)
+    if a.ndim != 1 or a.dtype.kind not in "fiub":
+        raise ValueError(f"score: one number a row (1-D, numeric); got "
+                         f"{a.dtype} of shape {a.shape}")
+    return np.ascontiguousarray(a, np.float64)
+
+
 cdef inline const float* _few_rows(object X, int32_t nf) noexcept:
     """``X``'s data where it is a numpy array of at most SMALL rows of nf float32 values, C
     order, aligned, in the machine's byte order (else NULL)."""
@@ -331,18 +349,25 @@ cdef inline const float* _few_rows(object X, int32_t nf) noexcept:
     return <const float*>cnp.PyArray_DATA(a)
 
 
-cdef inline const double* _scores_of(object s, cnp.npy_intp n) noexcept:
-    """``s``'s data where it is a numpy array of n float64 values, contiguous, aligned, in
-    the machine's byte order (else NULL)."""
+cdef inline bint _scores_of(object s, cnp.npy_intp n, double* out) noexcept:
+    """``s``'s n values (n <= SMALL) copied to ``out`` where it is a 1-D numpy array of
+    float64, any stride (a binary model's scores are a column of its probabilities), aligned,
+    in the machine's byte order (else False)."""
     cdef cnp.ndarray a
+    cdef cnp.npy_intp i, st
+    cdef const char* p
     if type(s) is not cnp.ndarray:
-        return NULL
+        return False
     a = <cnp.ndarray>s
     if cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or \
-            not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISALIGNED(a) or \
-            not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_DIM(a, 0) != n:
-        return NULL
-    return <const double*>cnp.PyArray_DATA(a)
+            not cnp.PyArray_ISALIGNED(a) or not cnp.PyArray_ISNOTSWAPPED(a) or \
+            cnp.PyArray_DIM(a, 0) != n or n > SMALL:
+        return False
+    p = <const char*>cnp.PyArray_DATA(a)
+    st = cnp.PyArray_STRIDE(a, 0)
+    for i in range(n):
+        out[i] = (<const double*>(p + i * st))[0]
+    return True
 
 
 cdef bint _buffer(object o, Py_buffer* b, int flags) except -1:
@@ -379,7 +404,7 @@ cdef int _int64_c(object a, Py_buffer* b, str name) except -1:
 cdef class Counter:
     """A plan's counters, counted into by ``add`` (one call: the Python API's monitor,
     ``score_batch(X, monitor=...)``): ``counts`` (features x the plan's stride) and
-    ``score_counts``, read as read-only views; ``reset`` zeroes them. A few rows at a time
+    ``score_counts``, read as copies; ``reset`` zeroes them. A few rows at a time
     (at most SMALL, a float32 row block) are kept, up to PENDING, and counted together by
     the block counter (its setup costs more than one row's count); reading the counts counts
     them first, so what is read is always every row added. Its arrays are never reallocated
@@ -392,7 +417,7 @@ cdef class Counter:
     cdef int64_t* c
     cdef int64_t* s
     cdef float* pend               # PENDING rows of nf floats, then nfp of slack (zeroed)
-    cdef int64_t npend
+    cdef readonly int64_t npend    # rows kept, not yet counted
     cdef bint busy
 
     def __cinit__(self, Plan plan not None, object owner=None, *args, **kwargs):
@@ -432,23 +457,25 @@ cdef class Counter:
         """Rows ``X`` and their ``score`` (one a row) counted (``Plan.count``); refused
         (ValueError) if ``owner`` is given and is not the counter's."""
         cdef const float* few
-        cdef const double* sc
+        cdef double sc[SMALL]
         cdef int64_t n
         if owner is not None and owner is not self.owner:
             raise ValueError("monitor: counts made by another model's monitor_counts() (its "
                              "reference profile is not this model's)")
+        if score is None:
+            raise ValueError("score: one number a row (1-D, numeric); got None")
         self._take()
         try:
             few = _few_rows(X, self.plan.nf) if self.pend != NULL else NULL
             if few != NULL:
                 n = cnp.PyArray_DIM(<cnp.ndarray>X, 0)
-                sc = _scores_of(score, n)
-                if sc != NULL:
+                if _scores_of(score, n, sc):
+                    if self.npend + n > PENDING:  # (releases the GIL: the rows read after)
+                        self._count_pending()
+                        few = _few_rows(X, self.plan.nf)
                     # numpy's own arrays, read through its C API (the buffer protocol costs
                     # ~0.07 us an array: at one row, as much as the count) holding the GIL,
                     # so neither can change under it; the rows kept, the scores counted
-                    if self.npend + n > PENDING:
-                        self._count_pending()
                     memcpy(self.pend + self.npend * self.plan.nf, few,
                            <size_t>n * <size_t>self.plan.nf * sizeof(float))
                     self.npend += n
@@ -461,27 +488,27 @@ cdef class Counter:
 
     @property
     def counts(self):
+        """A copy of the feature counts: every row added so far."""
         self._take()
         try:
             self._count_pending()
+            return self._counts.copy()
         finally:
             self.busy = False
-        v = self._counts.view()
-        v.flags.writeable = False
-        return v
 
     @property
     def score_counts(self):
-        v = self._scores.view()
-        v.flags.writeable = False
-        return v
+        """A copy of the scores' bin counts."""
+        return self._scores.copy()
 
     def reset(self):
         self._take()
-        self.npend = 0
-        self._counts[...] = 0
-        self._scores[...] = 0
-        self.busy = False
+        try:
+            self.npend = 0
+            self._counts[...] = 0
+            self._scores[...] = 0
+        finally:
+            self.busy = False
 
 
 def count_bins(X, const float[:, ::1] edges, const int32_t[::1] n_edges,

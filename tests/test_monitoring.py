@@ -174,8 +174,9 @@ def test_score_batch_monitor_counts_every_row_as_numpy_does(nf):
         c.score_counts, np.bincount(np.searchsorted(p.score_edges, score, side="right"),
                                     minlength=len(p.score_edges) + 1))
     assert c.rows == len(X)
-    with pytest.raises(ValueError):  # read-only views
-        c.counts[0, 0] = 7
+    got = c.counts
+    got[0, 0] += 7  # a copy: the counter's own counts are its alone
+    np.testing.assert_array_equal(c.counts, _want(X, p))
     c.reset()
     assert c.rows == 0 and not c.counts.any() and not c.score_counts.any()
     m.score_batch(X[:3], monitor=c)
@@ -226,10 +227,49 @@ def test_score_batch_monitor_refuses_another_models_counts_and_bad_scores():
     with pytest.raises(ValueError, match="no reference profile"):
         bare.monitor_counts()
     Y = np.zeros((2, 7), np.float32)
-    for score in (np.zeros(3), np.zeros((2, 1)), "x"):
+    for score in (np.zeros(3), np.zeros((2, 1)), "x", None, 0.5, np.array(["a", "b"])):
         with pytest.raises((ValueError, TypeError)):
             c.add(Y, score)
+    for score in (None, 0.5, "0.5"):  # one row: a missing or mistyped score is no NaN either
+        with pytest.raises((ValueError, TypeError)):
+            c.add(Y[:1], score)
     assert c.rows == 0 and not c.score_counts.any()
+    with pytest.raises(ValueError, match="own reference"):  # another profile's plan
+        type(c)(b.reference.plan, a)
+    X = np.random.default_rng(1).normal(size=(50, 7)).astype(np.float32)
+    with pytest.raises(ValueError):  # a call that fails counts nothing
+        a.score_batch(X, explain="nope", monitor=c)
+    assert c.rows == 0
+
+
+def test_score_batch_monitor_keeps_a_binary_models_few_rows():
+    """Review finding: a binary model's scores are a column of its probabilities (strided);
+    two to four rows then skipped the kept rows and were counted one call at a time. The
+    same counts either way; here the kept path is taken (the counts grow only when read)."""
+    m = _model(7)
+    p = m.reference
+    X = _hostile(4, 7, [p.edges[j, :p.n_edges[j]] for j in range(7)], seed=3)
+    r = m.score_batch(X)
+    assert r.score.strides == (16,)  # (the premise: a column of the probabilities)
+    c = m.monitor_counts()
+    for k in (1, 2, 3, 4):
+        c.add(X[:k], m.score_batch(X[:k]).score)
+    assert c.npend == 10  # every call's rows kept
+    np.testing.assert_array_equal(c.counts, _want(np.concatenate([X[:k] for k in (1, 2, 3, 4)]),
+                                                  p))
+
+
+def test_plan_refuses_edges_that_do_not_ascend():
+    p = _model(7).reference
+    for e in ([1, 0, -1], [0, np.nan, 2]):
+        with pytest.raises(ValueError, match="ascend"):
+            _monitor.Plan(np.float32([e]), np.int32([3]), np.float32([-5]), np.float32([5]),
+                          np.zeros(0), 7)
+    with pytest.raises(ValueError, match="ascend"):
+        _monitor.Plan(p.edges, p.n_edges, p.lo, p.hi, p.score_edges[::-1].copy(), p.width)
+    with pytest.raises(ValueError):
+        _monitor.Plan(np.zeros((0, 1), np.float32), np.zeros(0, np.int32), np.zeros(0, np.float32),
+                      np.zeros(0, np.float32), np.zeros(0), -1)
 
 
 def _psi(a_counts: np.ndarray, e: np.ndarray) -> float:

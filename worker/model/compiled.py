@@ -353,15 +353,19 @@ class CompiledModel:
         ``monitor`` (``monitor_counts()``): the rows and scores counted against the
         reference profile, in the same call."""
         X = self.by_name(X)
+        if monitor is not None and type(X) is not np.ndarray and \
+                not isinstance(X, _kernels.Columns) and not hasattr(X, "schema"):
+            X = np.asarray(X)  # read once: the rows counted are the rows scored
         r = self._score_batch(X, lazy, thresholds, n_threads, **params)
-        if monitor is not None:  # (refused if another model's: the owner is checked)
-            # numpy rows as the counter reads them (a float32 row block where it lies, any
-            # other staged), anything else as the kernels staged it
-            monitor.add(X if type(X) is np.ndarray and not self.category_hashes
-                        else self.columns(X), r.score, self)
         if explain is not None:
             low = min(thresholds) if explain_min_score is None else explain_min_score
             self.reasons(X, r, explain, top_k, low, n_threads)
+        if monitor is not None:  # (refused if another model's: the owner is checked)
+            # numpy rows as the counter reads them (a float32 row block where it lies, any
+            # other staged), anything else as the kernels staged it; counted once the call
+            # has succeeded
+            monitor.add(X if type(X) is np.ndarray and not self.category_hashes
+                        else self.columns(X), r.score, self)
         return r
 
     def _score_batch(self, X, lazy: str, thresholds, n_threads: int | None,

@@ -149,6 +149,9 @@ class Counts(_monitor.Counter):
     judges the worker's windows with the same ``judge``)."""
 
     def __init__(self, plan, model):
+        if model.reference is None or plan is not model.reference.plan:
+            raise ValueError("counts against the model's own reference profile: make them "
+                             "with model.monitor_counts()")
         self.model = model  # (the counter's owner: score_batch refuses another model's)
         self.profile = model.reference
 
