@@ -6,7 +6,7 @@ the stream's. The two sides alternate
 (on, off, off, on, ...) so a slow minute of the machine falls on both; each figure is the
 median of the runs, with its spread. Part of `make bench-e2e`; alone:
 
-    python bench/monitoring_cost.py [--runs 6] [--quick] [--kernel-only]
+    python bench/monitoring_cost.py [--runs 8] [--quick] [--kernel-only]
 
 (--kernel-only: the score_batch pair alone, printed, nothing written.)
 
@@ -159,13 +159,13 @@ def spread(xs: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=6, help="runs a side (alternated)")
+    ap.add_argument("--runs", type=int, default=8, help="runs a side (alternated)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--kernel-only", action="store_true")
     args = ap.parse_args()
     _, art = e2e.model_files()
     art = profiled(art)
-    counts = {1: 20_000, 1000: 300}
+    counts = {1: 60_000, 1000: 600}  # (runs of ~1 s and more: shorter ones spread 20%+)
     if args.quick:
         counts = {1: 3_000, 1000: 60}
     from explain import _cpu  # (the machine, as bench/explain.py writes it)
