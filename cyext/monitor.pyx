@@ -442,7 +442,8 @@ cdef class Counter:
 
     cdef int _take(self) except -1:
         if self.busy:
-            raise RuntimeError("this monitor is counting in another thread")
+            raise RuntimeError("this monitor is counting in another thread: give each thread "
+                               "its own model.monitor_counts() (merge() adds them up)")
         self.busy = True
         return 0
 
@@ -460,8 +461,7 @@ cdef class Counter:
         cdef double sc[SMALL]
         cdef int64_t n
         if owner is not None and owner is not self.owner:
-            raise ValueError("monitor: counts made by another model's monitor_counts() (its "
-                             "reference profile is not this model's)")
+            self._check_owner(owner)  # (a subclass's: the same model loaded again may count)
         if score is None:
             raise ValueError("score: one number a row (1-D, numeric); got None")
         self._take()
@@ -483,6 +483,30 @@ cdef class Counter:
                     return
             self._count_pending()
             self.plan._add(X, score, self.c, self.s)
+        finally:
+            self.busy = False
+
+    def _check_owner(self, owner):
+        raise ValueError("monitor: counts made by another model's monitor_counts() (its "
+                         "reference profile is not this model's)")
+
+    def merge(self, Counter other not None):
+        """``other``'s counts (another thread's, of the same profile) added to these."""
+        if other is self:
+            raise ValueError("merge: a counter into itself")
+        if other.plan is not self.plan and (
+                other.plan.nf != self.plan.nf or other.plan.stride != self.plan.stride or
+                other.plan.n_score_edges != self.plan.n_score_edges):
+            raise ValueError("merge: counts of another profile")
+        self._take()
+        try:
+            other._take()
+            try:
+                other._count_pending()
+                self._counts += other._counts
+                self._scores += other._scores
+            finally:
+                other.busy = False
         finally:
             self.busy = False
 

@@ -823,3 +823,43 @@ def test_no_read_past_a_row_blocks_end():
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "counted 144 guarded blocks" in proc.stdout
+
+
+def test_score_batch_monitor_a_new_users_findings(tmp_path):
+    """New-user review: the same artifact loaded twice refused its own counts; threads' counts
+    could not be judged together; monitor=True, a dict of single values and a reference
+    without a column gave errors that did not say what to do."""
+    m = _model(7)
+    path = tmp_path / "m.model"
+    m.save(path)
+    a, b = load_model(path), load_model(path)
+    X = _hostile(300, 7, [m.reference.edges[j, :m.reference.n_edges[j]] for j in range(7)],
+                 seed=21)
+    c = b.monitor_counts()
+    a.score_batch(X[:100], monitor=c)  # the same model id and profile: its own counts
+    b.score_batch(X[100:], monitor=c)
+    np.testing.assert_array_equal(c.counts, _want(X, b.reference))
+    bare = load_model(MODEL)
+    with pytest.raises(ValueError, match="has no reference profile"):
+        bare.score_batch(np.zeros((1, bare.n_features), np.float32), monitor=c)
+    other = _model(16)
+    with pytest.raises(ValueError, match="another model"):
+        other.score_batch(np.zeros((1, 16), np.float32), monitor=c)
+    # each thread its own counts, merged: the counts of all the rows
+    parts = [a.monitor_counts() for _ in range(3)]
+    for k, part in enumerate(parts):
+        for i in range(k, 300, 3):
+            a.score_batch(X[i:i + 1], monitor=part)
+    parts[0].merge(parts[1])
+    parts[0].merge(parts[2])
+    np.testing.assert_array_equal(parts[0].counts, _want(X, a.reference))
+    assert parts[0].figures()["counted"] == 300
+    with pytest.raises(ValueError, match="same model"):
+        parts[0].merge(other.monitor_counts())
+    with pytest.raises(TypeError, match="monitor_counts"):
+        a.score_batch(X[:1], monitor=True)
+    with pytest.raises(TypeError, match="wrap each value in a list"):
+        a.score_batch({f"f{j}": 0.5 for j in range(7)})
+    with pytest.raises(KeyError, match="the reference"):
+        a.with_reference({f"f{j}": np.zeros(200) for j in range(6)})
+

@@ -84,8 +84,9 @@ class CompiledModel:
         """Flight monitoring's counts for ``score_batch(X, monitor=...)`` (worker.model.
         reference.Counts: ``figures()`` judges them against this model's reference profile)."""
         if self.reference is None:
-            raise ValueError("the model has no reference profile: compile it with "
-                             "--reference (or model.with_reference(X))")
+            raise ValueError("the model has no reference profile: compile it with one "
+                             "(compile_model(src, reference=X), scoring-worker compile "
+                             "--reference, or model.with_reference(X) on this model)")
         return reference.Counts(self.reference.plan, self)
 
     @property
@@ -364,8 +365,13 @@ class CompiledModel:
             # numpy rows as the counter reads them (a float32 row block where it lies, any
             # other staged), anything else as the kernels staged it; counted once the call
             # has succeeded
-            monitor.add(X if type(X) is np.ndarray and not self.category_hashes
-                        else self.columns(X), r.score, self)
+            try:
+                add = monitor.add
+            except AttributeError:
+                raise TypeError("monitor: the counts model.monitor_counts() makes, not a "
+                                f"{type(monitor).__name__}") from None
+            add(X if type(X) is np.ndarray and not self.category_hashes
+                else self.columns(X), r.score, self)
         return r
 
     def _score_batch(self, X, lazy: str, thresholds, n_threads: int | None,
@@ -408,6 +414,11 @@ def named_table(X, feature_names: list[str], categorical: set[str], hashed=froze
     is_frame = module == "pandas" and hasattr(X, "dtypes")
     if not is_frame and not isinstance(X, dict):
         return X
+    if not is_frame:
+        one = [str(k) for k, v in X.items() if np.ndim(v) == 0]
+        if one:
+            raise TypeError(f"a dict of columns: {one[0]!r} is one value, not a column (one "
+                            "row: wrap each value in a list, {name: [value]})")
     import pyarrow as pa
 
     names = [str(c) for c in (X.columns if is_frame else X)]

@@ -154,6 +154,28 @@ class Counts(_monitor.Counter):
                              "with model.monitor_counts()")
         self.model = model  # (the counter's owner: score_batch refuses another model's)
         self.profile = model.reference
+        self._same: list = []  # other loads of the same model and profile, accepted
+
+    def _check_owner(self, owner) -> None:
+        """``owner`` (a model scoring into these counts) is this model, loaded again (the
+        same model id and the same reference profile), or is refused naming why."""
+        if any(o is owner for o in self._same):
+            return
+        if getattr(owner, "reference", None) is None:
+            raise ValueError("monitor: this model has no reference profile (the counts are "
+                             "another model's)")
+        if owner.model_id != self.model.model_id or owner.reference.doc != self.profile.doc:
+            raise ValueError("monitor: counts made by another model's monitor_counts() (its "
+                             "model id or reference profile is not this model's)")
+        if len(self._same) < 8:
+            self._same.append(owner)
+
+    def merge(self, other) -> None:
+        """Another thread's counts of the same model added to these."""
+        if not isinstance(other, Counts) or other.model.model_id != self.model.model_id or \
+                other.profile.doc != self.profile.doc:
+            raise ValueError("merge: counts of the same model and reference profile only")
+        super().merge(other)
 
     @property
     def rows(self) -> int:
@@ -170,7 +192,10 @@ def build(model, X, bins: int = DEFAULT_BINS, thresholds=(0.5,)) -> dict:
     if not 2 <= bins <= MAX_BINS:
         raise ValueError(f"bins must be from 2 to {MAX_BINS}, not {bins}")
     thresholds = sorted(float(t) for t in thresholds)
-    cols = model.columns(X)
+    try:
+        cols = model.columns(X)
+    except (KeyError, TypeError, ValueError) as exc:  # (said of the reference, not a request)
+        raise type(exc)(f"the reference: {exc.args[0] if exc.args else exc}") from None
     n = int(cols.n_rows)
     if n < MIN_ROWS:
         raise ValueError(f"the reference has {n} rows: at least {MIN_ROWS} are needed")
