@@ -17,7 +17,7 @@ import pytest
 
 import worker
 from tests import models as M
-from worker import codec
+from worker import _monitor, codec
 from worker.formats import InvalidMessage
 from worker.model.compile import chosen, to_ir
 from worker.model.ir import UnsupportedModelError
@@ -640,3 +640,39 @@ def test_what_the_texts_cost_is_bounded_and_counted(tmp_path):
     with pytest.raises(ValueError, match="enum symbols"):
         _eventread.AvroReader([[13, -1, 0, 1], [9, 1, 0, 2]], [1], [0.0, 1.0], [], 4,
                               1 << 20, None, [1])
+
+
+def test_score_batch_with_a_monitor_hashes_once_and_counts_the_codes(trained, monkeypatch):
+    """Hostile-review finding: with monitor= a CatBoost model's categories were hashed twice
+    (once to score, once to count). Once now, and the counts are those of the codes the
+    model scored; the scores are CatBoost's."""
+    df, models = trained
+    est = models["logloss-d6"]
+    m = worker.compile_model(est).with_reference(_frame(400, seed=3))
+    calls = []
+    real = type(m._category_sets["merchant"]).codes_of_objects
+
+    def counted(self, values):
+        calls.append(len(values))
+        return real(self, values)
+
+    monkeypatch.setattr(type(m._category_sets["merchant"]), "codes_of_objects", counted)
+    X = _frame(300, seed=4, unseen=True)
+    c = m.monitor_counts()
+    for i in range(0, 300, 100):
+        r = m.score_batch(X.iloc[i:i + 100], monitor=c)
+        np.testing.assert_allclose(r.score, est.predict_proba(X.iloc[i:i + 100])[:, 1],
+                                   rtol=1e-6, atol=1e-7)
+    assert len(calls) == 3 * 2  # a call a categorical column a batch: never again to count
+    rows = m.hashed_rows(X)
+    want = m.reference.new_counts()
+    _monitor.count_bins(rows, m.reference.edges, m.reference.n_edges, m.reference.lo,
+                        m.reference.hi, want)
+    np.testing.assert_array_equal(c.counts, want)
+    # the marked rows read as codes everywhere after: lazy stopping and its audit
+    kw = dict(lazy="certified", audit_fraction=1.0)
+    r1 = m.score_batch(X, monitor=m.monitor_counts(), **kw)
+    r0 = m.score_batch(X, **kw)
+    assert r1.audit_rows == 300 and r1.audit_disagreements == r0.audit_disagreements == 0
+    np.testing.assert_array_equal(r1.score, r0.score)
+

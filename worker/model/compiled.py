@@ -145,6 +145,8 @@ class CompiledModel:
         anything numpy reads: a pandas frame, lists): float32 with each categorical value
         replaced by its code (strings and whole numbers hashed, as CatBoost does). Anything
         else, and every other model's input, is returned as it is."""
+        if type(X) is _HashedRows:  # hashed already (score_batch with a monitor)
+            return X.view(np.ndarray)
         X = self.by_name(X)
         if not self.category_hashes or isinstance(X, _kernels.Columns) or (
                 hasattr(X, "schema") and hasattr(X, "column")):
@@ -338,7 +340,8 @@ class CompiledModel:
                 full = self._score_batch(X.take(pa.array(idx, type=pa.int64())), "off",
                                          thresholds, n_threads)
             else:
-                full = self._score_batch(np.asarray(X)[idx], "off", thresholds, n_threads)
+                rows = X if type(X) is _HashedRows else np.asarray(X)  # (not hashed again)
+                full = self._score_batch(rows[idx], "off", thresholds, n_threads)
             bad = (full.decision != result.decision[idx]) | (full.label != result.label[idx])
             d = int(bad.sum())
         result.audit_rows = int(idx.size)
@@ -354,9 +357,15 @@ class CompiledModel:
         ``monitor`` (``monitor_counts()``): the rows and scores counted against the
         reference profile, in the same call."""
         X = self.by_name(X)
-        if monitor is not None and type(X) is not np.ndarray and \
-                not isinstance(X, _kernels.Columns) and not hasattr(X, "schema"):
-            X = np.asarray(X)  # read once: the rows counted are the rows scored
+        if monitor is not None:  # read once: the rows counted are the rows scored
+            if self.category_hashes:  # (CatBoost's categories hashed once, not again)
+                H = self.hashed_rows(X)
+                if type(H) is np.ndarray and H.dtype == np.float32 and H.ndim == 2 and \
+                        H.shape[1] == self.n_features:
+                    X = H.view(_HashedRows)
+            elif type(X) is not np.ndarray and not isinstance(X, _kernels.Columns) and \
+                    not hasattr(X, "schema"):
+                X = np.asarray(X)
         r = self._score_batch(X, lazy, thresholds, n_threads, **params)
         if explain is not None:
             low = min(thresholds) if explain_min_score is None else explain_min_score
@@ -370,8 +379,9 @@ class CompiledModel:
             except AttributeError:
                 raise TypeError("monitor: the counts model.monitor_counts() makes, not a "
                                 f"{type(monitor).__name__}") from None
-            add(X if type(X) is np.ndarray and not self.category_hashes
-                else self.columns(X), r.score, self)
+            add(X if type(X) is np.ndarray and not self.category_hashes else
+                X.view(np.ndarray) if type(X) is _HashedRows else self.columns(X), r.score,
+                self)
         return r
 
     def _score_batch(self, X, lazy: str, thresholds, n_threads: int | None,
@@ -396,6 +406,12 @@ class CompiledModel:
             score_lo=score.copy(),
             score_hi=score.copy(),
         )
+
+
+class _HashedRows(np.ndarray):
+    """Rows ``hashed_rows`` made (float32, categorical values as their codes), marked so they
+    are read as they are, not hashed again (score_batch with a monitor scores and counts the
+    same rows; hashed_rows gives them back as a plain array)."""
 
 
 def named_table(X, feature_names: list[str], categorical: set[str], hashed=frozenset()):
