@@ -8,7 +8,10 @@ stager), in one pass without Python per row."""
 from libc.stdint cimport int32_t, int64_t
 from libc.math cimport NAN
 from libc.stdlib cimport calloc, malloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_acquire_lock, PyThread_release_lock,
+                               PyThread_get_thread_ident, NOWAIT_LOCK, WAIT_LOCK)
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS,
                              PyBUF_FORMAT, PyBUF_WRITABLE)
 
@@ -408,8 +411,9 @@ cdef class Counter:
     (at most SMALL, a float32 row block) are kept, up to PENDING, and counted together by
     the block counter (its setup costs more than one row's count); reading the counts counts
     them first, so what is read is always every row added. Its arrays are never reallocated
-    (their addresses are kept); one thread counts at a time (another's ``add`` meanwhile is
-    refused, not interleaved)."""
+    (their addresses are kept). Threads may share one: each call holds its lock (another
+    thread's call waits, the GIL released while it does); a call re-entered from its own
+    thread (an array's ``__array__`` counting into it) is refused, never a deadlock."""
 
     cdef readonly Plan plan
     cdef readonly object owner     # what it counts for (add's ``owner``: refused if another)
@@ -418,19 +422,24 @@ cdef class Counter:
     cdef int64_t* s
     cdef float* pend               # PENDING rows of nf floats, then nfp of slack (zeroed)
     cdef readonly int64_t npend    # rows kept, not yet counted
-    cdef bint busy
+    cdef PyThread_type_lock lock
+    cdef unsigned long holder      # the thread holding the lock (0: none)
 
     def __cinit__(self, Plan plan not None, object owner=None, *args, **kwargs):
         # (further arguments: a Python subclass's, worker.monitoring.Counts)
         self.plan = plan
         self.owner = owner
+        self.lock = NULL
+        self.holder = 0
         self._counts = np.zeros((plan.nf, plan.stride), np.int64)
         self._scores = np.zeros(plan.n_score_edges + 1, np.int64)
         self.c = <int64_t*><Py_ssize_t>self._counts.ctypes.data
         self.s = <int64_t*><Py_ssize_t>self._scores.ctypes.data
         self.pend = NULL
         self.npend = 0
-        self.busy = False
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
         if 0 < plan.nf and plan.nfp <= FEW_FEATURES:
             self.pend = <float*>calloc(PENDING * <size_t>plan.nf + <size_t>plan.nfp,
                                        sizeof(float))
@@ -439,16 +448,28 @@ cdef class Counter:
 
     def __dealloc__(self):
         free(self.pend)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
 
     cdef int _take(self) except -1:
-        if self.busy:
-            raise RuntimeError("this monitor is counting in another thread: give each thread "
-                               "its own model.monitor_counts() (merge() adds them up)")
-        self.busy = True
+        """This counter's lock, waited for (the GIL released meanwhile); refused where this
+        thread holds it already."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if self.holder == me:
+            raise RuntimeError("this monitor's counts were used again while it counted (from "
+                               "an array's conversion?)")
+        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self.holder = me
         return 0
 
+    cdef void _give(self) noexcept:
+        self.holder = 0
+        PyThread_release_lock(self.lock)
+
     cdef int _count_pending(self) except -1:
-        """The rows kept, counted (the caller holds ``busy``)."""
+        """The rows kept, counted (the caller holds the lock)."""
         if self.npend:
             self.plan._rows(self.pend, None, self.npend, self.c)
             self.npend = 0
@@ -484,31 +505,36 @@ cdef class Counter:
             self._count_pending()
             self.plan._add(X, score, self.c, self.s)
         finally:
-            self.busy = False
+            self._give()
 
     def _check_owner(self, owner):
-        raise ValueError("monitor: counts made by another model's monitor_counts() (its "
-                         "reference profile is not this model's)")
+        raise ValueError("monitor: counts not made by this model's monitor_counts()")
 
-    def merge(self, Counter other not None):
-        """``other``'s counts (another thread's, of the same profile) added to these."""
+    def merge(self, Counter other not None, bint reset=False):
+        """``other``'s counts (another thread's, of the same profile) added to these;
+        ``reset``: other's zeroed in the same step (a roll-up that loses no row). The two
+        locks are taken in one order whichever merges into which."""
+        cdef Counter first, second
         if other is self:
             raise ValueError("merge: a counter into itself")
-        if other.plan is not self.plan and (
-                other.plan.nf != self.plan.nf or other.plan.stride != self.plan.stride or
-                other.plan.n_score_edges != self.plan.n_score_edges):
-            raise ValueError("merge: counts of another profile")
-        self._take()
+        if not _same_plan(self.plan, other.plan):
+            raise ValueError("merge: counts of another reference profile")
+        first, second = (self, other) if <size_t><void*>self < <size_t><void*>other else \
+            (other, self)
+        first._take()
         try:
-            other._take()
+            second._take()
             try:
                 other._count_pending()
                 self._counts += other._counts
                 self._scores += other._scores
+                if reset:
+                    other._counts[...] = 0
+                    other._scores[...] = 0
             finally:
-                other.busy = False
+                second._give()
         finally:
-            self.busy = False
+            first._give()
 
     @property
     def counts(self):
@@ -518,12 +544,16 @@ cdef class Counter:
             self._count_pending()
             return self._counts.copy()
         finally:
-            self.busy = False
+            self._give()
 
     @property
     def score_counts(self):
         """A copy of the scores' bin counts."""
-        return self._scores.copy()
+        self._take()
+        try:
+            return self._scores.copy()
+        finally:
+            self._give()
 
     def reset(self):
         self._take()
@@ -532,7 +562,21 @@ cdef class Counter:
             self._counts[...] = 0
             self._scores[...] = 0
         finally:
-            self.busy = False
+            self._give()
+
+
+cdef bint _same_plan(Plan a, Plan b):
+    """Plans of the same profile: one object, or the same layout to the byte."""
+    if a is b:
+        return True
+    if a.nf != b.nf or a.nfp != b.nfp or a.kpad != b.kpad or a.width != b.width or \
+            a.stride != b.stride or a.n_score_edges != b.n_score_edges:
+        return False
+    return memcmp(a.et, b.et, <size_t>a.kpad * <size_t>a.nfp * sizeof(float)) == 0 and \
+        memcmp(a.lohi, b.lohi, 2 * <size_t>a.nfp * sizeof(float)) == 0 and \
+        (a.nf == 0 or memcmp(a.n_edges, b.n_edges, <size_t>a.nf * sizeof(int32_t)) == 0) and \
+        (a.n_score_edges == 0 or
+         memcmp(a.sedges, b.sedges, <size_t>a.n_score_edges * sizeof(double)) == 0)
 
 
 def count_bins(X, const float[:, ::1] edges, const int32_t[::1] n_edges,

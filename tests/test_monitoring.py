@@ -863,3 +863,74 @@ def test_score_batch_monitor_a_new_users_findings(tmp_path):
     with pytest.raises(KeyError, match="the reference"):
         a.with_reference({f"f{j}": np.zeros(200) for j in range(6)})
 
+
+def test_score_batch_monitor_shared_by_threads_and_rolled_up_loses_no_row():
+    """Hostile-review findings: one counts object shared by threads refused their calls after
+    scoring, and a roll-up (merge, then reset) lost the rows added between the two. Threads
+    now wait their turn, and merge(reset=True) moves the counts in one step."""
+    import threading
+
+    m = _model(7)
+    p = m.reference
+    X = _hostile(4000, 7, [p.edges[j, :p.n_edges[j]] for j in range(7)], seed=31)
+    shared, rolled, total = m.monitor_counts(), m.monitor_counts(), m.monitor_counts()
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(k, 4000, 4):
+                rows = X[i:i + 1] if i % 8 else X[i:i + 1].astype(np.float64)
+                m.score_batch(rows, monitor=shared)
+                m.score_batch(rows, monitor=rolled)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):  # the roll-up, while the threads count
+        total.merge(rolled, reset=True)
+        total.figures()
+    for t in threads:
+        t.join()
+    total.merge(rolled, reset=True)
+    assert not errors, errors[:3]
+    np.testing.assert_array_equal(shared.counts, _want(X, p))
+    np.testing.assert_array_equal(total.counts, _want(X, p))
+    assert rolled.rows == 0 and total.score_counts.sum() == 4000
+    np.testing.assert_array_equal(total.score_counts, shared.score_counts)
+
+
+def test_score_batch_monitor_refuses_what_is_not_counts_before_scoring():
+    """Review finding: a class given as monitor= (its unbound add) crashed the process; an
+    object with any add method was handed the scores. Refused before anything is scored."""
+    m = _model(7)
+    X = np.zeros((2, 7), np.float32)
+    for bad in (type(m.monitor_counts()), _monitor.Counter, set(), object(), True):
+        with pytest.raises(TypeError, match="monitor_counts"):
+            m.score_batch(X, monitor=bad)
+    plain = _monitor.Counter(m.reference.plan)
+    with pytest.raises(TypeError):
+        m.score_batch(X, monitor=plain)
+    with pytest.raises(ValueError, match="another reference profile"):
+        plain.merge(_monitor.Counter(_model(16).reference.plan))
+    # a dict's other keys are the caller's (ignored, as frames' extra columns are)
+    d = {f"f{j}": [0.5] for j in range(7)} | {"request_id": "abc", "note": None}
+    np.testing.assert_array_equal(m.score_batch(d).score, m.score_batch(X[:1] + 0.5).score)
+
+
+def test_a_counter_used_again_from_its_own_count_is_refused_not_deadlocked():
+    m = _model(7)
+    c = m.monitor_counts()
+    Y = np.zeros((300, 7), np.float32)
+
+    class Sneaky:
+        def __array__(self, dtype=None, copy=None):
+            c.add(np.zeros((1, 7), np.float32), np.zeros(1))
+            return Y
+
+    with pytest.raises(RuntimeError, match="used again"):
+        c.add(Sneaky(), np.zeros(300))
+    c.add(Y, np.zeros(300))  # and the counter still works
+    assert c.rows == 300
+

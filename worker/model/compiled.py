@@ -356,6 +356,9 @@ class CompiledModel:
         scored at or above ``explain_min_score`` (default: the lowest threshold).
         ``monitor`` (``monitor_counts()``): the rows and scores counted against the
         reference profile, in the same call."""
+        if monitor is not None and not isinstance(monitor, reference.Counts):
+            raise TypeError("monitor: the counts model.monitor_counts() makes, not a "
+                            f"{type(monitor).__name__}")
         X = self.by_name(X)
         if monitor is not None:  # read once: the rows counted are the rows scored
             if self.category_hashes:  # (CatBoost's categories hashed once, not again)
@@ -374,14 +377,9 @@ class CompiledModel:
             # numpy rows as the counter reads them (a float32 row block where it lies, any
             # other staged), anything else as the kernels staged it; counted once the call
             # has succeeded
-            try:
-                add = monitor.add
-            except AttributeError:
-                raise TypeError("monitor: the counts model.monitor_counts() makes, not a "
-                                f"{type(monitor).__name__}") from None
-            add(X if type(X) is np.ndarray and not self.category_hashes else
-                X.view(np.ndarray) if type(X) is _HashedRows else self.columns(X), r.score,
-                self)
+            monitor.add(X if type(X) is np.ndarray and not self.category_hashes else
+                        X.view(np.ndarray) if type(X) is _HashedRows else self.columns(X),
+                        r.score, self)
         return r
 
     def _score_batch(self, X, lazy: str, thresholds, n_threads: int | None,
@@ -430,8 +428,11 @@ def named_table(X, feature_names: list[str], categorical: set[str], hashed=froze
     is_frame = module == "pandas" and hasattr(X, "dtypes")
     if not is_frame and not isinstance(X, dict):
         return X
-    if not is_frame:
-        one = [str(k) for k, v in X.items() if np.ndim(v) == 0]
+    if not is_frame:  # (the features' only: other keys are ignored)
+        wanted = set(feature_names)
+        one = [str(k) for k, v in X.items() if str(k) in wanted and (
+            v is None or isinstance(v, (str, bytes)) or np.isscalar(v) or
+            getattr(v, "ndim", 1) == 0)]
         if one:
             raise TypeError(f"a dict of columns: {one[0]!r} is one value, not a column (one "
                             "row: wrap each value in a list, {name: [value]})")

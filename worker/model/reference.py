@@ -18,7 +18,9 @@ fractions, each at least EPSILON (an empty bin counts as EPSILON on either side)
 
 from __future__ import annotations
 
+import contextlib
 import math
+import weakref
 
 import numpy as np
 
@@ -154,28 +156,35 @@ class Counts(_monitor.Counter):
                              "with model.monitor_counts()")
         self.model = model  # (the counter's owner: score_batch refuses another model's)
         self.profile = model.reference
-        self._same: list = []  # other loads of the same model and profile, accepted
+        self._same = weakref.WeakSet()  # other loads of the same model and profile
 
     def _check_owner(self, owner) -> None:
         """``owner`` (a model scoring into these counts) is this model, loaded again (the
-        same model id and the same reference profile), or is refused naming why."""
-        if any(o is owner for o in self._same):
-            return
-        if getattr(owner, "reference", None) is None:
+        same model id and the same reference profile: compared once a loaded model), or is
+        refused naming why."""
+        try:
+            if owner in self._same:
+                return
+        except TypeError:  # (not weakly referable: compared each time)
+            pass
+        reference = getattr(owner, "reference", None)
+        if reference is None:
             raise ValueError("monitor: this model has no reference profile (the counts are "
                              "another model's)")
-        if owner.model_id != self.model.model_id or owner.reference.doc != self.profile.doc:
+        if getattr(owner, "model_id", None) != self.model.model_id or \
+                getattr(reference, "doc", None) != self.profile.doc:
             raise ValueError("monitor: counts made by another model's monitor_counts() (its "
                              "model id or reference profile is not this model's)")
-        if len(self._same) < 8:
-            self._same.append(owner)
+        with contextlib.suppress(TypeError):
+            self._same.add(owner)
 
-    def merge(self, other) -> None:
-        """Another thread's counts of the same model added to these."""
+    def merge(self, other, reset: bool = False) -> None:
+        """Another thread's counts of the same model added to these; ``reset``: theirs
+        zeroed in the same step (a roll-up that loses no row)."""
         if not isinstance(other, Counts) or other.model.model_id != self.model.model_id or \
                 other.profile.doc != self.profile.doc:
             raise ValueError("merge: counts of the same model and reference profile only")
-        super().merge(other)
+        super().merge(other, reset)
 
     @property
     def rows(self) -> int:
@@ -195,7 +204,9 @@ def build(model, X, bins: int = DEFAULT_BINS, thresholds=(0.5,)) -> dict:
     try:
         cols = model.columns(X)
     except (KeyError, TypeError, ValueError) as exc:  # (said of the reference, not a request)
-        raise type(exc)(f"the reference: {exc.args[0] if exc.args else exc}") from None
+        if type(exc) not in (KeyError, TypeError, ValueError):
+            raise
+        raise type(exc)(f"the reference: {exc.args[0] if exc.args else exc}") from exc
     n = int(cols.n_rows)
     if n < MIN_ROWS:
         raise ValueError(f"the reference has {n} rows: at least {MIN_ROWS} are needed")
