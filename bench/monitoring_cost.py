@@ -4,9 +4,10 @@ its rows and scores (``monitor=model.monitor_counts()``), on bench/e2e.py's mode
 300 trees of depth 6, 30 features, 2% missing) with a reference profile of 20,000 rows like
 the stream's. The two sides alternate
 (on, off, off, on, ...) so a slow minute of the machine falls on both; each figure is the
-median of the runs, with its spread. Part of `make bench-e2e`; alone:
+median of the ratios of runs made together (the i-th of each side), with the spread of each
+side's runs. Part of `make bench-e2e`; alone:
 
-    python bench/monitoring_cost.py [--runs 8] [--quick] [--kernel-only]
+    python bench/monitoring_cost.py [--runs 10] [--quick] [--kernel-only]
 
 (--kernel-only: the score_batch pair alone, printed, nothing written.)
 
@@ -66,10 +67,19 @@ def run(path: Path, art: Path, tmp: Path, on: bool) -> float:
     raise RuntimeError("no 'worker stopped' line")
 
 
+ROUNDS = 12
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    """The cost of b against a: the median of each round's ratio (a round's two sides ran
+    back to back, so a slow minute of the machine falls on both)."""
+    return statistics.median(y / x for x, y in zip(a, b, strict=True)) - 1
+
+
 def kernel_pair(art: Path, rows: int, calls: int) -> tuple[list[float], list[float]]:
     """Seconds for ``calls`` score_batch calls of ``rows`` rows, without and with
     monitoring (``monitor=model.monitor_counts()``: the rows and scores counted in the same
-    call): each round's best of 5, 8 rounds a side alternated."""
+    call): each round's best of 5, ROUNDS rounds a side alternated."""
     import worker
 
     m = worker.load_model(art)
@@ -95,11 +105,11 @@ def kernel_pair(art: Path, rows: int, calls: int) -> tuple[list[float], list[flo
         return min(out)
 
     a, b = [], []
-    for i in range(8):  # alternated
+    for i in range(ROUNDS):  # alternated, each round a pair measured back to back
         for fn, into in ((plain, a), (counted, b)) if i % 2 == 0 else ((counted, b),
                                                                       (plain, a)):
             into.append(best(fn))
-    assert counts.rows == 8 * 5 * calls * rows  # (every counted call counted its rows)
+    assert counts.rows == ROUNDS * 5 * calls * rows  # (every counted call counted its rows)
     return a, b
 
 
@@ -159,13 +169,13 @@ def spread(xs: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=8, help="runs a side (alternated)")
+    ap.add_argument("--runs", type=int, default=10, help="runs a side (alternated)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--kernel-only", action="store_true")
     args = ap.parse_args()
     _, art = e2e.model_files()
     art = profiled(art)
-    counts = {1: 60_000, 1000: 600}  # (runs of ~1 s and more: shorter ones spread 20%+)
+    counts = {1: 150_000, 1000: 2_000}  # (runs of 2-3 s: shorter ones spread 10-20%)
     if args.quick:
         counts = {1: 3_000, 1000: 60}
     from explain import _cpu  # (the machine, as bench/explain.py writes it)
@@ -182,7 +192,7 @@ def main() -> int:
                 side = (i % 4) in (0, 3)  # on, off, off, on, ...
                 (on if side else off).append(run(path, art, tmp, side))
             res["file"][rows] = {"messages": n, "on_s": on, "off_s": off}
-            cost = statistics.median(on) / statistics.median(off) - 1
+            cost = paired(off, on)  # (on, off, off, on, ...: the i-th of each ran together)
             print(f"file {rows:>4} rows/msg: off {n / statistics.median(off):,.0f} msg/s, "
                   f"on {n / statistics.median(on):,.0f} msg/s, cost {100 * cost:+.1f}% "
                   f"(spread off {spread(off)}, on {spread(on)})", flush=True)
@@ -190,7 +200,7 @@ def main() -> int:
         calls //= 10 if args.quick else 1
         a, b = kernel_pair(art, rows, calls)
         res["kernel"][rows] = {"calls": calls, "plain_s": a, "counted_s": b}
-        cost = statistics.median(b) / statistics.median(a) - 1
+        cost = paired(a, b)
         print(f"score_batch {rows:>4} rows: off {1e6 * statistics.median(a) / calls:.2f} us, "
               f"on {1e6 * statistics.median(b) / calls:.2f} us a call, cost {100 * cost:+.1f}% "
               f"(spread off {spread(a)}, on {spread(b)})", flush=True)
@@ -205,15 +215,15 @@ def main() -> int:
 def write(res: dict) -> None:
     rows = []
     for size, r in res["file"].items():
-        cost = statistics.median(r["on_s"]) / statistics.median(r["off_s"]) - 1
         rows.append((f"file -> file, {size}-row messages ({r['messages']:,}), worker run loop",
-                     cost, f"off {spread(r['off_s'])}, on {spread(r['on_s'])}"))
+                     paired(r["off_s"], r["on_s"]), f"off {spread(r['off_s'])}, on "
+                     f"{spread(r['on_s'])} (median of {len(r['on_s'])} pairs' ratios)"))
     for size, r in res["kernel"].items():
         a, b = r["plain_s"], r["counted_s"]
         rows.append((f"`score_batch` of {size} rows, `monitor=` counts "
                      f"({1e6 * statistics.median(a) / r['calls']:.2f} us a call off)",
-                     statistics.median(b) / statistics.median(a) - 1,
-                     f"off {spread(a)}, on {spread(b)} (rounds' best of 5)"))
+                     paired(a, b), f"off {spread(a)}, on {spread(b)} (median of {len(a)} "
+                     "rounds' ratios, each side's best of 5)"))
     rows.sort(key=lambda x: -x[1])  # the worst first
     lines = [
         "# Flight monitoring's cost (issue 51)",

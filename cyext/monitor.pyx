@@ -485,13 +485,22 @@ cdef class Counter:
             self._check_owner(owner)  # (a subclass's: the same model loaded again may count)
         if score is None:
             raise ValueError("score: one number a row (1-D, numeric); got None")
-        self._take()
+        # the lock is taken for what releases the GIL (counting the kept rows, a block);
+        # keeping a few rows holds the GIL throughout and no other thread is counting
+        # (holder 0: nothing releases the GIL while it is set), so it needs none
+        cdef bint locked = False
+        if self.holder != 0:  # another thread counts (or this one, re-entered): its turn
+            self._take()
+            locked = True
         try:
             few = _few_rows(X, self.plan.nf) if self.pend != NULL else NULL
             if few != NULL:
                 n = cnp.PyArray_DIM(<cnp.ndarray>X, 0)
                 if _scores_of(score, n, sc):
                     if self.npend + n > PENDING:  # (releases the GIL: the rows read after)
+                        if not locked:
+                            self._take()
+                            locked = True
                         self._count_pending()
                         few = _few_rows(X, self.plan.nf)
                     # numpy's own arrays, read through its C API (the buffer protocol costs
@@ -502,10 +511,14 @@ cdef class Counter:
                     self.npend += n
                     _score_bins(sc, n, self.plan.sedges, self.plan.n_score_edges, self.s)
                     return
+            if not locked:
+                self._take()
+                locked = True
             self._count_pending()
             self.plan._add(X, score, self.c, self.s)
         finally:
-            self._give()
+            if locked:
+                self._give()
 
     def _check_owner(self, owner):
         raise ValueError("monitor: counts not made by this model's monitor_counts()")
