@@ -934,3 +934,25 @@ def test_a_counter_used_again_from_its_own_count_is_refused_not_deadlocked():
     c.add(Y, np.zeros(300))  # and the counter still works
     assert c.rows == 300
 
+
+
+@pytest.mark.parametrize("nf", [2048, 2049])
+def test_a_counter_at_its_feature_bound_and_one_past_counts_as_numpy(nf):
+    """FEW_FEATURES (2,048 padded features): at it a Counter keeps a few rows, one past it
+    counts each call at once; both exact."""
+    rng = np.random.default_rng(nf)
+    edges = np.sort(rng.normal(size=(nf, 9)).astype(np.float32), axis=1)
+    plan = _monitor.Plan(edges, np.full(nf, 9, np.int32), np.full(nf, -2, np.float32),
+                         np.full(nf, 2, np.float32), np.zeros(0), 13)
+    c = _monitor.Counter(plan)
+    X = rng.normal(size=(7, nf)).astype(np.float32)
+    X[0, :5] = np.nan
+    for i in range(7):
+        c.add(X[i:i + 1], np.zeros(1))
+    assert c.npend == (7 if nf == 2048 else 0)
+    want = np.stack([np.bincount(np.searchsorted(edges[j], X[~np.isnan(X[:, j]), j],
+                                                 side="right"), minlength=10)
+                     for j in range(nf)])
+    got = c.counts
+    np.testing.assert_array_equal(got[:, :10], want)
+    np.testing.assert_array_equal(got[:, 10], np.isnan(X).sum(axis=0))
