@@ -79,7 +79,7 @@ def paired(a: list[float], b: list[float]) -> float:
 def kernel_pair(art: Path, rows: int, calls: int) -> tuple[list[float], list[float]]:
     """Seconds for ``calls`` score_batch calls of ``rows`` rows, without and with
     monitoring (``monitor=model.monitor_counts()``: the rows and scores counted in the same
-    call): each round's best of 5, ROUNDS rounds a side alternated."""
+    call): each round the best of 5 a side, the sides alternated call by call; ROUNDS rounds."""
     import worker
 
     m = worker.load_model(art)
@@ -96,19 +96,23 @@ def kernel_pair(art: Path, rows: int, calls: int) -> tuple[list[float], list[flo
         for _ in range(calls):
             m.score_batch(X, thresholds=[0.5, 0.9], n_threads=1, monitor=counts)
 
-    def best(fn):
-        out = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return min(out)
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
 
     a, b = [], []
-    for i in range(ROUNDS):  # alternated, each round a pair measured back to back
-        for fn, into in ((plain, a), (counted, b)) if i % 2 == 0 else ((counted, b),
-                                                                      (plain, a)):
-            into.append(best(fn))
+    for i in range(ROUNDS):  # each round: 5 pairs, the two sides alternated call by call
+        ta, tb = [], []  # (5 of one side then 5 of the other let a slow second fall on one)
+        for j in range(5):
+            if (i + j) % 2 == 0:
+                ta.append(timed(plain))
+                tb.append(timed(counted))
+            else:
+                tb.append(timed(counted))
+                ta.append(timed(plain))
+        a.append(min(ta))
+        b.append(min(tb))
     assert counts.rows == ROUNDS * 5 * calls * rows  # (every counted call counted its rows)
     return a, b
 

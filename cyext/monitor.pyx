@@ -31,7 +31,7 @@ cdef enum:
     SMALL = 4         # rows of a row block a Counter keeps to count later (PENDING), at most
     PENDING = 64      # rows a Counter keeps before it counts them
     FEW_FEATURES = 2048  # features, at most, of a Counter that keeps rows
-MAX_EDGES = 255       # a feature's bin edges at most (bins: edges + 1)
+    MAX_EDGES = 255   # a feature's (and the score's) bin edges at most (bins: edges + 1)
 EXTRA = 3             # after a feature's bins: missing, below the minimum, above the maximum
 
 
@@ -43,6 +43,9 @@ cdef extern from "monitor.h" nogil:
                       int64_t k0,
                       const float* lo, const float* hi, int32_t* ge, int32_t* miss,
                       int32_t* below, int32_t* above)
+    void sw_mon_score_ge(const double* sc, int64_t n, const double* edges, int64_t m,
+                         int64_t* ge, int64_t* nan)
+    void sw_mon_missing(const float* X, int64_t n, int64_t nf, int64_t* miss)
 
 
 cdef inline void _flush(int64_t n, int32_t nf, int64_t nfp, const int32_t* n_edges,
@@ -69,10 +72,21 @@ cdef inline void _flush(int64_t n, int32_t nf, int64_t nfp, const int32_t* n_edg
 
 cdef inline void _score_bins(const double* sc, int64_t n, const double* edges, int64_t m,
                              int64_t* counts) noexcept nogil:
-    """Each score's bin (how many of the m ascending edges are <= it; NaN last, as numpy's
-    searchsorted puts it) counted."""
-    cdef int64_t i, k, b
+    """Each score's bin (how many of the m <= MAX_EDGES ascending edges are <= it; NaN last,
+    as numpy's searchsorted puts it) counted: past a few scores, from the counts of scores
+    >= each edge (sw_mon_score_ge), as _flush makes a feature's bins."""
+    cdef int64_t i, k, b, nan = 0, prev
+    cdef int64_t ge[MAX_EDGES]
     cdef double v
+    if n >= 16:
+        memset(ge, 0, m * sizeof(int64_t))
+        sw_mon_score_ge(sc, n, edges, m, ge, &nan)
+        prev = n - nan
+        for k in range(m):
+            counts[k] += prev - ge[k]
+            prev = ge[k]
+        counts[m] += prev + nan
+        return
     for i in range(n):
         v = sc[i]
         if v != v:
@@ -611,3 +625,28 @@ def stage(Columns cols):
     with nogil:
         stage_block(cols.cols, nf, 0, n, &o[0, 0])
     return out
+
+
+def missing_counts(X):
+    """Each column's NaN values in ``X``, a C-contiguous 2-D float32 array (a staged row
+    block), as int64; None for anything else (the caller counts it another way). numpy's
+    count_nonzero(isnan(X), axis=0) took 28 us for 1,000 rows of 30 features."""
+    cdef Py_buffer b
+    if not _buffer(X, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT):
+        return None
+    cdef int64_t n, nf
+    cdef int64_t[::1] o
+    try:
+        if not _is(&b, b"f", 4, 2):
+            return None
+        n, nf = b.shape[0], b.shape[1]
+        out = np.zeros(nf, np.int64)
+        o = out
+        if n * nf > 4096:  # (both from a buffer that exists: the product fits)
+            with nogil:
+                sw_mon_missing(<const float*>b.buf, n, nf, &o[0])
+        elif nf:
+            sw_mon_missing(<const float*>b.buf, n, nf, &o[0])
+        return out
+    finally:
+        PyBuffer_Release(&b)

@@ -35,6 +35,8 @@ def main() -> int:
         edges = np.sort(rng.normal(size=(nf, 9)).astype(np.float32), axis=1)
         plan = _monitor.Plan(edges, np.full(nf, 9, np.int32), np.full(nf, -2, np.float32),
                              np.full(nf, 2, np.float32), np.zeros(0), 13)
+        splan = _monitor.Plan(edges, np.full(nf, 9, np.int32), np.full(nf, -2, np.float32),
+                              np.full(nf, 2, np.float32), np.array([0.0, 0.5, 1.0]), 13)
         for n in (1, 2, 3, 5, 17, 255, 256, 257):
             X = guarded(n, nf)
             X[...] = rng.normal(size=(n, nf))
@@ -44,6 +46,14 @@ def main() -> int:
                                          minlength=10) for j in range(nf)])
             assert (counts[:, :10] == want).all(), (n, nf)
             done += 1
+            assert (_monitor.missing_counts(X) == np.isnan(X).sum(axis=0)).all(), (n, nf)
+            # scores whose last byte is a page's last, binned 8 at a time
+            sc = np.frombuffer(guarded(2, n).data, np.float64, count=n)
+            sc[...] = rng.choice(np.array([np.nan, np.inf, -1, 0, 0.5, 1, 2]), n)
+            bins = np.zeros(4, np.int64)
+            splan.count(X, counts, sc, bins)
+            assert (bins == np.bincount(np.searchsorted([0.0, 0.5, 1.0], sc, side="right"),
+                                        minlength=4)).all(), (n, nf)
             if n <= 5:  # a Counter keeps a few rows (copied from where they lie) to count later
                 c = _monitor.Counter(plan)
                 c.add(X, np.zeros(n))

@@ -956,3 +956,41 @@ def test_a_counter_at_its_feature_bound_and_one_past_counts_as_numpy(nf):
     got = c.counts
     np.testing.assert_array_equal(got[:, :10], want)
     np.testing.assert_array_equal(got[:, 10], np.isnan(X).sum(axis=0))
+
+
+@pytest.mark.parametrize("m", [0, 1, 8, 9, 10, 17, 255])
+def test_score_bins_equal_numpy_at_every_vector_tail(m):
+    """The score's bins, counted 8 scores a vector and 9 edges a pass (a scalar bin a score
+    took 7 ns), equal numpy's searchsorted for every row count around the vector's width
+    and every pass's edge: NaN last, +-inf, -0.0 and scores exactly on edges."""
+    rng = np.random.default_rng(m)
+    edges = np.sort(np.concatenate([rng.normal(size=max(m - 2, 0)), [0.0, 0.0][:m]]))
+    plan = _monitor.Plan(np.zeros((1, 1), np.float32), np.int32([1]), np.float32([-1]),
+                         np.float32([1]), edges, 5)
+    pool = np.concatenate([edges, [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e300, -1e300]])
+    for n in [*range(41), 255, 256, 257, 1000, 1001]:
+        score = np.where(rng.random(n) < 0.5, rng.choice(pool, n), rng.normal(size=n))
+        counts, bins = np.zeros((1, 5), np.int64), np.zeros(m + 1, np.int64)
+        plan.count(np.zeros((n, 1), np.float32), counts, score, bins)
+        want = np.bincount(np.searchsorted(edges, score, side="right"), minlength=m + 1)
+        np.testing.assert_array_equal(bins, want, err_msg=f"{n} scores")
+
+
+def test_missing_counts_in_one_native_pass_equal_numpy():
+    """The worker's per-feature missing counts of a float32 row block (numpy took 28 us for
+    1,000 rows of 30 features); anything else is None, for numpy to count."""
+    rng = np.random.default_rng(5)
+    for n, nf in ((0, 5), (5, 0), (1, 1), (3, 31), (1000, 30), (4097, 1), (2, 4097)):
+        X = rng.normal(size=(n, nf)).astype(np.float32)
+        X[rng.random((n, nf)) < 0.3] = np.nan
+        X[rng.random((n, nf)) < 0.1] = np.inf
+        np.testing.assert_array_equal(_monitor.missing_counts(X), np.isnan(X).sum(axis=0))
+    X = np.full((4, 6), np.nan, np.float32)
+    for other in (X[:, ::2], X.astype(np.float64), X[0], X.reshape(2, 2, 6), [[1.0]], None):
+        assert _monitor.missing_counts(other) is None
+    from worker.formats.base import Gathered
+    from worker.pipeline import missing_counts
+
+    for block in (X, X.astype(np.float64), np.asfortranarray(X)):  # numpy's where not native
+        g = Gathered(block, np.array([0, 4], np.int64), None, None)
+        np.testing.assert_array_equal(missing_counts(g, list("abcdef")), [4] * 6)
