@@ -258,7 +258,7 @@ def test_multiclass_and_forest_scores_equal_the_libraries(artifacts, tmp_path):
             np.testing.assert_allclose(res.as_numpy("score"), proba.max(axis=1), rtol=0,
                                        atol=2e-6)
         finally:
-            assert s.stop() == 0
+            assert s.stop() == 0, s.output()[-3000:]
 
 
 def test_arrow_body_is_answered_in_arrow_with_ids(server):
@@ -572,7 +572,7 @@ def test_hot_swap_between_requests(artifacts, tmp_path):
         assert score == pytest.approx(float(new.score_batch(
             np.full((1, M.N_FEATURES), 0.5, np.float32)).score[0]), abs=1e-12)
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.output()[-3000:]
 
 
 def test_workers_share_the_port_and_stop_together(artifacts, tmp_path):
@@ -595,7 +595,7 @@ def test_workers_share_the_port_and_stop_together(artifacts, tmp_path):
             text = get(s, "/metrics")[1].decode()
             assert re.search(r"^serve_rows_total 20\.0$", text, re.M), text[-3000:]
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.output()[-3000:]
 
 
 def test_bad_model_and_bad_config_exit_2(tmp_path, artifacts):
@@ -809,7 +809,7 @@ def test_the_lazy_policy_and_thresholds_are_the_workers(artifacts, tmp_path):
         res = c.infer("binary", [inp])
         c.close()
     finally:
-        assert s.stop() == 0
+        assert s.stop() == 0, s.output()[-3000:]
     full = worker.load_model(artifacts["binary"]).score_batch(X, thresholds=[0.3, 0.7])
     np.testing.assert_array_equal(res.as_numpy("decision"), full.decision)
     assert set(np.unique(full.decision)) == {0, 1, 2}

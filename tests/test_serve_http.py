@@ -683,3 +683,25 @@ def test_a_small_answer_is_one_write_and_head_answers_stay_whole(http):
             got += chunk
     assert got.count(b"HTTP/1.1 200 OK") == 3, got
     assert b"connection: close" in got.rpartition(b"HTTP/1.1 200 OK")[2].lower(), got
+
+
+def test_the_parsing_process_closed_while_it_starts(monkeypatch):
+    """A SIGTERM while the JSON parsing process was starting (serve starts it in a thread)
+    found it unstarted: close() raised AttributeError and serve exited 1. Closed then, the
+    process is killed once started."""
+    import multiprocessing.context as mpc
+
+    from worker.serve.apart import Parser
+
+    p = Parser()
+    started = []
+    real = mpc.SpawnProcess.start
+
+    def start(proc):  # the shutdown arrives while the process starts
+        p.close()
+        real(proc)
+        started.append(proc)
+
+    monkeypatch.setattr(mpc.SpawnProcess, "start", start)
+    p.start()
+    assert started and not started[0].is_alive()

@@ -44,6 +44,7 @@ class Parser:
         self._lock = threading.Lock()
         self._proc = None
         self._conn = None
+        self._closed = False
 
     def parse(self, body: bytes | list, *args) -> oip.InferRequest:
         """``oip.parse_infer(body, *args)`` there; ``body``: bytes, or the pieces it was
@@ -74,11 +75,15 @@ class Parser:
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_main, args=(child,), name="serve-json-parser",
-                                 daemon=True)
-        self._proc.start()
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_main, args=(child,), name="serve-json-parser", daemon=True)
+        proc.start()  # (a second of CPU; close() may come meanwhile, from another thread)
         child.close()
+        # kept once started: close() saw None, or the started process (a SIGTERM while it
+        # started found it unstarted, and the shutdown failed: AttributeError, exit 1)
+        self._conn, self._proc = conn, proc
+        if self._closed:
+            self.close()
 
     def _stop(self) -> None:
         if self._conn is not None:
@@ -92,6 +97,7 @@ class Parser:
         """At shutdown: the process killed at once, not after the parse under way (a large
         request took the lock for half a minute, and SIGTERM waited for it); the parse
         waiting on it ends with 503."""
+        self._closed = True
         proc = self._proc
         if proc is not None:
             proc.kill()
