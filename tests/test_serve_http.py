@@ -705,3 +705,49 @@ def test_the_parsing_process_closed_while_it_starts(monkeypatch):
     monkeypatch.setattr(mpc.SpawnProcess, "start", start)
     p.start()
     assert started and not started[0].is_alive()
+
+
+def test_missing_values_are_counted_by_feature_when_metrics_are_read():
+    """serve adds a request's missing values up in an array (a counter's inc a missing
+    feature cost more than a one-row request's scoring) and into the counters each second
+    and before /metrics answers: every value counted, under its own model's names."""
+    from prometheus_client import generate_latest
+
+    from worker.serve.service import ServeMetrics
+
+    m = ServeMetrics()
+    names_a, names_b = ["a0", "a1", "a2"], ["b0", "b1"]
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(50, 3)).astype(np.float32)
+    X[rng.random((50, 3)) < 0.3] = np.nan
+    m.count_features(names_a, X[:1], {})
+    m.count_features(names_a, X[1:], {})
+    m.count_features(names_a, X.astype(np.float64), {})  # (numpy counts what is not float32)
+    m.count_features(names_b, np.full((2, 2), np.nan, np.float32), {})  # a swapped model
+    m.flush_features()
+    text = generate_latest(m.registry).decode()
+    for j, name in enumerate(names_a):
+        want = 2 * int(np.isnan(X[:, j]).sum())
+        assert f'serve_feature_missing_total{{feature="{name}"}} {float(want)}' in text, text
+    for name in names_b:
+        assert f'serve_feature_missing_total{{feature="{name}"}} 2.0' in text, text
+    m.flush_features()  # nothing counted twice
+    assert generate_latest(m.registry).decode() == text
+
+
+def test_a_requests_missing_values_show_in_metrics_at_once(http):
+    """Through the server: the missing values of the requests answered so far are in the
+    /metrics read right after them (added up, and flushed before the page is made)."""
+    def missing(text: str, j: int) -> float:
+        m = re.search(rf'^serve_feature_missing_total{{feature="feat_{j}"}} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = get(http, "/metrics")[1].decode()
+    data = [None if j % 2 else 0.5 for j in range(M.N_FEATURES)]
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, M.N_FEATURES],
+                                   "datatype": "FP32", "data": data}]}).encode()
+    for _ in range(3):
+        assert post(http, "/v2/models/binary/infer", body)[0] == 200
+    after = get(http, "/metrics")[1].decode()
+    for j in range(M.N_FEATURES):
+        assert missing(after, j) - missing(before, j) == (3.0 if j % 2 else 0.0), j

@@ -29,7 +29,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from .. import __version__, monitoring
+from .. import __version__, _monitor, monitoring
 from ..config import Settings
 from ..formats.base import InvalidMessage
 from ..io.records import Record
@@ -94,24 +94,47 @@ class ServeMetrics:
         self.by_kind = {k: self.seconds.labels(k) for k in ("json", "binary", "arrow", "grpc")}
         self._counts: dict[tuple[str, int], object] = {}
         self._missing: dict[str, object] = {}  # feature name -> its missing counter's child
+        self._pending_lock = threading.Lock()  # (the loop's thread and the heavy lane's)
+        self._pending_names: list[str] | None = None  # the features _pending counts
+        self._pending: np.ndarray | None = None  # missing values not yet in their counters
         self.monitor_errors = Counter("scoring_monitor_errors", "Flight monitoring failures "
                                       "(monitoring stops, scoring goes on)", registry=r)
 
     def count_features(self, names: list[str], X: np.ndarray, unseen: dict) -> None:
-        """A request's missing values and unknown category names, by feature (the children
-        looked up once a name: a one-row request's lookups cost more than its scoring)."""
-        nan = np.isnan(X)
-        if nan.any():
-            counts = nan.sum(axis=0) if len(X) > 1 else nan[0]
-            children = self._missing
-            for j in np.flatnonzero(counts).tolist():
-                c = children.get(names[j])
-                if c is None:
-                    c = children[names[j]] = self.feature_missing.labels(names[j])
-                c.inc(int(counts[j]))
+        """A request's missing values and unknown category names, by feature. The missing
+        values are added up in an array and reach their counters in ``flush_features``
+        (each second, by the service's ticker, and before /metrics answers): a counter's
+        ``inc`` a feature took 13.5 us of a one-row request with 19 of 64 values missing,
+        more than its scoring."""
+        counts = _monitor.missing_counts(X)  # (a float32 row block: one native pass)
+        if counts is None:
+            counts = np.count_nonzero(np.isnan(X), axis=0)
+        with self._pending_lock:
+            if names is not self._pending_names:  # another model's features: theirs first
+                self._flush_missing()
+                self._pending_names = names
+                self._pending = np.zeros(len(names), np.int64)
+            self._pending += counts
         for j, n in unseen.items():
             if n > 0:
                 self.feature_unseen.labels(names[j]).inc(n)
+
+    def flush_features(self) -> None:
+        """The missing values added up since the last flush, to their counters."""
+        with self._pending_lock:
+            self._flush_missing()
+
+    def _flush_missing(self) -> None:
+        pending, names = self._pending, self._pending_names
+        if pending is None or not pending.any():
+            return
+        children = self._missing  # (each looked up once a name)
+        for j in np.flatnonzero(pending).tolist():
+            c = children.get(names[j])
+            if c is None:
+                c = children[names[j]] = self.feature_missing.labels(names[j])
+            c.inc(int(pending[j]))
+        pending[:] = 0
 
     def answered(self, route: str, status: int) -> None:
         c = self._counts.get((route, status))
@@ -187,18 +210,18 @@ class Service:
             self.watcher = ModelWatcher(self.path, model, self.settings, self.metrics,
                                         seen=seen, events=False).start()  # no events read
         self.metrics.ready.set(1)
-        if self.current.monitor is not None:
-            self._ticker = threading.Thread(target=self._tick, name="monitoring-windows",
-                                            daemon=True)
-            self._ticker.start()
+        self._ticker = threading.Thread(target=self._tick, name="serve-ticker", daemon=True)
+        self._ticker.start()
         log.info("model ready", name=self.name, model_id=model.model_id[:12],
                  features=model.n_features)
 
     def _tick(self) -> None:
-        """Monitoring windows end on time while no request comes (a request also ends
-        one)."""
+        """Each second (or a quarter window): the missing values counted since, to their
+        counters (other processes' /metrics read them from there: serve.workers > 1); and
+        monitoring windows end on time while no request comes (a request also ends one)."""
         period = min(1.0, self.settings.monitoring.window_s / 4)
         while not self._closing.wait(period):
+            self.metrics.flush_features()
             m = self.current
             if m is None or m.monitor is None:
                 continue
@@ -378,6 +401,7 @@ class Service:
 
     def close(self) -> None:
         self._closing.set()
+        self.metrics.flush_features()
         if self.watcher is not None:
             self.watcher.stop()
         self._parser.close()
@@ -404,8 +428,7 @@ class Service:
     def _route(self, method: bytes, path: bytes, headers: dict, body: bytes, heavy: bool):
         parts = path.strip(b"/").split(b"/")
         if parts[:1] == [b"metrics"] and len(parts) == 1:
-            return self._get(method, "metrics", lambda: (
-                200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.exposition), []))
+            return self._get(method, "metrics", self._metrics_page)
         if parts[:1] != [b"v2"]:
             return self._simple("other", 404, "not found")
         rest = parts[1:]
@@ -448,6 +471,10 @@ class Service:
                 return self._simple("infer", 405, "use POST", [(b"allow", b"POST")])
             return self._infer(headers, body, m, heavy)
         return self._simple("other", 404, "not found")
+
+    def _metrics_page(self):
+        self.metrics.flush_features()  # (the missing values added up since the last)
+        return 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self.metrics.exposition), []
 
     def _get(self, method: bytes, route: str, answer):
         if method not in (b"GET", b"HEAD"):
