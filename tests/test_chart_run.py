@@ -29,6 +29,7 @@ from confluent_kafka import Producer
 from tests import kafka_util as K
 from tests import models as M
 from tests.test_deploy import CHART, _helm
+from worker.chartschema import AVRO_ID
 
 REPO = K.REPO
 
@@ -253,11 +254,13 @@ def test_the_schema_is_generated_from_the_settings():
     (["--set", "config.kafka.client.ssl\\.keystore\\.password=x"],
      "invalid propertyName 'ssl.keystore.password'"),
     # (helm's message names another path for a property name at random: the pattern is said)
-    (["--set-json", 'avroSchemas={"x1": {}}'],
-     "'x1' does not match pattern '^(0|[1-9][0-9]{0,9})$'"),
+    (["--set-json", 'avroSchemas={"x1": {}}'], f"'x1' does not match pattern '{AVRO_ID}'"),
     (["--set-json", 'avroSchemas={"1": 5}'], "/avroSchemas/1': got number"),
     (["--set-json", 'avroSchemas={"01": {}}'], "'01' does not match"),  # the worker reads 1.avsc
     (["--set-json", 'avroSchemas={"12345678901": {}}'], "'12345678901' does not match"),  # 11
+    # past 2^32 - 1: a file no message's 4-byte id can name (ten digits were let through)
+    (["--set-json", 'avroSchemas={"4294967296": {}}'], "'4294967296' does not match"),
+    (["--set-json", 'avroSchemas={"9999999999": {}}'], "'9999999999' does not match"),
     # keys the chart owns only in some settings are still its own
     (["--set", "mode=serve", "--set", "config.serve.grpc_port=8081"], "value serve.grpcPort"),
     (["--set", "config.model.shadow_path=x"], "value model.shadowFile"),
@@ -303,9 +306,21 @@ def test_lazy_takes_its_policy_parameters(tmp_path):
 
 
 def test_avro_schema_ids_at_the_bound_render(tmp_path):
-    """The id bound's edge (ten digits; 0 too) renders, each as <id>.avsc: one past it is
-    refused (test_the_chart_refuses_what_the_worker_would)."""
+    """The id bound's edges (0 and 2^32 - 1, the largest a message's 4-byte id says) render,
+    each as <id>.avsc: one past it is refused (test_the_chart_refuses_what_the_worker_would),
+    and the pattern says exactly 0 to 2^32 - 1 (every edge of its alternatives)."""
     docs = _render(tmp_path, {"avroSchemas": {"0": {"type": "record", "name": "A", "fields": []},
-                                              "9999999999": "{}"}})
+                                              "4294967295": "{}", "999999999": "{}"}})
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
-    assert {"0.avsc", "9999999999.avsc"} <= set(cm["data"])
+    assert {"0.avsc", "4294967295.avsc", "999999999.avsc"} <= set(cm["data"])
+    pattern = re.compile(AVRO_ID)
+    edges = {0, 2**32 - 1, 2**32, 10**9 - 1, 10**9, 10**10 - 1}
+    for k in range(10):  # each digit's boundary in 4294967295: 42949672 95 -> 42949673 00
+        step = 10 ** k
+        edges |= {(2**32 - 1) // step * step - 1, (2**32 - 1) // step * step,
+                  ((2**32 - 1) // step + 1) * step, ((2**32 - 1) // step + 1) * step - 1}
+    rng = np.random.default_rng(0)
+    for n in sorted(edges) + rng.integers(0, 10**10, 20_000).tolist():
+        assert bool(pattern.match(str(n))) == (0 <= n <= 2**32 - 1), n
+    for s in ("01", "-1", "", "4294967295 ", "1e9"):
+        assert not pattern.match(s), s

@@ -21,6 +21,10 @@ CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "scoring-wo
 
 # objects passed through to Kubernetes as they are (their own API validates them)
 FREE_FORM = {"resources", "podSecurityContext", "securityContext", "labels"}
+# an Avro schema id as written: 0 to 2^32 - 1, no leading zero
+AVRO_ID = (r"^(0|[1-9][0-9]{0,8}|[1-3][0-9]{9}|4[01][0-9]{8}|42[0-8][0-9]{7}|429[0-3][0-9]{6}"
+           r"|4294[0-8][0-9]{5}|42949[0-5][0-9]{4}|429496[0-6][0-9]{3}|4294967[01][0-9]{2}"
+           r"|42949672[0-8][0-9]|429496729[0-5])$")
 # values whose default does not say their type, or that take only some strings
 EXACT = {
     "mode": {"enum": ["stream", "serve"]},
@@ -38,8 +42,10 @@ EXACT = {
     "metricsPort": {"type": "integer", "minimum": 1, "maximum": 65535},
     "image.pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
     "avroSchemas": {"type": "object", "additionalProperties": {"type": ["object", "string"]},
-                    # the id as the worker names its file: <id>.avsc, no leading zero
-                    "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"}},
+                    # the id as the worker names its file: <id>.avsc, no leading zero, at
+                    # most 2^32 - 1 (the wire format's 4 bytes: a larger id names a file no
+                    # message can ask for)
+                    "propertyNames": {"pattern": AVRO_ID}},
 }
 
 
