@@ -586,14 +586,18 @@ def test_workers_share_the_port_and_stop_together(artifacts, tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         body = json.dumps({"inputs": [{"name": "x", "shape": [1, M.N_FEATURES],
-                                       "datatype": "FP32", "data": [0.5] * M.N_FEATURES}]}
-                          ).encode()
+                                       "datatype": "FP32",
+                                       "data": [None] + [0.5] * (M.N_FEATURES - 1)}]}).encode()
         for _ in range(20):
             assert post(s, "/v2/models/binary/infer", body)[0] == 200
-        # whichever process answers /metrics counts both processes' requests
+        # whichever process answers /metrics counts both processes' requests, the missing
+        # values with them (review: added up each second, a page read at once showed 11 of
+        # the 20 rows' missing values)
         for _ in range(4):
             text = get(s, "/metrics")[1].decode()
             assert re.search(r"^serve_rows_total 20\.0$", text, re.M), text[-3000:]
+            assert re.search(r'^serve_feature_missing_total{feature="feat_0"} 20\.0$', text,
+                             re.M), text[-3000:]
     finally:
         assert s.stop() == 0, s.output()[-3000:]
 

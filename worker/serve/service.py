@@ -97,6 +97,10 @@ class ServeMetrics:
         self._pending_lock = threading.Lock()  # (the loop's thread and the heavy lane's)
         self._pending_names: list[str] | None = None  # the features _pending counts
         self._pending: np.ndarray | None = None  # missing values not yet in their counters
+        # with serve.workers > 1 each process's counters live in files any process's /metrics
+        # reads, and outlive a process that dies: counted at once there (a second's wait
+        # showed fewer missing values than rows, and a killed process lost them)
+        self._at_once = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.monitor_errors = Counter("scoring_monitor_errors", "Flight monitoring failures "
                                       "(monitoring stops, scoring goes on)", registry=r)
 
@@ -115,6 +119,8 @@ class ServeMetrics:
                 self._pending_names = names
                 self._pending = np.zeros(len(names), np.int64)
             self._pending += counts
+            if self._at_once:
+                self._flush_missing()
         for j, n in unseen.items():
             if n > 0:
                 self.feature_unseen.labels(names[j]).inc(n)
@@ -133,8 +139,8 @@ class ServeMetrics:
             c = children.get(names[j])
             if c is None:
                 c = children[names[j]] = self.feature_missing.labels(names[j])
-            c.inc(int(pending[j]))
-        pending[:] = 0
+            n, pending[j] = int(pending[j]), 0  # (taken before it is added: never twice)
+            c.inc(n)
 
     def answered(self, route: str, status: int) -> None:
         c = self._counts.get((route, status))
@@ -216,12 +222,14 @@ class Service:
                  features=model.n_features)
 
     def _tick(self) -> None:
-        """Each second (or a quarter window): the missing values counted since, to their
-        counters (other processes' /metrics read them from there: serve.workers > 1); and
+        """Each second (or a quarter of a monitored window): the missing values added up
+        since, to their counters (with serve.workers > 1 they are counted at once); and
         monitoring windows end on time while no request comes (a request also ends one)."""
-        period = min(1.0, self.settings.monitoring.window_s / 4)
-        while not self._closing.wait(period):
-            self.metrics.flush_features()
+        while not self._closing.wait(self._period()):
+            try:
+                self.metrics.flush_features()
+            except Exception as exc:  # noqa: BLE001 (the ticker goes on: windows end on time)
+                log.error("missing-value counters not updated", error=str(exc)[:300])
             m = self.current
             if m is None or m.monitor is None:
                 continue
@@ -233,6 +241,14 @@ class Service:
                 m.monitor = None
                 self.metrics.monitor_errors.inc()
                 log.error("flight monitoring stops", error=str(exc)[:300])
+
+    def _period(self) -> float:
+        """The ticker's: a second, or a quarter of a monitored model's window if shorter (an
+        unmonitored model's tiny window_s made an idle server spin)."""
+        m = self.current
+        if m is None or m.monitor is None:
+            return 1.0
+        return min(1.0, self.settings.monitoring.window_s / 4)
 
     def _prepare(self, model) -> _Model:
         from ..pipeline import Pipeline
