@@ -751,3 +751,19 @@ def test_a_requests_missing_values_show_in_metrics_at_once(http):
     after = get(http, "/metrics")[1].decode()
     for j in range(M.N_FEATURES):
         assert missing(after, j) - missing(before, j) == (3.0 if j % 2 else 0.0), j
+    # an Arrow body's nulls and NaN too (they counted none before: review)
+    import pyarrow as pa
+
+    cols = [pa.array(np.zeros(4, np.float32)) for _ in range(M.N_FEATURES)]
+    cols[0] = pa.array([None, 1.0, None, 2.0], pa.float32())
+    cols[1] = pa.array([np.nan, 1.0, 2.0, 3.0], pa.float32())
+    batch = pa.RecordBatch.from_arrays(cols, names=[f"feat_{i}" for i in range(M.N_FEATURES)])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    status, _, out = post(http, "/v2/models/binary/infer", sink.getvalue().to_pybytes(),
+                          {"Content-Type": "application/vnd.apache.arrow.stream"})
+    assert status == 200, out[:300]
+    last = get(http, "/metrics")[1].decode()
+    assert [missing(last, j) - missing(after, j) for j in range(M.N_FEATURES)] == \
+        [2.0, 1.0] + [0.0] * (M.N_FEATURES - 2)

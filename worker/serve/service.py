@@ -125,6 +125,21 @@ class ServeMetrics:
             if n > 0:
                 self.feature_unseen.labels(names[j]).inc(n)
 
+    def count_tally(self, features) -> None:
+        """An Arrow request's counts by feature, as the worker's pipeline keeps them
+        (``BatchStats.features``: (kind, feature) -> count): its missing values and unknown
+        category names (Arrow requests counted none before: review, issue 50)."""
+        for (kind, name), n in features.items():
+            if n <= 0:
+                continue
+            if kind == "missing":
+                c = self._missing.get(name)
+                if c is None:
+                    c = self._missing[name] = self.feature_missing.labels(name)
+                c.inc(n)
+            elif kind == "unseen":
+                self.feature_unseen.labels(name).inc(n)
+
     def flush_features(self) -> None:
         """The missing values added up since the last flush, to their counters."""
         with self._pending_lock:
@@ -640,6 +655,7 @@ class Service:
                 f"{h.get('error_code', b'').decode()}: {h.get('error', b'').decode()}"), []
         self.metrics.rows.inc(stats.rows)
         self.metrics.work_units.inc(stats.work_units)
+        self.metrics.count_tally(stats.features)
         if m.monitor is not None:
             self._monitor(m, stats)
         return 200, ARROW, outs[0].value, m.id_header
