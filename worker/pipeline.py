@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from . import _monitor, chaos, monitoring
+from . import chaos, monitoring
 from .config import Settings
 from .formats import (
     Format,
@@ -544,8 +544,7 @@ def missing_counts(g: Gathered, names: list[str]) -> np.ndarray:
     and NaN (and, for categories, strings not in the model's list) in an Arrow batch."""
     X = g.X
     if isinstance(X, np.ndarray):
-        counts = _monitor.missing_counts(X)  # a float32 row block: in one native pass
-        return counts if counts is not None else np.count_nonzero(np.isnan(X), axis=0)
+        return monitoring.nan_counts(X)
     out = np.zeros(len(names), np.int64)
     t = g.table
     if t is None:
