@@ -83,6 +83,20 @@ cdef extern from "oblivious.h":
     int sw_obl_simd_best() noexcept nogil
     enum: SW_OBL_R, SW_OBL_ROW, SW_OBL_AVX2, SW_OBL_AVX512
 
+cdef extern from "lanes.h":
+    ctypedef struct sw_lanes:
+        const uint32_t* col
+        const uint32_t* thr
+        const void* leaf
+        int64_t n_trees
+        int32_t depth
+        int32_t n_features
+        int32_t f64
+    int sw_lanes_cpu() noexcept nogil
+    int sw_lanes_rows(const sw_lanes* L, const float* x, int64_t ldx, int64_t n,
+                      void* acc) noexcept nogil
+    enum: SW_LANES, SW_LANES_MAXD, SW_LANES_W, SW_LANES_MAXF
+
 cdef extern from "probit.h":
     float sw_ort_probit(float val) noexcept nogil
 
@@ -106,6 +120,11 @@ cdef enum:
                               # more (500 x depth 6: one row took 7.5 us through the lanes,
                               # bench/catboost_speed.py before this cut, the walks 2.9; 5 rows
                               # 7.8 against the walks' 9.2, bench/oblivious_micro.py)
+    LANES_MIN_ROWS = 7        # the lanes kernel (lanes.h) takes 7 rows or more, and a last
+                              # partial block of 7 or more: a block of 16 lanes costs what
+                              # the walks take for 6 to 7 rows (model A: 6 rows 4.76 us a
+                              # call walked, 4.90 in lanes; 7 rows 5.24 and 4.99;
+                              # bench/lanes_micro.py)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -679,6 +698,15 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         qslot = <int64_t*>malloc(k * m.n_trees * sizeof(int64_t))
     if m.obl != NULL and n >= OBL_MIN_ROWS:  # oblivious trees (oblivious.h): the leaves
         eval_oblivious(m, leaves, X, n, acc)       # from the bits of each level
+    elif m.lanes != NULL and n >= LANES_MIN_ROWS:
+        # shallow padded trees, 16 rows a block in the lanes of AVX-512 registers (lanes.h);
+        # a last block of fewer than LANES_MIN_ROWS rows walks
+        k = n if n % SW_LANES == 0 or n % SW_LANES >= LANES_MIN_ROWS else n - n % SW_LANES
+        if sw_lanes_rows(<const sw_lanes*>m.lanes, X, m.n_features, k, acc) != 0:
+            k = 0  # refused (never, for tables Forest._lanes built): the walks score
+        if k < n:
+            eval_trees(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, 0,
+                       m.n_trees, acc + <int64_t>k * G)
     elif mk != NULL and qslot != NULL:
         if simd:
             r0 = 0
@@ -863,6 +891,7 @@ cdef class Forest:
     def __cinit__(self):
         self.qs_tables = NULL
         self.obl_tables = NULL
+        self.lanes_tables = NULL
         self.scratch_x = NULL
         self.scratch_acc = NULL
         self.scratch_raw = NULL
@@ -870,6 +899,7 @@ cdef class Forest:
     def __dealloc__(self):
         free(self.qs_tables)
         free(self.obl_tables)
+        free(self.lanes_tables)
         free(self.scratch_x)
         free(self.scratch_acc)
         free(self.scratch_raw)
@@ -970,15 +1000,20 @@ cdef class Forest:
         self._check()
         self.view.qs = NULL
         self.view.obl = NULL
+        self.view.lanes = NULL
         self.kernel_timings = {}
         self.qs_arrays = {}
         self.obl_arrays = {}
+        self.lanes_arrays = {}
         self.kernel = "walk"
         self.kernel_reason = ""
-        if kernel not in ("auto", "walk", "quickscorer", "oblivious"):
-            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious)")
+        if kernel not in ("auto", "walk", "quickscorer", "oblivious", "lanes"):
+            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious, "
+                             "lanes)")
         if kernel == "oblivious":
             self._oblivious()
+        elif kernel == "lanes":
+            self._lanes()
         elif kernel != "walk":
             self._quickscorer(kernel == "quickscorer")
         self.scratch_x = <float*>malloc(BLOCK_ROWS * max(n_features, 1) * sizeof(float))
@@ -1072,6 +1107,71 @@ cdef class Forest:
         o.staged = self.view.cat_staged
         self.view.obl = o
         self.kernel = "oblivious"
+
+    def _lanes(self):
+        """The lanes kernel's tables (lanes.h), for a padded model of depth 1..5 without
+        special nodes whose every tree adds one value to one score; otherwise ValueError
+        saying why."""
+        cdef sw_lanes* L
+        cdef const uint32_t[:, ::1] cv
+        cdef const uint32_t[:, ::1] tv
+        cdef int32_t D = self.view.depth
+        cdef int64_t T = self.view.n_trees
+        cdef int64_t nf = self.view.n_features
+        if self.view.qnodes == NULL or D < 1:
+            reason = "not a padded model of depth 1 or more without special nodes"
+        elif D > SW_LANES_MAXD:
+            reason = f"depth {D}: the kernel takes trees of depth {SW_LANES_MAXD} at most " \
+                "(deeper levels cost more loads than the walks' steps)"
+        elif not one_sum(&self.view):
+            reason = "trees adding to several scores, or not summed"
+        elif not 1 <= nf <= SW_LANES_MAXF:
+            reason = f"{nf} features: the kernel takes 1 to {SW_LANES_MAXF}"
+        elif not sw_lanes_cpu():
+            reason = "this CPU has no AVX-512F"
+        else:
+            reason = ""
+        if reason:
+            self.kernel_reason = reason
+            raise ValueError(f"kernel lanes: {reason}")
+        n_int = (1 << D) - 1
+        q = np.asarray(self.qnodes, dtype=np.uint32).reshape(T, n_int, 2)
+        keys = q[:, :, 0].astype(np.int64)
+        # every column a node reads lies in the block: 2 n_features columns of 16 keys
+        if T and (keys.min() < 0 or keys.max() >= 2 * nf):
+            raise ValueError("kernel lanes: a node reads beyond the block's columns")
+        col = np.zeros((T, SW_LANES_W), dtype=np.uint32)
+        thr = np.zeros((T, SW_LANES_W), dtype=np.uint32)
+        col[:, 1:1 + n_int] = keys * SW_LANES
+        thr[:, 1:1 + n_int] = q[:, :, 1]
+        leaves = self.arrays["leaves"]
+        if leaves.shape[0] != T << D or leaves.shape[1] != 1:
+            raise ValueError("kernel lanes: the leaf array does not match the trees")
+        leaf = np.zeros((T, SW_LANES_W), dtype=leaves.dtype)
+        leaf[:, :1 << D] = leaves[:, 0].reshape(T, 1 << D)
+        self.lanes_arrays = {"col": col, "thr": thr, "leaf": leaf}
+        cv = col
+        tv = thr
+        L = <sw_lanes*>malloc(sizeof(sw_lanes))
+        if L == NULL:
+            raise MemoryError()
+        self.lanes_tables = L
+        L.col = &cv[0, 0]
+        L.thr = &tv[0, 0]
+        L.leaf = <const void*><Py_ssize_t>leaf.ctypes.data
+        L.n_trees = T
+        L.depth = D
+        L.n_features = <int32_t>nf
+        L.f64 = 0 if self.float32_acc else 1
+        self.view.lanes = L
+        self.kernel = "lanes"
+
+    def lanes(self, object on=None):
+        """The lanes kernel on (True) or off (False: the walks score), for tests and A/B runs;
+        what is in force. False without its tables."""
+        if on is not None and self.lanes_tables != NULL:
+            self.view.lanes = self.lanes_tables if on else NULL
+        return self.view.lanes != NULL
 
     def oblivious_simd(self, object mode=None):
         """How the oblivious kernel scores: "avx512" (16 rows a compare), "avx2" (8) or

@@ -34,7 +34,10 @@ cdef class Forest:
     cdef void* obl_tables          # oblivious.h sw_obl over obl_arrays (malloc'd), or NULL
     cdef dict obl_arrays           # each tree's per-level column and threshold, the derived
                                    # columns' splits ({} without); not visible from Python
-    cdef readonly str kernel       # "walk", "quickscorer" or "oblivious"
+    cdef void* lanes_tables        # lanes.h sw_lanes over lanes_arrays (malloc'd), or NULL
+    cdef dict lanes_arrays         # each tree's column offsets, threshold keys and leaves in
+                                   # 32 entries ({} without); not visible from Python
+    cdef readonly str kernel       # "walk", "quickscorer", "oblivious" or "lanes"
     cdef readonly str kernel_reason  # why the other kernel was not taken
     cdef readonly dict kernel_timings  # auto: us per probe row of each candidate
     cdef readonly bint float32_acc  # leaves and base are float32 (XGBoost) or float64
