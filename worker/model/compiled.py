@@ -71,6 +71,12 @@ class CompiledModel:
         # flight monitoring's reference profile (model/reference.py), checked here: None
         # when the artifact carries none
         self.reference = reference.Profile.from_meta(self.meta, self.feature_names)
+        # predict_proba's link code, for numpy rows that go to the kernels as they are (no
+        # hashed categories); None: through the general path, which raises where it must
+        try:
+            self._proba_link = None if self.category_hashes else self._link_code()
+        except AttributeError:
+            self._proba_link = None
 
     def with_reference(self, X, bins: int = reference.DEFAULT_BINS,
                        thresholds=(0.5,)) -> CompiledModel:
@@ -192,6 +198,8 @@ class CompiledModel:
     # ---- predictions -------------------------------------------------------------------
     def raw(self, X, n_threads: int | None = None) -> np.ndarray:
         """Raw scores (n, n_outputs) float64 (margins; averaged votes for forests)."""
+        if type(X) is np.ndarray and not self.category_hashes:  # hashed_rows: X as it is
+            return self._raw(X, n_threads)
         return self._raw(self.hashed_rows(X), n_threads)
 
     def _raw(self, X, n_threads: int | None = None) -> np.ndarray:
@@ -225,7 +233,12 @@ class CompiledModel:
 
     def predict_proba(self, X, n_threads: int | None = None) -> np.ndarray:
         # a few rows of a numpy array: one call into C, no staging, no per-call allocation
-        # beyond the result (measured ~2 us for one row of model A, ~10 us through staging)
+        # beyond the result; without hashed categories before hashed_rows and by_name, which
+        # return numpy rows as they are (bench/one_row.py times each piece)
+        if self._proba_link is not None:  # small() takes numpy rows only, else None
+            out = self.forest.small(X, self._proba_link)
+            if out is not None:
+                return out
         X = self.hashed_rows(X)
         if type(X) is np.ndarray and X.ndim == 2 and X.shape[0] <= _SMALL:
             out = self.forest.small(X, self._link_code())
