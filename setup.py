@@ -16,7 +16,9 @@ from setuptools.command.build_ext import build_ext
 debug = os.environ.get("SCORING_WORKER_DEBUG") == "1"
 native = os.environ.get("SCORING_WORKER_NATIVE") == "1"
 compile_args = ["-O0", "-g"] if debug else ["-O3"]
-compile_args += ["-fopenmp", "-fno-math-errno"]
+# -fstack-clash-protection: a frame larger than a page is touched page by page, so a thread
+# whose stack is too small for a kernel's buffers faults at its guard page, never past it
+compile_args += ["-fopenmp", "-fno-math-errno", "-fstack-clash-protection"]
 if native:
     compile_args.append("-march=native")
 directives = {"language_level": 3, "boundscheck": debug, "wraparound": debug,

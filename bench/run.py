@@ -151,11 +151,12 @@ def main(argv=None) -> int:
 
     res["targets"] = report.targets(res)
     res["targets_v2"] = report.v2_targets(res)
+    res["targets_v3"] = report.v3_targets(res)
     res["seconds"] = time.perf_counter() - t_start
     res["load_after"] = os.getloadavg()
     M.dump(res, out / ("results-quick.json" if args.quick else "results.json"))
     report.write(res, out, quick=args.quick)
-    for name in ("targets", "targets_v2"):
+    for name in ("targets", "targets_v2", "targets_v3"):
         failed = [t for t in res[name] if t["met"] is False]
         print(f"{name}: {len(res[name]) - len(failed)}/{len(res[name])} met"
               + "".join(f"; missed {t['target']} ({t['value']:.2f})" for t in failed))

@@ -93,12 +93,13 @@ cdef extern from "lanes.h":
         const void* leaf
         int64_t n_trees
         int32_t depth
+        int32_t width
         int32_t n_features
         int32_t f64
     int sw_lanes_cpu() noexcept nogil
     int sw_lanes_rows(const sw_lanes* L, const float* x, int64_t ldx, int64_t n,
                       void* acc) noexcept nogil
-    enum: SW_LANES, SW_LANES_MAXD, SW_LANES_W, SW_LANES_MAXF
+    enum: SW_LANES, SW_LANES_MAXD, SW_LANES_MAXF
 
 cdef extern from "probit.h":
     float sw_ort_probit(float val) noexcept nogil
@@ -123,6 +124,8 @@ cdef enum:
                               # more (500 x depth 6: one row took 7.5 us through the lanes,
                               # bench/catboost_speed.py before this cut, the walks 2.9; 5 rows
                               # 7.8 against the walks' 9.2, bench/oblivious_micro.py)
+    LANES_MAX_TABLE_BYTES = 64 << 20  # the lanes kernel's tables (16 or 32 entries a tree):
+                              # past this the walks score (a model of ~2 million trees)
     LANES_MIN_ROWS = 7        # the lanes kernel (lanes.h) takes 7 rows or more, and a last
                               # partial block of 7 or more: a block of 16 lanes costs what
                               # the walks take for 6 to 7 rows (model A: 6 rows 4.76 us a
@@ -692,6 +695,8 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
             acc[r * G + g] = base[g] if m.agg == AGG_SUM else start
     cdef int32_t r0, k
     cdef bint simd = False
+    # read once: Forest.lanes may switch it while another thread scores
+    cdef const sw_lanes* lanes = <const sw_lanes*>m.lanes
     if m.qs != NULL:  # QuickScorer (qs.h): every tree of a row at once, leaves in tree order
         simd = n > 1 and (<const sw_qs*>m.qs).simd
         k = SW_QS_R if simd else 1
@@ -701,13 +706,19 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         qslot = <int64_t*>malloc(k * m.n_trees * sizeof(int64_t))
     if m.obl != NULL and n >= OBL_MIN_ROWS:  # oblivious trees (oblivious.h): the leaves
         eval_oblivious(m, leaves, X, n, acc)       # from the bits of each level
-    elif m.lanes != NULL and n >= LANES_MIN_ROWS:
+    elif lanes != NULL and n >= LANES_MIN_ROWS:
         # shallow padded trees, 16 rows a block in the lanes of AVX-512 registers (lanes.h);
         # a last block of fewer than LANES_MIN_ROWS rows walks
         k = n if n % SW_LANES == 0 or n % SW_LANES >= LANES_MIN_ROWS else n - n % SW_LANES
-        if sw_lanes_rows(<const sw_lanes*>m.lanes, X, m.n_features, k, acc) != 0:
-            k = 0  # refused (never, for tables Forest._lanes built): the walks score
-        if k < n:
+        if sw_lanes_rows(lanes, X, m.n_features, k, acc) != 0:
+            k = 0  # refused (no memory for the block): the walks score
+        if k < n and plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
+            # the rest planned in the task's own buffers (not eval_trees' stack buffer)
+            plan_rows(m, X + <int64_t>k * m.n_features, m.n_features, n - k, xx, xx_cap, plan)
+            t0 = eval_planned(m, leaves, plan, n - k, 0, m.n_trees, acc + <int64_t>k * G)
+            eval_rest(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, t0,
+                      m.n_trees, acc + <int64_t>k * G)
+        elif k < n:
             eval_trees(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, 0,
                        m.n_trees, acc + <int64_t>k * G)
     elif mk != NULL and qslot != NULL:
@@ -912,6 +923,15 @@ cdef class Forest:
         cdef const uint32_t[:, ::1] nodes
         cdef const int64_t[::1] root
         cdef const int32_t[::1] group
+        # the kernels' tables of an earlier __init__ point into arrays replaced below: gone
+        # before anything can reach them again (Forest.lanes, oblivious_simd)
+        self.view.qs = NULL
+        self.view.obl = NULL
+        self.view.lanes = NULL
+        free(self.qs_tables)
+        free(self.obl_tables)
+        free(self.lanes_tables)
+        self.qs_tables = self.obl_tables = self.lanes_tables = NULL
         self.arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
         a = self.arrays
         self.divisor = divisor
@@ -1134,23 +1154,32 @@ cdef class Forest:
             reason = "this CPU has no AVX-512F"
         else:
             reason = ""
+        W = 16 if D <= 4 else 32  # lanes.h SW_LANES_WIDTH
+        leaf_bytes = self.arrays["leaves"].dtype.itemsize
+        if not reason and T * W * (8 + leaf_bytes) > LANES_MAX_TABLE_BYTES:
+            reason = f"tables of {T * W * (8 + leaf_bytes) / 2**20:.0f} MB, past the " \
+                f"kernel's {LANES_MAX_TABLE_BYTES >> 20} MB"
         if reason:
             self.kernel_reason = reason
             raise ValueError(f"kernel lanes: {reason}")
+        # built again (a second call): the old tables go before the arrays they point into
+        self.view.lanes = NULL
+        free(self.lanes_tables)
+        self.lanes_tables = NULL
         n_int = (1 << D) - 1
         q = np.asarray(self.qnodes, dtype=np.uint32).reshape(T, n_int, 2)
         keys = q[:, :, 0].astype(np.int64)
         # every column a node reads lies in the block: 2 n_features columns of 16 keys
         if T and (keys.min() < 0 or keys.max() >= 2 * nf):
             raise ValueError("kernel lanes: a node reads beyond the block's columns")
-        col = np.zeros((T, SW_LANES_W), dtype=np.uint32)
-        thr = np.zeros((T, SW_LANES_W), dtype=np.uint32)
+        col = np.zeros((T, W), dtype=np.uint32)
+        thr = np.zeros((T, W), dtype=np.uint32)
         col[:, 1:1 + n_int] = keys * SW_LANES
         thr[:, 1:1 + n_int] = q[:, :, 1]
         leaves = self.arrays["leaves"]
         if leaves.shape[0] != T << D or leaves.shape[1] != 1:
             raise ValueError("kernel lanes: the leaf array does not match the trees")
-        leaf = np.zeros((T, SW_LANES_W), dtype=leaves.dtype)
+        leaf = np.zeros((T, W), dtype=leaves.dtype)
         leaf[:, :1 << D] = leaves[:, 0].reshape(T, 1 << D)
         self.lanes_arrays = {"col": col, "thr": thr, "leaf": leaf}
         cv = col
@@ -1164,9 +1193,10 @@ cdef class Forest:
         L.leaf = <const void*><Py_ssize_t>leaf.ctypes.data
         L.n_trees = T
         L.depth = D
+        L.width = W
         L.n_features = <int32_t>nf
         L.f64 = 0 if self.float32_acc else 1
-        self.view.lanes = L
+        self.view.lanes = L  # last: every field set
         self.kernel = "lanes"
 
     def lanes(self, object on=None):

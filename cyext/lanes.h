@@ -19,27 +19,31 @@
    third of the walks' loads. Deeper levels double their loads each; depth 6 measured no faster
    than the walks, so the kernel stops at 5.
 
-   Bounds: every read is within the caller's tables (n_trees x SW_LANES_W entries each) and the
-   block (2 n_features columns of 16 keys): the tables' column offsets are key * 16 with
-   key < 2 n_features, checked when they are built (kernels.Forest._lanes), and a heap index
-   stays below 2^(D + 1) <= 64, read through permutes that take its low 5 bits. n_features is
-   at most SW_LANES_MAXF (the block lives on this function's stack). */
+   Bounds: every read is within the caller's tables (n_trees x SW_LANES_WIDTH(depth) entries
+   each) and the block (2 n_features columns of 16 keys, on the heap): the tables' column
+   offsets are key * 16 with key < 2 n_features, checked when they are built
+   (kernels.Forest._lanes), and a heap index stays below 2^(D + 1) <= 64, read through permutes
+   that take its low 4 (a table of 16) or 5 bits (32). n_features is at most SW_LANES_MAXF. */
 #ifndef SW_LANES_H
 #define SW_LANES_H
 #include <stdint.h>
 #include <string.h>
 
+#include <stdlib.h>
+
 #define SW_LANES 16          /* rows a block */
 #define SW_LANES_MAXD 5      /* deepest tree */
-#define SW_LANES_W 32        /* table entries a tree: heap indices 0..31 (0 unused) */
-#define SW_LANES_MAXF 512    /* features: the block, 2 x 512 columns of 16 keys, is 64 KB */
+#define SW_LANES_MAXF 512    /* features (the block: 2 x 512 columns of 16 keys, 64 KB) */
+/* table entries a tree: heap indices 0..15 (0 unused) and 16 leaves to depth 4, 32 at 5 */
+#define SW_LANES_WIDTH(D) ((D) <= 4 ? 16 : 32)
 
 typedef struct {
-    const uint32_t *col;   /* n_trees x 32: node h's column offset in the block (key * 16) */
-    const uint32_t *thr;   /* n_trees x 32: node h's threshold key (0 where no node) */
-    const void *leaf;      /* n_trees x 32: leaf i's value (float, or double with f64) */
+    const uint32_t *col;   /* n_trees x width: node h's column offset in the block (key * 16) */
+    const uint32_t *thr;   /* n_trees x width: node h's threshold key (0 where no node) */
+    const void *leaf;      /* n_trees x width: leaf i's value (float, or double with f64) */
     int64_t n_trees;
     int32_t depth;         /* 1..SW_LANES_MAXD */
+    int32_t width;         /* SW_LANES_WIDTH(depth) */
     int32_t n_features;    /* 1..SW_LANES_MAXF */
     int32_t f64;           /* leaves and sums are double */
 } sw_lanes;
@@ -68,9 +72,10 @@ static inline void sw_lanes_stage(const float *x, int64_t ldx, int32_t n, int32_
     if (n < SW_LANES)
         memset(cb, 0, (size_t)nf * 2 * SW_LANES * sizeof(uint32_t));
     for (int32_t r = 0; r < n; r++) {
-        const uint32_t *b = (const uint32_t *)(x + (int64_t)r * ldx);
+        const float *b = x + (int64_t)r * ldx;
         for (int32_t f = 0; f < nf; f++) {
-            const uint32_t v = b[f];
+            uint32_t v;
+            memcpy(&v, b + f, sizeof v);  /* the float's bits (rows need not be aligned) */
             const uint32_t m = 0u - (uint32_t)((v & 0x7FFFFFFFu) > 0x7F800000u);
             const uint32_t k = v ^ ((uint32_t)((int32_t)v >> 31) | 0x80000000u);
             cb[(2 * f) * SW_LANES + r] = k & ~m;
@@ -79,7 +84,10 @@ static inline void sw_lanes_stage(const float *x, int64_t ldx, int32_t n, int32_
     }
 }
 
-/* one tree's levels for the block: h, each lane's heap index, from 1 to 2^D + leaf */
+/* one tree's levels for the block: h, each lane's heap index, from 1 to 2^D + leaf; the
+   thresholds from one register (T0: heap indices below 16) or two (T0, T1: below 32) */
+#define SW_LANES_THR(D, T0, T1, h) ((D) <= 4 ? _mm512_permutexvar_epi32(h, T0)                \
+                                             : _mm512_permutex2var_epi32(T0, h, T1))
 #define SW_LANES_TREE(D, cb, colt, T0, T1, h) {                                             \
     __mmask16 bits_[D];                                                                     \
     h = _mm512_set1_epi32(1);                                                               \
@@ -91,7 +99,7 @@ static inline void sw_lanes_stage(const float *x, int64_t ldx, int32_t n, int32_
         _Pragma("GCC unroll 8") for (int e = d - 1, s = w; e >= 0; e--, s >>= 1)            \
             _Pragma("GCC unroll 16") for (int i = 0; i < s / 2; i++)                        \
                 v_[i] = _mm512_mask_blend_epi32(bits_[e], v_[2 * i], v_[2 * i + 1]);       \
-        bits_[d] = _mm512_cmpgt_epu32_mask(v_[0], _mm512_permutex2var_epi32(T0, h, T1));    \
+        bits_[d] = _mm512_cmpgt_epu32_mask(v_[0], SW_LANES_THR(D, T0, T1, h));              \
         h = _mm512_mask_sub_epi32(_mm512_add_epi32(h, h), bits_[d], _mm512_add_epi32(h, h), \
                                   _mm512_set1_epi32(-1));                                   \
     }                                                                                       \
@@ -100,29 +108,33 @@ static inline void sw_lanes_stage(const float *x, int64_t ldx, int32_t n, int32_
 #define SW_DEF_LANES_F32(D)                                                                 \
 __attribute__((target("avx512f")))                                                          \
 static void sw_lanes_f32_d##D(const sw_lanes *L, const uint32_t *cb, int32_t n, float *acc) { \
+    const int W = SW_LANES_WIDTH(D);                                                        \
     const __mmask16 ok = (__mmask16)((1u << n) - 1u);                                       \
     __m512 a = _mm512_maskz_loadu_ps(ok, acc);                                              \
     const __m512i first = _mm512_set1_epi32(1 << D);                                        \
     const float *lf = (const float *)L->leaf;                                               \
     for (int64_t t = 0; t < L->n_trees; t++) {                                              \
-        const uint32_t *colt = L->col + t * SW_LANES_W;                                     \
-        const __m512i T0 = _mm512_loadu_si512((const void *)(L->thr + t * SW_LANES_W));     \
-        const __m512i T1 = _mm512_loadu_si512((const void *)(L->thr + t * SW_LANES_W + 16)); \
+        const uint32_t *colt = L->col + t * W, *tt = L->thr + t * W;                        \
+        const __m512i T0 = _mm512_loadu_si512((const void *)tt);                            \
+        const __m512i T1 = W == 32 ? _mm512_loadu_si512((const void *)(tt + 16)) : T0;      \
         __m512i h;                                                                          \
         SW_LANES_TREE(D, cb, colt, T0, T1, h)                                               \
-        const __m512 l = _mm512_permutex2var_ps(                                            \
-            _mm512_loadu_ps(lf + t * SW_LANES_W), _mm512_sub_epi32(h, first),               \
-            _mm512_loadu_ps(lf + t * SW_LANES_W + 16));                                     \
-        a = _mm512_add_ps(a, l);                                                            \
+        const __m512i i = _mm512_sub_epi32(h, first);                                       \
+        const __m512 L0 = _mm512_loadu_ps(lf + t * W);                                      \
+        a = _mm512_add_ps(a, W == 32 ? _mm512_permutex2var_ps(L0, i,                        \
+                                                              _mm512_loadu_ps(lf + t * W + 16)) \
+                                     : _mm512_permutexvar_ps(i, L0));                       \
     }                                                                                       \
     _mm512_mask_storeu_ps(acc, ok, a);                                                      \
 }
 
 /* double leaves: the 16 lanes' leaf indices widened to two registers of 8, each picked from
-   the tree's 32 values (four registers: a permute of the first 16, one of the last, a blend) */
+   the tree's 16 values (two registers: one permute) or 32 (four: a permute of the first 16,
+   one of the last, a blend) */
 #define SW_DEF_LANES_F64(D)                                                                 \
 __attribute__((target("avx512f")))                                                          \
 static void sw_lanes_f64_d##D(const sw_lanes *L, const uint32_t *cb, int32_t n, double *acc) { \
+    const int W = SW_LANES_WIDTH(D);                                                        \
     const __mmask8 ok0 = (__mmask8)((n >= 8 ? 0xFFu : (1u << n) - 1u));                     \
     const __mmask8 ok1 = (__mmask8)((n <= 8 ? 0u : (1u << (n - 8)) - 1u));                  \
     __m512d a0 = _mm512_maskz_loadu_pd(ok0, acc), a1 = _mm512_maskz_loadu_pd(ok1, acc + 8); \
@@ -130,19 +142,19 @@ static void sw_lanes_f64_d##D(const sw_lanes *L, const uint32_t *cb, int32_t n, 
     const __m512i sixteen = _mm512_set1_epi64(16);                                          \
     const double *lf = (const double *)L->leaf;                                             \
     for (int64_t t = 0; t < L->n_trees; t++) {                                              \
-        const uint32_t *colt = L->col + t * SW_LANES_W;                                     \
-        const __m512i T0 = _mm512_loadu_si512((const void *)(L->thr + t * SW_LANES_W));     \
-        const __m512i T1 = _mm512_loadu_si512((const void *)(L->thr + t * SW_LANES_W + 16)); \
+        const uint32_t *colt = L->col + t * W, *tt = L->thr + t * W;                        \
+        const __m512i T0 = _mm512_loadu_si512((const void *)tt);                            \
+        const __m512i T1 = W == 32 ? _mm512_loadu_si512((const void *)(tt + 16)) : T0;      \
         __m512i h;                                                                          \
         SW_LANES_TREE(D, cb, colt, T0, T1, h)                                               \
         const __m512i i32 = _mm512_sub_epi32(h, first);                                     \
         const __m512i i0 = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(i32));              \
         const __m512i i1 = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(i32, 1));        \
-        const double *lt = lf + t * SW_LANES_W;                                             \
+        const double *lt = lf + t * W;                                                      \
         const __m512d P0 = _mm512_loadu_pd(lt), P1 = _mm512_loadu_pd(lt + 8);              \
         __m512d l0 = _mm512_permutex2var_pd(P0, i0, P1);                                    \
         __m512d l1 = _mm512_permutex2var_pd(P0, i1, P1);                                    \
-        if (D == 5) {                                                                       \
+        if (W == 32) {                                                                      \
             const __m512d P2 = _mm512_loadu_pd(lt + 16), P3 = _mm512_loadu_pd(lt + 24);     \
             l0 = _mm512_mask_blend_pd(_mm512_test_epi64_mask(i0, sixteen), l0,              \
                                       _mm512_permutex2var_pd(P2, i0, P3));                  \
@@ -169,14 +181,19 @@ static const sw_lanes_f64_fn sw_lanes_f64_tab[SW_LANES_MAXD + 1] = {
 #endif
 
 /* Every tree of L for the n rows x[0..n) (ldx floats apart), each row's sum acc[r] (float, or
-   double with L->f64) added to in tree order. 0, or -1 with nothing done: no AVX-512F, or a
-   table outside the bounds above. */
+   double with L->f64) added to in tree order. The block's columns are allocated here (2 x
+   n_features x 16 keys, at most 64 KB: on the heap, not the stack). 0, or -1 with nothing
+   done: no AVX-512F, no memory, or a table outside the bounds above. */
 static inline int sw_lanes_rows(const sw_lanes *L, const float *x, int64_t ldx, int64_t n,
                                 void *acc) {
 #ifdef SW_LANES_X86
-    uint32_t cb[SW_LANES_MAXF * 2 * SW_LANES] __attribute__((aligned(64)));
-    if (!sw_lanes_cpu() || L->depth < 1 || L->depth > SW_LANES_MAXD || L->n_features < 1 ||
+    if (!sw_lanes_cpu() || L->depth < 1 || L->depth > SW_LANES_MAXD ||
+        L->width != SW_LANES_WIDTH(L->depth) || L->n_features < 1 ||
         L->n_features > SW_LANES_MAXF || n < 0 || ldx < L->n_features)
+        return -1;
+    const size_t bytes = (size_t)L->n_features * 2 * SW_LANES * sizeof(uint32_t);  /* 128 nf */
+    uint32_t *cb = (uint32_t *)aligned_alloc(64, bytes);  /* a multiple of 64: nf x 128 */
+    if (cb == NULL)
         return -1;
     for (int64_t r0 = 0; r0 < n; r0 += SW_LANES) {
         const int32_t k = (int32_t)(n - r0 < SW_LANES ? n - r0 : SW_LANES);
@@ -186,6 +203,7 @@ static inline int sw_lanes_rows(const sw_lanes *L, const float *x, int64_t ldx, 
         else
             sw_lanes_f32_tab[L->depth](L, cb, k, (float *)acc + r0);
     }
+    free(cb);
     return 0;
 #else
     (void)L; (void)x; (void)ldx; (void)n; (void)acc;

@@ -237,3 +237,103 @@ def test_a_saved_lanes_model_loads_with_the_lanes(tmp_path):
     assert loaded.kernel == "lanes"
     X = _rows(300, _thresholds_xgb(booster), seed=4)
     np.testing.assert_array_equal(loaded.raw(X), model.raw(X))
+
+
+_STACK_RUN = """
+import sys, threading
+import numpy as np
+import xgboost as xgb
+from worker.model.compile import chosen, to_ir
+booster = xgb.Booster(model_file=sys.argv[2])
+m = chosen(to_ir(booster), "padded", "lanes")
+assert m.forest.lanes()
+Xs = np.load(sys.argv[3])
+out = {}
+def run():
+    for n in (1030, 2055, 4000, 4096):
+        out[f"n{n}"] = m.raw(Xs[:n], n_threads=2)[:, 0]
+threading.stack_size(int(sys.argv[1]) * 1024)
+t = threading.Thread(target=run)
+t.start()
+t.join()
+np.savez(sys.argv[4], **out)
+print("scored", len(out))
+"""
+
+
+@needs_avx512
+def test_small_thread_stacks_score_with_the_lanes(tmp_path):
+    """The block of 16 rows lives on the heap and a task's last rows take the task's own
+    buffers: a Python thread of 112 KiB and OpenMP threads of 64 KiB score tasks of 500 rows
+    and more (before: the kernel's 64 KB block on the stack, and a task's last 1-6 rows
+    through eval_trees' 64 KB stack buffer, overflowed both, SIGSEGV; tasks of 64 rows or
+    fewer still take that buffer, as the walks always did)."""
+    import os
+    import subprocess
+    import sys
+
+    import xgboost as xgb
+
+    booster = _xgboost(4)
+    booster.save_model(tmp_path / "m.json")
+    X = _rows(4096, _thresholds_xgb(booster), seed=11)
+    np.save(tmp_path / "x.npy", X)
+    (tmp_path / "stack.py").write_text(_STACK_RUN)
+    env = {**os.environ, "OMP_STACKSIZE": "64k", "PYTHONPATH": os.getcwd()}
+    run = subprocess.run([sys.executable, str(tmp_path / "stack.py"), "112",
+                          str(tmp_path / "m.json"), str(tmp_path / "x.npy"),
+                          str(tmp_path / "out.npz")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    want = booster.predict(xgb.DMatrix(M.finite_for_library(X)), output_margin=True)
+    got = np.load(tmp_path / "out.npz")
+    assert sorted(got) == ["n1030", "n2055", "n4000", "n4096"]
+    for name in got:
+        n = int(name[1:])
+        np.testing.assert_array_equal(got[name], want[:n].astype(np.float64), err_msg=name)
+
+
+@needs_avx512
+def test_a_forest_initialised_again_drops_its_old_tables():
+    """__init__ run again on a Forest replaces the arrays the lanes tables pointed into: the
+    tables go with them, and switching the kernel on then finds none (before: a read of freed
+    memory, SIGSEGV)."""
+    import xgboost as xgb
+
+    booster = _xgboost(4)
+    model = _lanes_model(booster)
+    f = model.forest
+    f.__init__(dict(model.arrays), "padded", model.depth, model.n_features, 1,
+               float(model.divisor), "walk", "sum")
+    assert f.lanes(True) is False and f.kernel == "walk"
+    X = _rows(300, _thresholds_xgb(booster), seed=6)
+    want = booster.predict(xgb.DMatrix(M.finite_for_library(X)), output_margin=True)
+    np.testing.assert_array_equal(f.raw(model._columns(X), 1)[:, 0], want.astype(np.float64))
+    f._lanes()
+    f._lanes()  # built twice: the first tables freed, the second in force
+    assert f.lanes() is True
+    np.testing.assert_array_equal(f.raw(model._columns(X), 1)[:, 0], want.astype(np.float64))
+
+
+@needs_avx512
+def test_tables_past_their_bound_are_refused_by_name():
+    """The tables take 16 entries a tree to depth 4 (32 at depth 5); past 64 MB of them the
+    kernel is refused by name and the walks score (400,000 stumps: 73 MB of tables, where
+    the model's own arrays are 6 MB)."""
+    from worker import _kernels
+
+    T = 400_000
+    rng = np.random.default_rng(0)
+    arrays = {"pnodes": np.stack([rng.integers(0, 14, T).astype(np.uint32),
+                                  rng.normal(size=T).astype(np.float32).view(np.uint32)], 1),
+              "leaves": rng.normal(size=(2 * T, 1)).astype(np.float32),
+              "tree_group": np.zeros(T, dtype=np.int32),
+              "base": np.zeros(1, dtype=np.float32)}
+    with pytest.raises(ValueError, match=r"kernel lanes: tables of 73 MB, past the kernel's "
+                                         r"64 MB"):
+        _kernels.Forest(arrays, "padded", 1, 7, 1, 1.0, "lanes", "sum")
+    walks = _kernels.Forest(arrays, "padded", 1, 7, 1, 1.0, "walk", "sum")
+    assert walks.lanes(True) is False
+    small = {k: (v[:2 * 1000] if k == "leaves" else v[:1000]) for k, v in arrays.items()}
+    small["base"] = arrays["base"]
+    assert _kernels.Forest(small, "padded", 1, 7, 1, 1.0, "lanes", "sum").lanes() is True
