@@ -88,6 +88,20 @@ def test_fast_path_declines_what_it_cannot_take(case):
                                   model.raw(X.astype(np.int32).astype(np.float32)))
     with pytest.raises(ValueError, match="features"):
         model.raw(X[:, :3])
+    # read through numpy's own fields: a byte-swapped or misaligned array, or a subclass, is
+    # declined and scored by the general path to the same bits
+    swapped = X.astype(">f4")
+    raw = np.zeros(X.nbytes + 1, dtype=np.uint8)
+    misaligned = raw[1:].view(np.float32).reshape(X.shape)
+    misaligned[...] = X
+    assert not misaligned.flags.aligned
+    sub = X.view(np.matrix) if X.ndim == 2 else X
+    for other in (swapped, misaligned, sub):
+        assert forest.small(other, -1) is None
+        np.testing.assert_array_equal(model.raw(other), model.raw(X))
+    if model.task != "regression":
+        for other in (swapped, misaligned):
+            np.testing.assert_array_equal(model.predict_proba(other), model.predict_proba(X))
 
 
 def test_single_row_against_xgboost():
