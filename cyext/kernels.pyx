@@ -711,7 +711,8 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         if sw_lanes_rows(lanes, X, m.n_features, k, acc) != 0:
             k = 0  # refused (no memory for the block): the walks score
         if k < n and plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
-            # the rest planned in the task's own buffers (not eval_trees' stack buffer)
+            # the rest planned in the task's own buffers (not eval_trees' 64 KB stack buffer,
+            # which calls and tasks of 64 rows or fewer still take, lanes or not)
             plan_rows(m, X + <int64_t>k * m.n_features, m.n_features, n - k, xx, xx_cap, plan)
             t0 = eval_planned(m, leaves, plan, n - k, 0, m.n_trees, acc + <int64_t>k * G)
             eval_rest(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, t0,
@@ -921,8 +922,21 @@ cdef class Forest:
         cdef const uint32_t[:, ::1] nodes
         cdef const int64_t[::1] root
         cdef const int32_t[::1] group
-        # the kernels' tables of an earlier __init__ point into arrays replaced below: gone
-        # before anything can reach them again (Forest.lanes, oblivious_simd)
+        # names first: a refusal here leaves an initialised Forest as it was
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
+        if kernel not in ("auto", "walk", "quickscorer", "oblivious", "lanes"):
+            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious, "
+                             "lanes)")
+        # the kernels' tables and scratch buffers of an earlier __init__ (tables point into
+        # arrays replaced below): gone before anything can reach them again (Forest.lanes,
+        # oblivious_simd). Not while another thread scores with this Forest: a Forest is
+        # initialised once, where it is made
+        free(self.scratch_x)
+        free(self.scratch_acc)
+        free(self.scratch_raw)
+        self.scratch_x = NULL
+        self.scratch_acc = self.scratch_raw = NULL
         self.view.qs = NULL
         self.view.obl = NULL
         self.view.lanes = NULL
@@ -947,8 +961,6 @@ cdef class Forest:
         self.view.part = 0
         self.view.part_nodes = 0
         self.part_largest = 0
-        if aggregate not in AGGREGATES:
-            raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
         self.view.agg = AGGREGATES[aggregate]
         self.aggregate = aggregate
         self.view.n_nodes = 0
@@ -1028,9 +1040,6 @@ cdef class Forest:
         self.lanes_arrays = {}
         self.kernel = "walk"
         self.kernel_reason = ""
-        if kernel not in ("auto", "walk", "quickscorer", "oblivious", "lanes"):
-            raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious, "
-                             "lanes)")
         if kernel == "oblivious":
             self._oblivious()
         elif kernel == "lanes":
@@ -1155,28 +1164,28 @@ cdef class Forest:
         W = 16 if D <= 4 else 32  # lanes.h SW_LANES_WIDTH
         leaf_bytes = self.arrays["leaves"].dtype.itemsize
         if not reason and T * W * (8 + leaf_bytes) > LANES_MAX_TABLE_BYTES:
-            reason = f"tables of {T * W * (8 + leaf_bytes) / 2**20:.0f} MB, past the " \
-                f"kernel's {LANES_MAX_TABLE_BYTES >> 20} MB"
+            reason = f"tables of {T * W * (8 + leaf_bytes):,} bytes, past the kernel's " \
+                f"{LANES_MAX_TABLE_BYTES:,}"
         if reason:
             self.kernel_reason = reason
             raise ValueError(f"kernel lanes: {reason}")
+        n_int = (1 << D) - 1
+        q = np.asarray(self.qnodes, dtype=np.uint32).reshape(T, n_int, 2)
+        keys = q[:, :, 0].astype(np.int64)
+        leaves = self.arrays["leaves"]
+        # every column a node reads lies in the block: 2 n_features columns of 16 keys
+        if T and (keys.min() < 0 or keys.max() >= 2 * nf):
+            raise ValueError("kernel lanes: a node reads beyond the block's columns")
+        if leaves.shape[0] != T << D or leaves.shape[1] != 1:
+            raise ValueError("kernel lanes: the leaf array does not match the trees")
         # built again (a second call): the old tables go before the arrays they point into
         self.view.lanes = NULL
         free(self.lanes_tables)
         self.lanes_tables = NULL
-        n_int = (1 << D) - 1
-        q = np.asarray(self.qnodes, dtype=np.uint32).reshape(T, n_int, 2)
-        keys = q[:, :, 0].astype(np.int64)
-        # every column a node reads lies in the block: 2 n_features columns of 16 keys
-        if T and (keys.min() < 0 or keys.max() >= 2 * nf):
-            raise ValueError("kernel lanes: a node reads beyond the block's columns")
         col = np.zeros((T, W), dtype=np.uint32)
         thr = np.zeros((T, W), dtype=np.uint32)
         col[:, 1:1 + n_int] = keys * SW_LANES
         thr[:, 1:1 + n_int] = q[:, :, 1]
-        leaves = self.arrays["leaves"]
-        if leaves.shape[0] != T << D or leaves.shape[1] != 1:
-            raise ValueError("kernel lanes: the leaf array does not match the trees")
         leaf = np.zeros((T, W), dtype=leaves.dtype)
         leaf[:, :1 << D] = leaves[:, 0].reshape(T, 1 << D)
         self.lanes_arrays = {"col": col, "thr": thr, "leaf": leaf}
@@ -1194,7 +1203,7 @@ cdef class Forest:
         L.width = W
         L.n_features = <int32_t>nf
         L.f64 = 0 if self.float32_acc else 1
-        self.view.lanes = L  # last: every field set
+        self.view.lanes = L  # (built where the Forest is made, before any thread scores)
         self.kernel = "lanes"
 
     def lanes(self, object on=None):

@@ -7,8 +7,8 @@
    cb + col[h], and one unsigned compare with its threshold's key. Level d of a tree has 2^d
    nodes: each is loaded, and a row's value is picked from them by a tree of blends whose
    masks are the row's answers at the levels above (the first blend level takes the last
-   answer). The row's threshold is picked from the tree's table by its heap index h (one
-   two-register permute: up to 32 entries), and h = 2h + (thr < value). After the last level
+   answer). The row's threshold is picked from the tree's table by its heap index h (a
+   permute of one register to depth 4, of two at depth 5), and h = 2h + (thr < value). After the last level
    h - 2^D is the row's leaf, whose value is permuted out of the tree's leaf table and added to
    the row's sum, tree after tree in tree order: every sum is the walks' (and so the
    library's) to the bit.

@@ -311,6 +311,11 @@ def test_a_forest_initialised_again_drops_its_old_tables():
     np.testing.assert_array_equal(f.raw(model._columns(X), 1)[:, 0], want.astype(np.float64))
     f._lanes()
     f._lanes()  # built twice: the first tables freed, the second in force
+    with pytest.raises(ValueError, match="unknown aggregate"):  # refused before any change
+        f.__init__(dict(model.arrays), "padded", model.depth, model.n_features, 1,
+                   float(model.divisor), "lanes", "bogus")
+    assert f.lanes() is True
+    np.testing.assert_array_equal(f.raw(model._columns(X), 1)[:, 0], want.astype(np.float64))
     assert f.lanes() is True
     np.testing.assert_array_equal(f.raw(model._columns(X), 1)[:, 0], want.astype(np.float64))
 
@@ -318,7 +323,7 @@ def test_a_forest_initialised_again_drops_its_old_tables():
 @needs_avx512
 def test_tables_past_their_bound_are_refused_by_name():
     """The tables take 16 entries a tree to depth 4 (32 at depth 5); past 64 MB of them the
-    kernel is refused by name and the walks score (400,000 stumps: 73 MB of tables, where
+    kernel is refused by name and the walks score (400,000 stumps: 76.8 MB of tables, where
     the model's own arrays are 6 MB)."""
     from worker import _kernels
 
@@ -329,8 +334,8 @@ def test_tables_past_their_bound_are_refused_by_name():
               "leaves": rng.normal(size=(2 * T, 1)).astype(np.float32),
               "tree_group": np.zeros(T, dtype=np.int32),
               "base": np.zeros(1, dtype=np.float32)}
-    with pytest.raises(ValueError, match=r"kernel lanes: tables of 73 MB, past the kernel's "
-                                         r"64 MB"):
+    with pytest.raises(ValueError, match=r"kernel lanes: tables of 76,800,000 bytes, past "
+                                         r"the kernel's 67,108,864"):
         _kernels.Forest(arrays, "padded", 1, 7, 1, 1.0, "lanes", "sum")
     walks = _kernels.Forest(arrays, "padded", 1, 7, 1, 1.0, "walk", "sum")
     assert walks.lanes(True) is False
