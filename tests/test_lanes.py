@@ -202,6 +202,13 @@ def test_what_the_kernel_does_not_take_is_refused_by_name():
                   xgb.DMatrix(wide, label=(wide[:, 512] > 0).astype(int)), num_boost_round=3)
     with pytest.raises(ValueError, match="513 features: the kernel takes 1 to 512"):
         chosen(to_ir(w), "padded", "lanes")
+    w512 = xgb.train({"objective": "binary:logistic", "max_depth": 3, "seed": 0},
+                     xgb.DMatrix(wide[:, :512], label=(wide[:, 511] > 0).astype(int)),
+                     num_boost_round=3)
+    at = chosen(to_ir(w512), "padded", "lanes")  # the bound itself is taken
+    assert at.kernel == "lanes"
+    want = w512.predict(xgb.DMatrix(wide[:100, :512]), output_margin=True)
+    np.testing.assert_array_equal(at.raw(wide[:100, :512])[:, 0], want.astype(np.float64))
     auto = worker.compile_model(deep)
     assert auto.kernel != "lanes"
     assert "depth 6" in auto.kernel_choice["not_candidates"]["padded lanes"]
@@ -339,6 +346,14 @@ def test_tables_past_their_bound_are_refused_by_name():
         _kernels.Forest(arrays, "padded", 1, 7, 1, 1.0, "lanes", "sum")
     walks = _kernels.Forest(arrays, "padded", 1, 7, 1, 1.0, "walk", "sum")
     assert walks.lanes(True) is False
-    small = {k: (v[:2 * 1000] if k == "leaves" else v[:1000]) for k, v in arrays.items()}
-    small["base"] = arrays["base"]
-    assert _kernels.Forest(small, "padded", 1, 7, 1, 1.0, "lanes", "sum").lanes() is True
+    # at the bound and one tree past it: 16 entries x 12 bytes a tree
+    last = (64 << 20) // (16 * 12)
+
+    def first(k):
+        return {n: (v[:2 * k] if n == "leaves" else v[:k]) if n != "base" else v
+                for n, v in arrays.items()}
+
+    assert _kernels.Forest(first(last), "padded", 1, 7, 1, 1.0, "lanes", "sum").lanes() is True
+    with pytest.raises(ValueError, match=r"tables of 67,108,992 bytes, past the kernel's "
+                                         r"67,108,864"):
+        _kernels.Forest(first(last + 1), "padded", 1, 7, 1, 1.0, "lanes", "sum")
