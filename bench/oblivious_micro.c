@@ -12,11 +12,17 @@
                    from the first two levels' compares
    permute 32 pext the index in 32-bit lanes (the permutes read even rows from the low half
                    of each 64-bit lane, odd rows after a 32-bit shift), the blend masks the
-                   compares' even and odd bits (BMI2 pext): the kernel at depth 6 */
+                   compares' even and odd bits (BMI2 pext): the kernel at depth 6 until
+                   issue 56
+   halves          the leaves as two tables of 32-bit words (low words, high words), 16 rows'
+                   words picked by 32-bit permutes (levels 1-5 the index, level 0 a blend) and
+                   put back together as float64 by unpacks: 4 permutes for 16 rows where the
+                   above take 8 (the kernel at depth 6 or less since issue 56) */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define R 64
@@ -32,9 +38,48 @@ static double now(void) {
 
 __attribute__((target("avx512f,bmi2")))
 static void run(int variant, const uint32_t *key, const uint32_t *thr, const uint32_t *cols,
-                const double *leaves, double *acc) {
+                const double *leaves, const uint32_t *halves, double *acc) {
     __m512d a[8];
     for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);
+    if (variant == 6) {
+        /* a[2v] rows 16v + {0,1,4,5,8,9,12,13}, a[2v+1] the others (the unpacks' order);
+           the sums are checked over the whole block, so they are not put back in order */
+        for (int t = 0; t < T; t++) {
+            const uint32_t *k = key + t * D, *th = thr + t * D;
+            __mmask16 m0[4];
+            __m512i p[4];
+            const __m512i t0 = _mm512_set1_epi32((int)th[0]);
+            for (int v = 0; v < 4; v++) {
+                m0[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(cols + k[0] * R + 16 * v), t0);
+                p[v] = _mm512_setzero_si512();
+            }
+            for (int l = 1; l < 6; l++) {
+                const __m512i tl = _mm512_set1_epi32((int)th[l]);
+                const __m512i bit = _mm512_set1_epi32(1 << (5 - l));
+                for (int v = 0; v < 4; v++) {
+                    const __mmask16 m = _mm512_cmpgt_epu32_mask(
+                        _mm512_loadu_si512(cols + k[l] * R + 16 * v), tl);
+                    p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);
+                }
+            }
+            const uint32_t *h = halves + t * 128;
+            const __m512i L0 = _mm512_loadu_si512(h), L1 = _mm512_loadu_si512(h + 16);
+            const __m512i L2 = _mm512_loadu_si512(h + 32), L3 = _mm512_loadu_si512(h + 48);
+            const __m512i H0 = _mm512_loadu_si512(h + 64), H1 = _mm512_loadu_si512(h + 80);
+            const __m512i H2 = _mm512_loadu_si512(h + 96), H3 = _mm512_loadu_si512(h + 112);
+            for (int v = 0; v < 4; v++) {
+                const __m512i lo = _mm512_mask_blend_epi32(m0[v],
+                    _mm512_permutex2var_epi32(L0, p[v], L1), _mm512_permutex2var_epi32(L2, p[v], L3));
+                const __m512i hi = _mm512_mask_blend_epi32(m0[v],
+                    _mm512_permutex2var_epi32(H0, p[v], H1), _mm512_permutex2var_epi32(H2, p[v], H3));
+                a[2 * v] = _mm512_add_pd(a[2 * v], _mm512_castsi512_pd(_mm512_unpacklo_epi32(lo, hi)));
+                a[2 * v + 1] = _mm512_add_pd(a[2 * v + 1],
+                                             _mm512_castsi512_pd(_mm512_unpackhi_epi32(lo, hi)));
+            }
+        }
+        for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
+        return;
+    }
     const __m512i b4 = _mm512_set1_epi64(16), b5 = _mm512_set1_epi64(32);
     for (int t = 0; t < T; t++) {
         const uint32_t *k = key + t * D, *th = thr + t * D;
@@ -169,7 +214,7 @@ int main(void) {
         return 0;
     }
     static const char *names[] = {"compares only", "gather zmm", "gather ymm", "permute",
-                                  "permute 64", "permute 32 pext"};
+                                  "permute 64", "permute 32 pext", "halves"};
     uint32_t *key = malloc(T * D * 4), *thr = malloc(T * D * 4);
     double *leaves = malloc(sizeof(double) * ((long)T << D));
     uint32_t *cols = malloc(2 * NF * R * 4);
@@ -179,13 +224,21 @@ int main(void) {
         thr[i] = (uint32_t)rand() * 2u;
     }
     for (long i = 0; i < ((long)T << D); i++) leaves[i] = rand() / 1e9;
+    uint32_t *halves = malloc(sizeof(uint32_t) * T * 128);
+    for (long t = 0; t < T; t++)
+        for (int i = 0; i < 64; i++) {
+            uint64_t b;
+            memcpy(&b, leaves + t * 64 + i, 8);
+            halves[t * 128 + i] = (uint32_t)b;
+            halves[t * 128 + 64 + i] = (uint32_t)(b >> 32);
+        }
     for (int i = 0; i < 2 * NF * R; i++) cols[i] = (uint32_t)rand() * 2u;
     const int reps = 4000;
     for (int round = 0; round < 3; round++)
-        for (int variant = 0; variant < 6; variant++) {
+        for (int variant = 0; variant < 7; variant++) {
             double acc[64] = {0};
             const double t0 = now();
-            for (int r = 0; r < reps; r++) run(variant, key, thr, cols, leaves, acc);
+            for (int r = 0; r < reps; r++) run(variant, key, thr, cols, leaves, halves, acc);
             double sum = 0;  /* over the block's rows: the same whatever their order */
             for (int i = 0; i < R; i++) sum += acc[i];
             printf("round %d  %-15s %.3f ns a tree and row  (checksum %.6g)\n", round,

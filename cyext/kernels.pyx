@@ -73,6 +73,7 @@ cdef extern from "oblivious.h":
         const uint32_t* d_off
         const uint32_t* cats
         int32_t staged
+        const uint32_t* halves
     void sw_obl_cols(const sw_obl* o, const float* X, int64_t ldx, int32_t n,
                      uint32_t* cols) noexcept nogil
     void sw_obl_slots(const sw_obl* o, const uint32_t* cols, int32_t n, int64_t t0, int64_t t1,
@@ -115,6 +116,7 @@ def ort_probit(const double[::1] raw):
 
 
 cdef enum:
+    OBL_HALVES_MAX_BYTES = 64 << 20  # sw_obl.halves: past it the leaves are gathered
     OBL_STACK_KEYS = 16384    # eval_oblivious's stack buffer: a block's columns for up to 128
                               # features (64 KB); wider models allocate theirs
     OBL_TREES = 16            # trees whose positions are taken at once (vector leaves)
@@ -1064,6 +1066,7 @@ cdef class Forest:
         cdef const uint32_t[:, ::1] tv
         cdef const uint32_t[::1] dk
         cdef const uint32_t[::1] do
+        cdef const uint32_t[:, ::1] hv
         cdef int32_t D = self.view.depth
         cdef int64_t T = self.view.n_trees
         cdef int64_t nf = self.view.n_features
@@ -1116,6 +1119,7 @@ cdef class Forest:
         self.obl_arrays = {"obl_key": keys, "obl_thr": thr,
                            "obl_dkey": np.asarray(d_key + [0], dtype=np.uint32),
                            "obl_doff": np.asarray(d_off + [0], dtype=np.uint32)}
+        halves = self._obl_halves()
         kv = keys
         tv = thr
         dk = self.obl_arrays["obl_dkey"]
@@ -1135,8 +1139,48 @@ cdef class Forest:
         o.d_off = &do[0]
         o.cats = self.view.cats
         o.staged = self.view.cat_staged
+        o.halves = NULL
+        if halves is not None:
+            hv = halves
+            o.halves = &hv[0, 0]
         self.view.obl = o
         self.kernel = "oblivious"
+
+    def _obl_halves(self):
+        """sw_obl.halves (oblivious.h sw_obl_sum512_h) for a model of depth 6 or less whose
+        trees add one float64 leaf to one score, at most OBL_HALVES_MAX_BYTES: each tree's
+        leaves as 32-bit words, the low words in W slots then the high words in W (W = 64 at
+        depth 6, 32 below; zero past the tree's 2^D leaves, never picked); None otherwise (the
+        leaves are gathered)."""
+        cdef int32_t D = self.view.depth
+        cdef int64_t T = self.view.n_trees
+        if D > 6 or self.float32_acc or not (self.view.n_outputs == 1
+                                              and self.view.n_leaf_out == 1
+                                              and self.view.agg == AGG_SUM):
+            return None
+        W = 64 if D == 6 else 32
+        if T * 2 * W * 4 > OBL_HALVES_MAX_BYTES:
+            return None
+        bits = np.ascontiguousarray(self.arrays["leaves"], dtype=np.float64).view(
+            np.uint64).reshape(T, 1 << D)
+        halves = np.zeros((T, 2 * W), dtype=np.uint32)
+        halves[:, :1 << D] = bits & np.uint64(0xFFFFFFFF)
+        halves[:, W:W + (1 << D)] = bits >> np.uint64(32)
+        self.obl_arrays["obl_halves"] = halves
+        return halves
+
+    def oblivious_halves(self, object on=None):
+        """The oblivious kernel's float64 leaves picked from registers as 32-bit halves
+        (True; AVX-512, depth 6 or less) or gathered (False), for tests and A/B runs; what is
+        in force. False without the tables."""
+        cdef sw_obl* o = <sw_obl*>self.obl_tables
+        cdef const uint32_t[:, ::1] hv
+        if o == NULL or "obl_halves" not in self.obl_arrays:
+            return False
+        if on is not None:
+            hv = self.obl_arrays["obl_halves"]
+            o.halves = &hv[0, 0] if on else NULL
+        return o.halves != NULL
 
     def _lanes(self):
         """The lanes kernel's tables (lanes.h), for a padded model of depth 1..5 without

@@ -11,7 +11,8 @@
    and its leaves are added to each row's accumulator: the trees in order, one add per tree
    per row, as every other kernel adds them, so the scores are the same bit for bit.
 
-   Variants (sw_obl.simd): AVX-512 F (16 rows a compare, leaves gathered 8 or 16 at a time),
+   Variants (sw_obl.simd): AVX-512 F (16 rows a compare; float64 leaves of trees of depth 6 or
+   less picked from registers, sw_obl_sum512_h, otherwise gathered 8 or 16 at a time),
    AVX2 (8 rows), and portable C (gcc vectorizes the compare loop with the baseline SSE2).
    x86-64 variants are compiled with target attributes and taken only when the CPU has them
    (sw_obl_simd_best). Models with more than one value per leaf or several output columns
@@ -49,6 +50,10 @@ typedef struct {
     const uint32_t *d_off;  /* n_derived: its entry's offset in cats */
     const uint32_t *cats;   /* the special entries (ModelView.cats) */
     int32_t staged;         /* rows hold staged categories (ModelView.cat_staged) */
+    const uint32_t *halves; /* NULL, or for depth <= 6 and float64 leaves summed to one score:
+                               n_trees * 2W words (W = 64 at depth 6, else 32), a tree's
+                               leaves' low words then their high words, zero past 2^D
+                               (sw_obl_sum512_h) */
 } sw_obl;
 
 static int sw_obl_simd = -1;
@@ -62,20 +67,6 @@ static inline int sw_obl_simd_best(void) {
     return sw_obl_simd;
 #else
     return SW_OBL_ROW;
-#endif
-}
-
-/* BMI2 (pext), for sw_obl_sum512_p6; every AVX-512 CPU but the Xeon Phi has it */
-static int sw_obl_has_bmi2 = -1;
-static inline int sw_obl_bmi2(void) {
-#ifdef SW_OBL_X86
-    if (sw_obl_has_bmi2 < 0) {
-        __builtin_cpu_init();
-        sw_obl_has_bmi2 = __builtin_cpu_supports("bmi2") ? 1 : 0;
-    }
-    return sw_obl_has_bmi2;
-#else
-    return 0;
 #endif
 }
 
@@ -186,113 +177,93 @@ static void NAME(const sw_obl *o, const uint32_t *cols, const double *leaves, do
 SW_OBL_AVX512_D(1, sw_obl_sum512_d1)
 SW_OBL_AVX512_D(4, sw_obl_sum512_d4)
 
-/* AVX-512, depth 6 or less (CatBoost's default depth is 6): a tree's (up to) 64 leaves are
-   8 registers, and each row's leaf is picked from them by permutes and blends (bits 0-3 pick
-   one of 16 values from a pair of registers, bits 4 and 5 one of the four pairs), not
-   gathered: measured 0.44 against 0.60 ns a tree and row (bench/NOTES.md). Registers beyond
-   a shallower tree's leaves are loaded masked (never read past its leaves) and never picked. */
-__attribute__((target("avx512f")))
-static void sw_obl_sum512_p(const sw_obl *o, const uint32_t *cols, const double *leaves,
-                            double *acc) {
-    const int32_t D = o->depth;
-    const int64_t nl = (int64_t)1 << D;
-    __mmask8 lm[8];
-    for (int i = 0; i < 8; i++) {
-        const int64_t have = nl - 8 * i;
-        lm[i] = have >= 8 ? 0xFF : have > 0 ? (__mmask8)((1u << have) - 1) : 0;
-    }
-    const __m512i b4 = _mm512_set1_epi64(16), b5 = _mm512_set1_epi64(32);
-    __m512d a[8];
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_pd(acc + 8 * i);
-    for (int64_t t = 0; t < o->n_trees; t++) {
-        SW_OBL_AVX512_POS(4)
-        const double *lv = leaves + t * nl;
-        __m512d L[8];
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
-            L[i] = _mm512_maskz_loadu_pd(lm[i], lv + 8 * i);
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-            const __m512i q[2] = {_mm512_cvtepu32_epi64(_mm512_castsi512_si256(p[v])),
-                                  _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(p[v], 1))};
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m512d a0 = _mm512_permutex2var_pd(L[0], q[h], L[1]);
-                const __m512d a1 = _mm512_permutex2var_pd(L[2], q[h], L[3]);
-                const __m512d a2 = _mm512_permutex2var_pd(L[4], q[h], L[5]);
-                const __m512d a3 = _mm512_permutex2var_pd(L[6], q[h], L[7]);
-                const __mmask8 k4 = _mm512_test_epi64_mask(q[h], b4);
-                const __mmask8 k5 = _mm512_test_epi64_mask(q[h], b5);
-                a[2 * v + h] = _mm512_add_pd(a[2 * v + h], _mm512_mask_blend_pd(k5,
-                    _mm512_mask_blend_pd(k4, a0, a1), _mm512_mask_blend_pd(k4, a2, a3)));
-            }
-        }
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(acc + 8 * i, a[i]);
-}
+/* AVX-512F, depth 6 or less, float64 leaves summed to one score: each row's leaf is picked
+   from the tree's leaves held in registers as two tables of 32-bit words, the leaves' low
+   words and their high words (o->halves), by 32-bit permutes of 16 rows at once, and the two
+   words of each row put back together as its float64 leaf (unpack): 4 two-register permutes
+   for 16 rows at depth 6, where picking float64 values 8 at a time takes 8 (the permutes are
+   the loop's bound on this CPU: 1.4-1.5x, bench/oblivious_micro.py "halves"). The leaves'
+   bits move unchanged, and each row's sum stays in tree order: the walks' scores to the bit.
 
-/* AVX-512 with BMI2, depth exactly 6 (CatBoost's default): the same picks, with the index of
-   the permutes (bits 0-3, levels 2-5) built in 32-bit lanes, 16 rows a register. A permute
-   reads the low bits of each 64-bit lane: the even rows as they are, the odd rows after a
-   32-bit shift, so a[2v] holds rows 16v, 16v+2, .., 16v+14 and a[2v+1] the odd ones
-   (reordered once on load and store). The pair of registers (bits 4 and 5) is chosen by the
-   first two levels' compare masks, their even and odd bits taken apart (pext, on the scalar
-   ports): half the index work of 64-bit lanes (bench/oblivious_micro.py "permute 32 pext"). */
-__attribute__((target("avx512f,bmi2")))
-static void sw_obl_sum512_p6(const sw_obl *o, const uint32_t *cols, const double *leaves,
-                             double *acc) {
-    const __m512i ev = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i od = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
-    __m512d a[8];
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-        const __m512d lo = _mm512_loadu_pd(acc + 16 * v), hi = _mm512_loadu_pd(acc + 16 * v + 8);
-        a[2 * v] = _mm512_permutex2var_pd(lo, ev, hi);
-        a[2 * v + 1] = _mm512_permutex2var_pd(lo, od, hi);
-    }
-    for (int64_t t = 0; t < o->n_trees; t++) {
-        const uint32_t *key = o->key + t * 6, *thr = o->thr + t * 6;
-        uint32_t m5[4], m4[4];
-        const uint32_t *c0 = cols + (int64_t)key[0] * SW_OBL_R;
-        const uint32_t *c1 = cols + (int64_t)key[1] * SW_OBL_R;
-        const __m512i t0 = _mm512_set1_epi32((int)thr[0]), t1 = _mm512_set1_epi32((int)thr[1]);
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-            m5[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c0 + 16 * v), t0);
-            m4[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c1 + 16 * v), t1);
-        }
-        __m512i p[4];
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) p[v] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 4") for (int l = 2; l < 6; l++) {
-            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;
-            const __m512i th = _mm512_set1_epi32((int)thr[l]);
-            const __m512i bit = _mm512_set1_epi32(1 << (5 - l));
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);
-                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);
-            }
-        }
-        const double *lv = leaves + t * 64;
-        __m512d L[8];
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) L[i] = _mm512_loadu_pd(lv + 8 * i);
-        _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                const __m512i x = h ? _mm512_srli_epi64(p[v], 32) : p[v];
-                const uint32_t rows = h ? 0xAAAAu : 0x5555u;
-                const __m512d a0 = _mm512_permutex2var_pd(L[0], x, L[1]);
-                const __m512d a1 = _mm512_permutex2var_pd(L[2], x, L[3]);
-                const __m512d a2 = _mm512_permutex2var_pd(L[4], x, L[5]);
-                const __m512d a3 = _mm512_permutex2var_pd(L[6], x, L[7]);
-                const __mmask8 k4 = (__mmask8)_pext_u32(m4[v], rows);
-                const __mmask8 k5 = (__mmask8)_pext_u32(m5[v], rows);
-                a[2 * v + h] = _mm512_add_pd(a[2 * v + h], _mm512_mask_blend_pd(k5,
-                    _mm512_mask_blend_pd(k4, a0, a1), _mm512_mask_blend_pd(k4, a2, a3)));
-            }
-        }
-    }
-    const __m512i lo_rows = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
-    const __m512i hi_rows = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-        _mm512_storeu_pd(acc + 16 * v, _mm512_permutex2var_pd(a[2 * v], lo_rows, a[2 * v + 1]));
-        _mm512_storeu_pd(acc + 16 * v + 8,
-                         _mm512_permutex2var_pd(a[2 * v], hi_rows, a[2 * v + 1]));
-    }
+   Depth 6: levels 1-5 are the permute's index (5 bits, 32 words a pair of registers), level
+   0's compare picks the pair (a blend). Depth 1-5: every level is in the index, one pair,
+   words past the tree's 2^D leaves are zero and never picked. V vectors of 16 rows (1 or 4);
+   the unpacks leave rows 16v + {0,1,4,5,8,9,12,13} in a[2v] and {2,3,6,7,10,11,14,15} in
+   a[2v + 1], put in that order on load and back on store. */
+#define SW_OBL_AVX512_H(V, NAME)                                                            \
+__attribute__((target("avx512f")))                                                          \
+static void NAME(const sw_obl *o, const uint32_t *cols, double *acc) {                      \
+    const int32_t D = o->depth, top = D == 6;                                               \
+    const int64_t W = top ? 64 : 32;                                                        \
+    const __m512i g0 = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);                          \
+    const __m512i g1 = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);                        \
+    __m512d a[2 * V];                                                                       \
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                                   \
+        const __m512d lo = _mm512_loadu_pd(acc + 16 * v), hi = _mm512_loadu_pd(acc + 16 * v + 8);\
+        a[2 * v] = _mm512_permutex2var_pd(lo, g0, hi);                                      \
+        a[2 * v + 1] = _mm512_permutex2var_pd(lo, g1, hi);                                  \
+    }                                                                                       \
+    for (int64_t t = 0; t < o->n_trees; t++) {                                              \
+        const uint32_t *key = o->key + t * D, *thr = o->thr + t * D;                        \
+        __mmask16 m0[V];                                                                    \
+        __m512i p[V];                                                                       \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                               \
+            m0[v] = 0;                                                                      \
+            p[v] = _mm512_setzero_si512();                                                  \
+        }                                                                                   \
+        if (top) {                                                                          \
+            const uint32_t *c = cols + (int64_t)key[0] * SW_OBL_R;                          \
+            const __m512i th = _mm512_set1_epi32((int)thr[0]);                              \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++)                             \
+                m0[v] = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);        \
+        }                                                                                   \
+        for (int32_t l = top; l < D; l++) {                                                 \
+            const uint32_t *c = cols + (int64_t)key[l] * SW_OBL_R;                          \
+            const __m512i th = _mm512_set1_epi32((int)thr[l]);                              \
+            const __m512i bit = _mm512_set1_epi32(1 << (D - 1 - l));                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __mmask16 m = _mm512_cmpgt_epu32_mask(_mm512_loadu_si512(c + 16 * v), th);\
+                p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);                            \
+            }                                                                               \
+        }                                                                                   \
+        const uint32_t *h = o->halves + t * 2 * W;                                          \
+        const __m512i L0 = _mm512_loadu_si512(h), L1 = _mm512_loadu_si512(h + 16);         \
+        const __m512i H0 = _mm512_loadu_si512(h + W), H1 = _mm512_loadu_si512(h + W + 16);  \
+        if (top) {                                                                          \
+            const __m512i L2 = _mm512_loadu_si512(h + 32), L3 = _mm512_loadu_si512(h + 48);   \
+            const __m512i H2 = _mm512_loadu_si512(h + 96), H3 = _mm512_loadu_si512(h + 112);  \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __m512i lo = _mm512_mask_blend_epi32(m0[v],                           \
+                    _mm512_permutex2var_epi32(L0, p[v], L1),                                \
+                    _mm512_permutex2var_epi32(L2, p[v], L3));                               \
+                const __m512i hi = _mm512_mask_blend_epi32(m0[v],                           \
+                    _mm512_permutex2var_epi32(H0, p[v], H1),                                \
+                    _mm512_permutex2var_epi32(H2, p[v], H3));                               \
+                a[2 * v] = _mm512_add_pd(a[2 * v],                                          \
+                                         _mm512_castsi512_pd(_mm512_unpacklo_epi32(lo, hi)));\
+                a[2 * v + 1] = _mm512_add_pd(a[2 * v + 1],                                  \
+                                             _mm512_castsi512_pd(_mm512_unpackhi_epi32(lo, hi)));\
+            }                                                                               \
+        } else {                                                                            \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __m512i lo = _mm512_permutex2var_epi32(L0, p[v], L1);                 \
+                const __m512i hi = _mm512_permutex2var_epi32(H0, p[v], H1);                 \
+                a[2 * v] = _mm512_add_pd(a[2 * v],                                          \
+                                         _mm512_castsi512_pd(_mm512_unpacklo_epi32(lo, hi)));\
+                a[2 * v + 1] = _mm512_add_pd(a[2 * v + 1],                                  \
+                                             _mm512_castsi512_pd(_mm512_unpackhi_epi32(lo, hi)));\
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    const __m512i b0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);                          \
+    const __m512i b1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);                        \
+    _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                                   \
+        _mm512_storeu_pd(acc + 16 * v, _mm512_permutex2var_pd(a[2 * v], b0, a[2 * v + 1])); \
+        _mm512_storeu_pd(acc + 16 * v + 8, _mm512_permutex2var_pd(a[2 * v], b1, a[2 * v + 1]));\
+    }                                                                                       \
 }
+SW_OBL_AVX512_H(1, sw_obl_sum512_h1)
+SW_OBL_AVX512_H(4, sw_obl_sum512_h4)
 
 #define SW_OBL_AVX512_F(V, NAME)                                                            \
 __attribute__((target("avx512f")))                                                          \
@@ -378,8 +349,10 @@ static inline void sw_obl_sum_d(const sw_obl *o, const uint32_t *cols, int32_t n
                                 const double *leaves, double *acc) {
 #ifdef SW_OBL_X86
     if (o->simd == SW_OBL_AVX512) {
-        if (n > 16 && o->depth == 6 && sw_obl_bmi2()) sw_obl_sum512_p6(o, cols, leaves, acc);
-        else if (n > 16 && o->depth <= 6) sw_obl_sum512_p(o, cols, leaves, acc);
+        if (o->halves != NULL && o->depth <= 6) {
+            if (n > 16) sw_obl_sum512_h4(o, cols, acc);
+            else sw_obl_sum512_h1(o, cols, acc);
+        }
         else if (n > 16) sw_obl_sum512_d4(o, cols, leaves, acc);
         else sw_obl_sum512_d1(o, cols, leaves, acc);
         return;

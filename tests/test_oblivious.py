@@ -95,15 +95,23 @@ def test_catboost_models_take_the_oblivious_kernel_and_match_catboost_in_every_m
             np.testing.assert_array_equal(loaded.raw(X, n_threads=2), raw,
                                           err_msg=f"{name}, lanes, {n} rows")
         loaded = chosen(worker.model.compile.to_ir(model), "padded", "oblivious")
-    for mode in _modes(loaded):
+    # the float64 leaves picked as 32-bit halves (AVX-512, depth 6 or less, one score) and
+    # gathered: both ways where the first is built
+    halves = (True, False) if loaded.forest.oblivious_halves() else (False,)
+    assert loaded.forest.oblivious_halves() == (
+        "avx512" in _modes(loaded) and model.get_param("depth") <= 6
+        and name != "d5-multiclass"), name
+    for mode, half in [(m, h) for m in _modes(loaded) for h in halves]:
         loaded.forest.oblivious_simd(mode)
+        loaded.forest.oblivious_halves(half)
         for seed, n in enumerate(SIZES):
             X = _rows(n, borders, seed)
             raw = np.asarray(model.predict(X, prediction_type="RawFormulaVal"),
                              dtype=np.float64).reshape(n, -1)
             for threads in (1, 2):
                 np.testing.assert_array_equal(loaded.raw(X, n_threads=threads), raw,
-                                              err_msg=f"{name}, {mode}, {n} rows")
+                                              err_msg=f"{name}, {mode}, halves {half}, "
+                                                      f"{n} rows")
         if loaded.task != "regression":
             np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X),
                                        rtol=0, atol=1e-15)
@@ -216,3 +224,33 @@ def test_a_wide_model_takes_the_columns_from_the_heap_and_matches_catboost():
         for n in (1, 64, 130):
             np.testing.assert_array_equal(compiled.raw(T[:n], n_threads=2)[:, 0], want[:n],
                                           err_msg=f"{mode}, {n} rows")
+
+
+def test_leaf_halves_past_their_bound_are_not_built_and_the_leaves_are_gathered():
+    """The halves tables (oblivious.h sw_obl_sum512_h) take 64 words a tree below depth 6
+    (128 at depth 6): past 64 MB of them the kernel gathers the leaves instead. Stumps of
+    float64 leaves: 262,144 trees are 67,108,864 bytes of halves (built), one tree more is
+    past the bound; either way the scores equal the walks' on the same arrays, bit for bit."""
+    from worker import _kernels
+
+    last = (64 << 20) // (64 * 4)
+    rng = np.random.default_rng(0)
+    T = last + 1
+    thr = rng.normal(size=T).astype(np.float32)
+    arrays = {"pnodes": np.stack([rng.integers(0, 10, T).astype(np.uint32),
+                                  thr.view(np.uint32)], 1),
+              "leaves": rng.normal(size=(2 * T, 1)),
+              "tree_group": np.zeros(T, dtype=np.int32),
+              "base": np.zeros(1)}
+
+    def first(k):
+        return {n: (v[:2 * k] if n == "leaves" else v[:k]) if n != "base" else v
+                for n, v in arrays.items()}
+
+    X = _kernels.Columns.from_numpy(M.hostile_rows(40, np.unique(thr[:64]), seed=3)[:, :5])
+    for k, built in ((last, True), (last + 1, False)):
+        f = _kernels.Forest(first(k), "padded", 1, 5, 1, 1.0, "oblivious", "sum")
+        assert f.kernel == "oblivious"
+        assert f.oblivious_halves() is (built and f.oblivious_simd() == "avx512"), k
+        walks = _kernels.Forest(first(k), "padded", 1, 5, 1, 1.0, "walk", "sum")
+        np.testing.assert_array_equal(f.raw(X, 1), walks.raw(X, 1), err_msg=str(k))
