@@ -3,7 +3,9 @@
     python bench/oblivious_micro.py
 
 1. bench/oblivious_micro.c (gcc -O3): the kernel's loop over one 64-row block in the ways it
-   was tried, ns a tree and row, three rounds.
+   was tried, ns a tree and row, three rounds; then bench/oblivious_bins.c: the features
+   binned once a block (CatBoost's way) against the kernel, at 500 and 100 trees; then
+   bench/oblivious_cols.c: staging a block's columns a value at a time and by tiles.
 2. A few rows from Python: the walks against the oblivious kernel on a CatBoost model of 500
    trees x depth 6 (30 numeric features), p50 of 2,000 ``predict_proba`` calls for 1 to 16
    rows, each kernel forced (``OBL_MIN_ROWS`` in cyext/kernels.pyx: under it the oblivious
@@ -30,6 +32,21 @@ def main() -> int:
         subprocess.run(["gcc", "-O3", str(HERE / "oblivious_micro.c"), "-o", str(exe)],
                        check=True)
         print(subprocess.run([str(exe)], check=True, capture_output=True,
+                             text=True).stdout)
+        # binning the features once a block (bench/oblivious_bins.c): 500 and 100 trees
+        bins = Path(tmp) / "oblivious_bins"
+        subprocess.run(["gcc", "-O3", f"-I{HERE.parent / 'cyext'}",
+                        str(HERE / "oblivious_bins.c"), "-o", str(bins)], check=True)
+        for trees in ("500", "100"):
+            print(f"oblivious_bins, {trees} trees")
+            print(subprocess.run([str(bins), trees], check=True, capture_output=True,
+                                 text=True).stdout)
+        # staging a block's columns (bench/oblivious_cols.c)
+        stage = Path(tmp) / "oblivious_cols"
+        subprocess.run(["gcc", "-O3", f"-I{HERE.parent / 'cyext'}",
+                        str(HERE / "oblivious_cols.c"), "-o", str(stage)], check=True)
+        print("oblivious_cols")
+        print(subprocess.run([str(stage)], check=True, capture_output=True,
                              text=True).stdout)
     import catboost
 

@@ -26,7 +26,7 @@ from blocks cimport (acc_t, add_leaf, add_leaves, one_sum, RowPlan, plannable, p
                     COMPACT_ROWS, ROWS_WALK_ROWS, ROWS_WALK_MIN, PART_ROWS_PER_NODE, PART_ROWS_PER_NODE_ROW,
                     SPLIT_FLOATS, PLAN_ROWS, PLAN_FLOATS,
                     AGG_SUM, AGG_MIN, AGG_MAX)
-from walk cimport (walk1, walk8, sw_prefetch,
+from walk cimport (walk1, walk8, sw_prefetch, sw_prefetch_l2,
                   sw_walk_fn, sw_walk_fn_for, sw_row_finite, sw_split_row, sw_key_row,
                   sw_cwalk_q_for, sw_scwalk_q_for, WIDE, PLAN_WIDE,
                   SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT, sw_cwalk_fn, sw_cwalk_fn_for,
@@ -650,10 +650,19 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
             return
     for r in range(SW_OBL_R):
         blk[r] = 0
+    cdef const char* nxt
+    cdef const char* lim
     r0 = 0
     while r0 < n:
         k = min(<int32_t>SW_OBL_R, n - r0)
         sw_obl_cols(o, X + <int64_t>r0 * nf, nf, k, cols)
+        # the next block's rows asked for now, read while this block's trees are scored: the
+        # staging otherwise waits on memory for them (rows come from a large array once)
+        nxt = <const char*>(X + <int64_t>(r0 + k) * nf)
+        lim = <const char*>(X + <int64_t>min(n, r0 + k + <int32_t>SW_OBL_R) * nf)
+        while nxt < lim:
+            sw_prefetch_l2(nxt)
+            nxt += 64
         if one:
             for r in range(k):
                 blk[r] = acc[r0 + r]
@@ -901,9 +910,12 @@ AGGREGATES = {"sum": AGG_SUM, "min": AGG_MIN, "max": AGG_MAX}  # Forest(aggregat
 
 
 cdef class Forest:
-    """Packed model arrays and the view the kernels read. The arrays are owned here."""
+    """Packed model arrays and the view the kernels read. The arrays are owned here, and must
+    not change after __init__: the kernels' tables (QuickScorer's, the oblivious kernel's
+    halves, the lanes kernel's) are made from them once."""
 
     def __cinit__(self):
+        self.ready = False
         self.qs_tables = NULL
         self.obl_tables = NULL
         self.lanes_tables = NULL
@@ -930,6 +942,11 @@ cdef class Forest:
         if kernel not in ("auto", "walk", "quickscorer", "oblivious", "lanes"):
             raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious, "
                              "lanes)")
+        if layout not in ("padded", "compact"):
+            raise ValueError(f"unknown layout {layout!r}")
+        # from here a failure leaves the Forest half made: it scores nothing until an
+        # __init__ finishes
+        self.ready = False
         # the kernels' tables and scratch buffers of an earlier __init__ (tables point into
         # arrays replaced below): gone before anything can reach them again (Forest.lanes,
         # oblivious_simd). Not while another thread scores with this Forest: a Forest is
@@ -1053,6 +1070,7 @@ cdef class Forest:
         self.scratch_raw = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
         if self.scratch_x == NULL or self.scratch_acc == NULL or self.scratch_raw == NULL:
             raise MemoryError()
+        self.ready = True
 
     def _oblivious(self):
         """The oblivious kernel's tables (oblivious.h), for a padded model whose every tree
@@ -1116,18 +1134,21 @@ cdef class Forest:
                 or self.arrays["leaves"].shape[0] != T << D:
             raise ValueError("kernel oblivious: a level reads beyond the block's columns, or "
                              "more than 65,536 distinct special splits")
-        self.obl_arrays = {"obl_key": keys, "obl_thr": thr,
-                           "obl_dkey": np.asarray(d_key + [0], dtype=np.uint32),
-                           "obl_doff": np.asarray(d_off + [0], dtype=np.uint32)}
+        # everything built first, then swapped in at once: a failure here (no memory for the
+        # halves, say) leaves the tables in force as they were
+        arrays = {"obl_key": keys, "obl_thr": thr,
+                  "obl_dkey": np.asarray(d_key + [0], dtype=np.uint32),
+                  "obl_doff": np.asarray(d_off + [0], dtype=np.uint32)}
         halves = self._obl_halves()
+        if halves is not None:
+            arrays["obl_halves"] = halves
         kv = keys
         tv = thr
-        dk = self.obl_arrays["obl_dkey"]
-        do = self.obl_arrays["obl_doff"]
+        dk = arrays["obl_dkey"]
+        do = arrays["obl_doff"]
         o = <sw_obl*>malloc(sizeof(sw_obl))
         if o == NULL:
             raise MemoryError()
-        self.obl_tables = o
         o.key = &kv[0, 0]
         o.thr = &tv[0, 0]
         o.n_trees = T
@@ -1143,36 +1164,42 @@ cdef class Forest:
         if halves is not None:
             hv = halves
             o.halves = &hv[0, 0]
+        old = self.obl_tables
+        self.obl_arrays = arrays
+        self.obl_tables = o
         self.view.obl = o
+        free(old)  # an earlier _oblivious()'s tables (not while another thread scores)
         self.kernel = "oblivious"
 
     def _obl_halves(self):
         """sw_obl.halves (oblivious.h sw_obl_sum512_h) for a model of depth 6 or less whose
-        trees add one float64 leaf to one score, at most OBL_HALVES_MAX_BYTES: each tree's
-        leaves as 32-bit words, the low words in W slots then the high words in W (W = 64 at
-        depth 6, 32 below; zero past the tree's 2^D leaves, never picked); None otherwise (the
-        leaves are gathered)."""
+        trees add one float64 leaf to one score, on a CPU with AVX-512F (the only kernel that
+        reads them), at most OBL_HALVES_MAX_BYTES: each tree's leaves as 32-bit words, the
+        low words in W slots then the high words in W (W = 64 at depth 6, 32 at depth 5, 16
+        below; zero past the tree's 2^D leaves, never picked); None otherwise (the leaves
+        are gathered). Built, not installed: the caller swaps it in."""
         cdef int32_t D = self.view.depth
         cdef int64_t T = self.view.n_trees
-        if D > 6 or self.float32_acc or not (self.view.n_outputs == 1
-                                              and self.view.n_leaf_out == 1
-                                              and self.view.agg == AGG_SUM):
+        if D > 6 or self.float32_acc or sw_obl_simd_best() != SW_OBL_AVX512 or not (
+                self.view.n_outputs == 1 and self.view.n_leaf_out == 1
+                and self.view.agg == AGG_SUM):
             return None
-        W = 64 if D == 6 else 32
+        W = 64 if D == 6 else 32 if D == 5 else 16
         if T * 2 * W * 4 > OBL_HALVES_MAX_BYTES:
             return None
-        bits = np.ascontiguousarray(self.arrays["leaves"], dtype=np.float64).view(
-            np.uint64).reshape(T, 1 << D)
+        bits = np.asarray(self.arrays["leaves"], dtype=np.float64).reshape(T, 1 << D).view(
+            np.uint64)
         halves = np.zeros((T, 2 * W), dtype=np.uint32)
         halves[:, :1 << D] = bits & np.uint64(0xFFFFFFFF)
         halves[:, W:W + (1 << D)] = bits >> np.uint64(32)
-        self.obl_arrays["obl_halves"] = halves
         return halves
 
     def oblivious_halves(self, object on=None):
         """The oblivious kernel's float64 leaves picked from registers as 32-bit halves
         (True; AVX-512, depth 6 or less) or gathered (False), for tests and A/B runs; what is
-        in force. False without the tables."""
+        in force (False without the tables, or while oblivious_simd is not "avx512"). The
+        kernel reads the switch once a block, so switching it while another thread scores
+        changes which way that thread's next blocks pick their leaves, never mid-block."""
         cdef sw_obl* o = <sw_obl*>self.obl_tables
         cdef const uint32_t[:, ::1] hv
         if o == NULL or "obl_halves" not in self.obl_arrays:
@@ -1180,7 +1207,7 @@ cdef class Forest:
         if on is not None:
             hv = self.obl_arrays["obl_halves"]
             o.halves = &hv[0, 0] if on else NULL
-        return o.halves != NULL
+        return o.halves != NULL and o.simd == SW_OBL_AVX512
 
     def _lanes(self):
         """The lanes kernel's tables (lanes.h), for a padded model of depth 1..5 without
@@ -1556,6 +1583,8 @@ cdef class Forest:
         cdef int64_t n = cols.n_rows
         cdef int rc
         cdef double[:, ::1] res
+        if not self.ready:
+            raise ValueError("this Forest's __init__ failed: it scores nothing")
         if cols.n_features != self.view.n_features:
             raise ValueError(f"X has {cols.n_features} features, the model expects "
                              f"{self.view.n_features}")
@@ -1587,6 +1616,8 @@ cdef class Forest:
         cdef int typ
         cdef cnp.npy_intp dims[2]
         cdef cnp.ndarray a, out
+        if not self.ready:
+            raise ValueError("this Forest's __init__ failed: it scores nothing")
         if type(X) is not cnp.ndarray:  # numpy rows only (a subclass: the general path)
             return None
         # numpy's own fields, read directly (the buffer protocol took ~0.1 us of a one-row

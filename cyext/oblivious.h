@@ -51,9 +51,9 @@ typedef struct {
     const uint32_t *cats;   /* the special entries (ModelView.cats) */
     int32_t staged;         /* rows hold staged categories (ModelView.cat_staged) */
     const uint32_t *halves; /* NULL, or for depth <= 6 and float64 leaves summed to one score:
-                               n_trees * 2W words (W = 64 at depth 6, else 32), a tree's
-                               leaves' low words then their high words, zero past 2^D
-                               (sw_obl_sum512_h) */
+                               n_trees * 2W words (W = 64 at depth 6, 32 at 5, 16 below), a
+                               tree's leaves' low words then their high words, zero past
+                               2^D (sw_obl_sum512_h) */
 } sw_obl;
 
 static int sw_obl_simd = -1;
@@ -70,11 +70,28 @@ static inline int sw_obl_simd_best(void) {
 #endif
 }
 
+/* the derived columns of the block's first n rows (after the features' 2 nf columns); rows
+   n .. SW_OBL_R - 1 zero */
+static inline void sw_obl_derived(const sw_obl *o, const float *X, int64_t ldx, int32_t n,
+                                  uint32_t *cols) {
+    const int32_t nf = o->n_features;
+    for (int32_t d = 0; d < o->n_derived; d++) {
+        uint32_t *c = cols + ((int64_t)2 * nf + d) * SW_OBL_R;
+        const uint32_t key = o->d_key[d], off = o->d_off[d];
+        const uint32_t *e = o->cats + off;
+        const int64_t f = SW_SIDX(key);
+        int32_t r = 0;
+        for (; r < n; r++)
+            c[r] = sw_special_step(X[(int64_t)r * ldx + f], key, e[0], e, o->staged);
+        for (; r < SW_OBL_R; r++) c[r] = 0;
+    }
+}
+
 /* n <= SW_OBL_R rows (row r at X + r * ldx, nf features) as doubled order-key columns, then
    the derived columns; the columns' rows n .. SW_OBL_R - 1 are zero (they take leaf 0 and
-   are never read back) */
-static inline void sw_obl_cols(const sw_obl *o, const float *X, int64_t ldx, int32_t n,
-                               uint32_t *cols) {
+   are never read back). Portable C, a value at a time. */
+static inline void sw_obl_cols_row(const sw_obl *o, const float *X, int64_t ldx, int32_t n,
+                                   uint32_t *cols) {
     const int32_t nf = o->n_features;
     for (int32_t f = 0; f < nf; f++) {
         uint32_t *lo = cols + (int64_t)2 * f * SW_OBL_R, *hi = lo + SW_OBL_R;
@@ -89,16 +106,84 @@ static inline void sw_obl_cols(const sw_obl *o, const float *X, int64_t ldx, int
         }
         for (; r < SW_OBL_R; r++) lo[r] = hi[r] = 0;
     }
-    for (int32_t d = 0; d < o->n_derived; d++) {
-        uint32_t *c = cols + ((int64_t)2 * nf + d) * SW_OBL_R;
-        const uint32_t key = o->d_key[d], off = o->d_off[d];
-        const uint32_t *e = o->cats + off;
-        const int64_t f = SW_SIDX(key);
-        int32_t r = 0;
-        for (; r < n; r++)
-            c[r] = sw_special_step(X[(int64_t)r * ldx + f], key, e[0], e, o->staged);
-        for (; r < SW_OBL_R; r++) c[r] = 0;
+    sw_obl_derived(o, X, ldx, n, cols);
+}
+
+#ifdef SW_OBL_X86
+/* a 16 x 16 tile of 32-bit words transposed in registers: r[i] word j becomes r[j] word i */
+__attribute__((target("avx512f")))
+static inline void sw_obl_tr16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
     }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm512_shuffle_i32x4(u[8 * i + j], u[8 * i + j + 4], 0x88);
+            t[8 * i + j + 4] = _mm512_shuffle_i32x4(u[8 * i + j], u[8 * i + j + 4], 0xDD);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+    }
+}
+
+/* AVX-512: the columns of sw_obl_cols_row, 16 rows x 16 features a tile: each row read with
+   a masked load (never past its nf features, and rows n and on not read at all), the tile
+   transposed in registers, 16 rows' order keys at a time (sw_order_key: b ^ (sign | 2^31),
+   one ternary-logic op), the NaN rows' keys 0 in the low column and all ones in the high */
+__attribute__((target("avx512f")))
+static void sw_obl_cols512(const sw_obl *o, const float *X, int64_t ldx, int32_t n,
+                           uint32_t *cols) {
+    const int32_t nf = o->n_features;
+    const __m512i top = _mm512_set1_epi32((int)0x80000000u);
+    const __m512i mag = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i ones = _mm512_set1_epi32(-1);
+    for (int32_t r0 = 0; r0 < SW_OBL_R; r0 += 16) {
+        const int32_t live_n = n - r0 >= 16 ? 16 : n - r0 > 0 ? n - r0 : 0;
+        const __mmask16 live = (__mmask16)((1u << live_n) - 1);
+        for (int32_t f0 = 0; f0 < nf; f0 += 16) {
+            const int32_t nk = nf - f0 < 16 ? nf - f0 : 16;
+            const __mmask16 fm = (__mmask16)((1u << nk) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < live_n
+                    ? _mm512_maskz_loadu_epi32(fm, X + (int64_t)(r0 + i) * ldx + f0)
+                    : _mm512_setzero_si512();
+            sw_obl_tr16(r);
+            for (int k = 0; k < nk; k++) {
+                const __m512i b = r[k];
+                const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, mag), inf);
+                const __m512i key = _mm512_ternarylogic_epi32(b, _mm512_srai_epi32(b, 31), top,
+                                                              0x1E);
+                uint32_t *lo = cols + (int64_t)2 * (f0 + k) * SW_OBL_R + r0;
+                _mm512_storeu_si512(lo, _mm512_maskz_mov_epi32(live & ~nan, key));
+                _mm512_storeu_si512(lo + SW_OBL_R, _mm512_mask_mov_epi32(
+                    _mm512_maskz_mov_epi32(live, key), live & nan, ones));
+            }
+        }
+    }
+    sw_obl_derived(o, X, ldx, n, cols);
+}
+#endif
+
+/* the block's columns (sw_obl_cols_row), with AVX-512 where the kernel runs on it */
+static inline void sw_obl_cols(const sw_obl *o, const float *X, int64_t ldx, int32_t n,
+                               uint32_t *cols) {
+#ifdef SW_OBL_X86
+    if (o->simd == SW_OBL_AVX512) {
+        sw_obl_cols512(o, X, ldx, n, cols);
+        return;
+    }
+#endif
+    sw_obl_cols_row(o, X, ldx, n, cols);
 }
 
 /* leaf positions of the block's first n rows in trees t0 .. t1 - 1:
@@ -186,15 +271,17 @@ SW_OBL_AVX512_D(4, sw_obl_sum512_d4)
    bits move unchanged, and each row's sum stays in tree order: the walks' scores to the bit.
 
    Depth 6: levels 1-5 are the permute's index (5 bits, 32 words a pair of registers), level
-   0's compare picks the pair (a blend). Depth 1-5: every level is in the index, one pair,
-   words past the tree's 2^D leaves are zero and never picked. V vectors of 16 rows (1 or 4);
+   0's compare picks the pair (a blend). Depth 5: every level is in the index, one pair of
+   registers (W = 32 words a half); depth 1-4: one register (W = 16, a one-register permute).
+   Words past the tree's 2^D leaves are zero and never picked. V vectors of 16 rows (1 or 4);
    the unpacks leave rows 16v + {0,1,4,5,8,9,12,13} in a[2v] and {2,3,6,7,10,11,14,15} in
    a[2v + 1], put in that order on load and back on store. */
 #define SW_OBL_AVX512_H(V, NAME)                                                            \
 __attribute__((target("avx512f")))                                                          \
-static void NAME(const sw_obl *o, const uint32_t *cols, double *acc) {                      \
-    const int32_t D = o->depth, top = D == 6;                                               \
-    const int64_t W = top ? 64 : 32;                                                        \
+static void NAME(const sw_obl *o, const uint32_t *cols, const uint32_t *halves,           \
+                 double *acc) {                                                             \
+    const int32_t D = o->depth, top = D == 6, one = D <= 4;                                 \
+    const int64_t W = top ? 64 : D == 5 ? 32 : 16;                                          \
     const __m512i g0 = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);                          \
     const __m512i g1 = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);                        \
     __m512d a[2 * V];                                                                       \
@@ -226,9 +313,20 @@ static void NAME(const sw_obl *o, const uint32_t *cols, double *acc) {          
                 p[v] = _mm512_mask_or_epi32(p[v], m, p[v], bit);                            \
             }                                                                               \
         }                                                                                   \
-        const uint32_t *h = o->halves + t * 2 * W;                                          \
-        const __m512i L0 = _mm512_loadu_si512(h), L1 = _mm512_loadu_si512(h + 16);         \
-        const __m512i H0 = _mm512_loadu_si512(h + W), H1 = _mm512_loadu_si512(h + W + 16);  \
+        const uint32_t *h = halves + t * 2 * W;                                             \
+        const __m512i L0 = _mm512_loadu_si512(h), H0 = _mm512_loadu_si512(h + W);          \
+        if (one) {                                                                          \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                           \
+                const __m512i lo = _mm512_permutexvar_epi32(p[v], L0);                      \
+                const __m512i hi = _mm512_permutexvar_epi32(p[v], H0);                      \
+                a[2 * v] = _mm512_add_pd(a[2 * v],                                          \
+                                         _mm512_castsi512_pd(_mm512_unpacklo_epi32(lo, hi)));\
+                a[2 * v + 1] = _mm512_add_pd(a[2 * v + 1],                                  \
+                                             _mm512_castsi512_pd(_mm512_unpackhi_epi32(lo, hi)));\
+            }                                                                               \
+            continue;                                                                       \
+        }                                                                                   \
+        const __m512i L1 = _mm512_loadu_si512(h + 16), H1 = _mm512_loadu_si512(h + W + 16); \
         if (top) {                                                                          \
             const __m512i L2 = _mm512_loadu_si512(h + 32), L3 = _mm512_loadu_si512(h + 48);   \
             const __m512i H2 = _mm512_loadu_si512(h + 96), H3 = _mm512_loadu_si512(h + 112);  \
@@ -349,9 +447,11 @@ static inline void sw_obl_sum_d(const sw_obl *o, const uint32_t *cols, int32_t n
                                 const double *leaves, double *acc) {
 #ifdef SW_OBL_X86
     if (o->simd == SW_OBL_AVX512) {
-        if (o->halves != NULL && o->depth <= 6) {
-            if (n > 16) sw_obl_sum512_h4(o, cols, acc);
-            else sw_obl_sum512_h1(o, cols, acc);
+        /* read once: Forest.oblivious_halves may switch it while another thread scores */
+        const uint32_t *halves = __atomic_load_n(&o->halves, __ATOMIC_RELAXED);
+        if (halves != NULL && o->depth <= 6) {
+            if (n > 16) sw_obl_sum512_h4(o, cols, halves, acc);
+            else sw_obl_sum512_h1(o, cols, halves, acc);
         }
         else if (n > 16) sw_obl_sum512_d4(o, cols, leaves, acc);
         else sw_obl_sum512_d1(o, cols, leaves, acc);

@@ -227,13 +227,13 @@ def test_a_wide_model_takes_the_columns_from_the_heap_and_matches_catboost():
 
 
 def test_leaf_halves_past_their_bound_are_not_built_and_the_leaves_are_gathered():
-    """The halves tables (oblivious.h sw_obl_sum512_h) take 64 words a tree below depth 6
-    (128 at depth 6): past 64 MB of them the kernel gathers the leaves instead. Stumps of
-    float64 leaves: 262,144 trees are 67,108,864 bytes of halves (built), one tree more is
+    """The halves tables (oblivious.h sw_obl_sum512_h) take 32 words a tree to depth 4 (64 at
+    depth 5, 128 at 6): past 64 MB of them the kernel gathers the leaves instead. Stumps of
+    float64 leaves: 524,288 trees are 67,108,864 bytes of halves (built), one tree more is
     past the bound; either way the scores equal the walks' on the same arrays, bit for bit."""
     from worker import _kernels
 
-    last = (64 << 20) // (64 * 4)
+    last = (64 << 20) // (32 * 4)
     rng = np.random.default_rng(0)
     T = last + 1
     thr = rng.normal(size=T).astype(np.float32)
@@ -254,3 +254,81 @@ def test_leaf_halves_past_their_bound_are_not_built_and_the_leaves_are_gathered(
         assert f.oblivious_halves() is (built and f.oblivious_simd() == "avx512"), k
         walks = _kernels.Forest(first(k), "padded", 1, 5, 1, 1.0, "walk", "sum")
         np.testing.assert_array_equal(f.raw(X, 1), walks.raw(X, 1), err_msg=str(k))
+
+
+def test_halves_report_what_is_in_force_and_a_failed_rebuild_keeps_the_tables(cb_models):
+    """oblivious_halves() says what scores: not the halves while the kernel runs AVX2 or
+    portable C (they gather); a rebuild of the tables that fails part way (here: the halves
+    refused) leaves the tables in force as they were (before: the old arrays freed under the
+    kernel, a use after free), and the scores unchanged."""
+    from worker import _kernels
+
+    model = cb_models["d6-nan-min"]
+    m = chosen(worker.model.compile.to_ir(model), "padded", "oblivious")
+    f = m.forest
+    X = _rows(200, _catboost_borders(model), seed=11)
+    want = np.asarray(model.predict(X, prediction_type="RawFormulaVal"),
+                      dtype=np.float64).reshape(-1, 1)
+    if f.oblivious_simd() == "avx512":
+        assert f.oblivious_halves() is True
+        f.oblivious_simd("avx2")
+        assert f.oblivious_halves() is False
+        np.testing.assert_array_equal(m.raw(X), want)
+        f.oblivious_simd("avx512")
+        assert f.oblivious_halves() is True
+    else:
+        assert f.oblivious_halves() is False
+
+    class Failing(_kernels.Forest):
+        fail = False
+
+        def _obl_halves(self):
+            if self.fail:
+                raise MemoryError("no memory for the halves (the test's)")
+            return super()._obl_halves()
+
+    g = Failing(dict(f.arrays), "padded", m.depth, m.n_features, 1, float(m.divisor),
+                "oblivious", "sum")
+    cols = _kernels.Columns.from_numpy(X)
+    np.testing.assert_array_equal(g.raw(cols, 1), want)
+    g.fail = True
+    for _ in range(3):
+        with pytest.raises(MemoryError):
+            g._oblivious()
+        assert g.kernel == "oblivious"
+        np.testing.assert_array_equal(g.raw(cols, 1), want)
+    g.fail = False
+    g._oblivious()  # built again: the first tables freed, the new ones in force
+    np.testing.assert_array_equal(g.raw(cols, 1), want)
+
+
+def test_a_forest_whose_init_failed_scores_nothing():
+    """A second __init__ refused by name changes nothing; one that fails after the arrays are
+    replaced (a node array of the wrong size) leaves a Forest that refuses to score, where it
+    read a half-made view (before: SIGSEGV in the walks, a null store in small())."""
+    from worker import _kernels
+
+    T = 50
+    rng = np.random.default_rng(1)
+    arrays = {"pnodes": np.stack([rng.integers(0, 10, T).astype(np.uint32),
+                                  rng.normal(size=T).astype(np.float32).view(np.uint32)], 1),
+              "leaves": rng.normal(size=(2 * T, 1)),
+              "tree_group": np.zeros(T, dtype=np.int32),
+              "base": np.zeros(1)}
+    f = _kernels.Forest(arrays, "padded", 1, 5, 1, 1.0, "oblivious", "sum")
+    X = M.hostile_rows(20, arrays["pnodes"][:, 1].view(np.float32), seed=2)[:, :5].copy()
+    cols = _kernels.Columns.from_numpy(X)
+    want = f.raw(cols, 1)
+    with pytest.raises(ValueError, match="unknown layout"):
+        f.__init__(arrays, "nonsense", 1, 5, 1, 1.0, "oblivious", "sum")
+    np.testing.assert_array_equal(f.raw(cols, 1), want)
+    bad = dict(arrays, pnodes=arrays["pnodes"][:-1])
+    with pytest.raises(ValueError, match="does not match"):
+        f.__init__(bad, "padded", 1, 5, 1, 1.0, "oblivious", "sum")
+    assert f.ready is False
+    with pytest.raises(ValueError, match="__init__ failed"):
+        f.raw(cols, 1)
+    with pytest.raises(ValueError, match="__init__ failed"):
+        f.small(X[:1], 0)
+    f.__init__(arrays, "padded", 1, 5, 1, 1.0, "oblivious", "sum")
+    np.testing.assert_array_equal(f.raw(cols, 1), want)

@@ -21,7 +21,9 @@ cdef class Columns:
 
 
 cdef class Forest:
-    """Packed model arrays and the view the kernels read. The arrays are owned here."""
+    """Packed model arrays and the view the kernels read. The arrays are owned here, and must
+    not change after __init__: the kernels' tables (QuickScorer's, the oblivious kernel's
+    halves, the lanes kernel's) are made from them once."""
     cdef ModelView view            # borrowed pointers into `arrays`
     cdef readonly dict arrays
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
@@ -50,6 +52,8 @@ cdef class Forest:
     cdef float* scratch_x          # small(): staged float32 rows (BLOCK_ROWS x n_features)
     cdef double* scratch_acc       # small(): accumulators (either precision fits)
     cdef double* scratch_raw       # small(): raw scores
+    cdef readonly bint ready       # __init__ finished: a Forest whose __init__ raised scores
+                                   # nothing (its view may be half made)
 
 
 # trees t0..t1 over a block of staged rows (bodies and docstrings in kernels.pyx)
