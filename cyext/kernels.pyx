@@ -651,7 +651,7 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
     for r in range(SW_OBL_R):
         blk[r] = 0
     cdef const char* nxt
-    cdef const char* lim
+    cdef int64_t ahead, off
     r0 = 0
     while r0 < n:
         k = min(<int32_t>SW_OBL_R, n - r0)
@@ -659,10 +659,11 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
         # the next block's rows asked for now, read while this block's trees are scored: the
         # staging otherwise waits on memory for them (rows come from a large array once)
         nxt = <const char*>(X + <int64_t>(r0 + k) * nf)
-        lim = <const char*>(X + <int64_t>min(n, r0 + k + <int32_t>SW_OBL_R) * nf)
-        while nxt < lim:
-            sw_prefetch_l2(nxt)
-            nxt += 64
+        ahead = (min(<int64_t>n, <int64_t>r0 + k + SW_OBL_R) - r0 - k) * nf * <int64_t>sizeof(float)
+        off = 0
+        while off < ahead:  # within the rows: nxt + off never passes their end
+            sw_prefetch_l2(nxt + off)
+            off += 64
         if one:
             for r in range(k):
                 blk[r] = acc[r0 + r]
@@ -1059,24 +1060,27 @@ cdef class Forest:
         self.lanes_arrays = {}
         self.kernel = "walk"
         self.kernel_reason = ""
+        self.scratch_x = <float*>malloc(BLOCK_ROWS * max(n_features, 1) * sizeof(float))
+        self.scratch_acc = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
+        self.scratch_raw = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
+        if self.scratch_x == NULL or self.scratch_acc == NULL or self.scratch_raw == NULL:
+            raise MemoryError()
+        # the view is whole and the walks can score it: a kernel's tables refused below leave
+        # the walks in force
+        self.ready = True
         if kernel == "oblivious":
             self._oblivious()
         elif kernel == "lanes":
             self._lanes()
         elif kernel != "walk":
             self._quickscorer(kernel == "quickscorer")
-        self.scratch_x = <float*>malloc(BLOCK_ROWS * max(n_features, 1) * sizeof(float))
-        self.scratch_acc = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
-        self.scratch_raw = <double*>malloc(BLOCK_ROWS * n_outputs * sizeof(double))
-        if self.scratch_x == NULL or self.scratch_acc == NULL or self.scratch_raw == NULL:
-            raise MemoryError()
-        self.ready = True
 
     def _oblivious(self):
         """The oblivious kernel's tables (oblivious.h), for a padded model whose every tree
         asks one question per level: the same feature, missing-value side and threshold, or
         the same special split (its entry's words), at every node of the level; otherwise
         ValueError saying why."""
+        self._need_ready()
         from worker.model.ir import entry_size
 
         cdef sw_obl* o
@@ -1213,6 +1217,7 @@ cdef class Forest:
         """The lanes kernel's tables (lanes.h), for a padded model of depth 1..5 without
         special nodes whose every tree adds one value to one score; otherwise ValueError
         saying why."""
+        self._need_ready()
         cdef sw_lanes* L
         cdef const uint32_t[:, ::1] cv
         cdef const uint32_t[:, ::1] tv
@@ -1277,6 +1282,10 @@ cdef class Forest:
         self.view.lanes = L  # (built where the Forest is made, before any thread scores)
         self.kernel = "lanes"
 
+    def _need_ready(self):
+        if not self.ready:
+            raise ValueError("this Forest's __init__ failed: it scores nothing")
+
     def lanes(self, object on=None):
         """The lanes kernel on (True) or off (False: the walks score), for tests and A/B runs;
         what is in force. False without its tables."""
@@ -1303,6 +1312,7 @@ cdef class Forest:
     def _quickscorer(self, bint forced):
         """QuickScorer tables (worker/model/quickscorer.py) for a compact model whose trees
         have at most 64 leaves; otherwise the walks (forced: ValueError saying why)."""
+        self._need_ready()
         from worker.model import quickscorer
 
         cdef sw_qs* q
@@ -1357,6 +1367,7 @@ cdef class Forest:
         walks on this machine (both are exact: the choice changes speed only). Probe rows
         take values on and next to the model's own thresholds, 5% missing, random staged
         categories. Timings (us per row, median of 5, alternated) go to kernel_timings."""
+        self._need_ready()
         import time
 
         cdef int32_t nf = self.view.n_features, n = BLOCK_ROWS

@@ -330,5 +330,9 @@ def test_a_forest_whose_init_failed_scores_nothing():
         f.raw(cols, 1)
     with pytest.raises(ValueError, match="__init__ failed"):
         f.small(X[:1], 0)
+    for build in (f._oblivious, f._lanes, lambda: f._quickscorer(False),
+                  lambda: f._choose({})):  # nothing builds on, or times, a half-made view
+        with pytest.raises(ValueError, match="__init__ failed"):
+            build()
     f.__init__(arrays, "padded", 1, 5, 1, 1.0, "oblivious", "sum")
     np.testing.assert_array_equal(f.raw(cols, 1), want)
