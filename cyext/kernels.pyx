@@ -1080,7 +1080,7 @@ cdef class Forest:
         asks one question per level: the same feature, missing-value side and threshold, or
         the same special split (its entry's words), at every node of the level; otherwise
         ValueError saying why."""
-        self._need_ready()
+        self.need_ready()
         from worker.model.ir import entry_size
 
         cdef sw_obl* o
@@ -1217,7 +1217,7 @@ cdef class Forest:
         """The lanes kernel's tables (lanes.h), for a padded model of depth 1..5 without
         special nodes whose every tree adds one value to one score; otherwise ValueError
         saying why."""
-        self._need_ready()
+        self.need_ready()
         cdef sw_lanes* L
         cdef const uint32_t[:, ::1] cv
         cdef const uint32_t[:, ::1] tv
@@ -1282,9 +1282,11 @@ cdef class Forest:
         self.view.lanes = L  # (built where the Forest is made, before any thread scores)
         self.kernel = "lanes"
 
-    def _need_ready(self):
+    cdef int need_ready(self) except -1:
+        """ValueError unless __init__ finished (a half-made view scores nothing)."""
         if not self.ready:
             raise ValueError("this Forest's __init__ failed: it scores nothing")
+        return 0
 
     def lanes(self, object on=None):
         """The lanes kernel on (True) or off (False: the walks score), for tests and A/B runs;
@@ -1312,7 +1314,7 @@ cdef class Forest:
     def _quickscorer(self, bint forced):
         """QuickScorer tables (worker/model/quickscorer.py) for a compact model whose trees
         have at most 64 leaves; otherwise the walks (forced: ValueError saying why)."""
-        self._need_ready()
+        self.need_ready()
         from worker.model import quickscorer
 
         cdef sw_qs* q
@@ -1367,7 +1369,7 @@ cdef class Forest:
         walks on this machine (both are exact: the choice changes speed only). Probe rows
         take values on and next to the model's own thresholds, 5% missing, random staged
         categories. Timings (us per row, median of 5, alternated) go to kernel_timings."""
-        self._need_ready()
+        self.need_ready()
         import time
 
         cdef int32_t nf = self.view.n_features, n = BLOCK_ROWS
@@ -1594,8 +1596,7 @@ cdef class Forest:
         cdef int64_t n = cols.n_rows
         cdef int rc
         cdef double[:, ::1] res
-        if not self.ready:
-            raise ValueError("this Forest's __init__ failed: it scores nothing")
+        self.need_ready()
         if cols.n_features != self.view.n_features:
             raise ValueError(f"X has {cols.n_features} features, the model expects "
                              f"{self.view.n_features}")
@@ -1627,8 +1628,7 @@ cdef class Forest:
         cdef int typ
         cdef cnp.npy_intp dims[2]
         cdef cnp.ndarray a, out
-        if not self.ready:
-            raise ValueError("this Forest's __init__ failed: it scores nothing")
+        self.need_ready()
         if type(X) is not cnp.ndarray:  # numpy rows only (a subclass: the general path)
             return None
         # numpy's own fields, read directly (the buffer protocol took ~0.1 us of a one-row

@@ -541,8 +541,7 @@ def lazy_score(Forest f, Columns cols, KernelConfig cfg, int n_threads=1):
     cdef LazyCfg c
     cdef int64_t n = cols.n_rows
     cdef int32_t G = f.view.n_outputs
-    if not f.ready:
-        raise ValueError("this Forest's __init__ failed: it scores nothing")
+    f.need_ready()
     cdef const int64_t[::1] unit_ptr = cfg.unit_ptr
     cdef const double[:, ::1] smin = cfg.smin
     cdef const double[:, ::1] smax = cfg.smax

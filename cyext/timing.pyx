@@ -19,8 +19,7 @@ def bench_row_latency(Forest f, const float[:, ::1] rows, int64_t n_calls):
     cdef float acc32[64]
     cdef double acc64[64]
     cdef double sink = 0.0
-    if not f.ready:
-        raise ValueError("this Forest's __init__ failed: it scores nothing")
+    f.need_ready()
     if rows.shape[1] != f.view.n_features or nr == 0 or f.view.n_outputs > 64:
         raise ValueError("rows must be (n >= 1, n_features) float32 and the model small")
     if f.view.n_cat_feat:

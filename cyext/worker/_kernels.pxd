@@ -55,6 +55,8 @@ cdef class Forest:
     cdef readonly bint ready       # __init__ finished: a Forest whose __init__ raised scores
                                    # nothing (its view may be half made)
 
+    cdef int need_ready(self) except -1  # ValueError unless ready (every scoring entry)
+
 
 # trees t0..t1 over a block of staged rows (bodies and docstrings in kernels.pyx)
 cdef int32_t plan_rows(const ModelView* m, const float* X, int64_t ldx, int32_t n, float* xx,
