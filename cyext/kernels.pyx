@@ -100,6 +100,20 @@ cdef extern from "lanes.h":
                       void* acc) noexcept nogil
     enum: SW_LANES, SW_LANES_MAXD, SW_LANES_MAXF
 
+cdef extern from "masks.h":
+    ctypedef struct sw_masks:
+        const void* ent
+        const int64_t* off
+        const void* leaf
+        int64_t n_trees
+        int64_t n_ent
+        int32_t n_features
+        int32_t f64
+    int sw_masks_cpu() noexcept nogil
+    int sw_masks_rows(const sw_masks* M, const float* x, int64_t ldx, int64_t n,
+                      void* acc) noexcept nogil
+    enum: SW_MASKS, SW_MASKS_MAXF, SW_MASKS_LEAVES
+
 cdef extern from "probit.h":
     float sw_ort_probit(float val) noexcept nogil
 
@@ -131,6 +145,15 @@ cdef enum:
                               # the walks take for 6 to 7 rows (model A: 6 rows 4.76 us a
                               # call walked, 4.90 in lanes; 7 rows 5.24 and 4.99;
                               # bench/lanes_micro.py)
+    MASKS_MAX_TABLE_BYTES = 64 << 20  # the leaf-mask kernel's tables (an entry of 16 bytes a
+                              # split and word, 64 leaves a tree): past this the walks score
+    MASKS_MIN_COMPACT = 4     # the leaf-mask kernel (masks.h) takes calls of 4 rows or more
+    MASKS_MIN_PADDED = 13     # (compact) or 13 (padded): a block of 16 lanes costs what the
+                              # walks take for 3 to 4 rows of the LightGBM export (500 trees x
+                              # 63 leaves: 4 rows 32.7 us a call walked, 24.4 in the kernel)
+                              # and for 12 to 13 rows of XGBoost's padded 300 x depth 6 (12
+                              # rows 11.6 and 12.7, 16 rows 14.8 and 13.0;
+                              # bench/masks_micro.py)
 
 cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to one of these)
     LINK_NONE = -1        # raw scores, (n, n_outputs)
@@ -705,8 +728,9 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
             acc[r * G + g] = base[g] if m.agg == AGG_SUM else start
     cdef int32_t r0, k
     cdef bint simd = False
-    # read once: Forest.lanes may switch it while another thread scores
+    # read once: Forest.lanes and Forest.masks may switch them while another thread scores
     cdef const sw_lanes* lanes = <const sw_lanes*>m.lanes
+    cdef const sw_masks* masks = <const sw_masks*>m.masks
     if m.qs != NULL:  # QuickScorer (qs.h): every tree of a row at once, leaves in tree order
         simd = n > 1 and (<const sw_qs*>m.qs).simd
         k = SW_QS_R if simd else 1
@@ -732,6 +756,10 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         elif k < n:
             eval_trees(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, 0,
                        m.n_trees, acc + <int64_t>k * G)
+    elif masks != NULL and n >= (MASKS_MIN_PADDED if m.pnodes != NULL else MASKS_MIN_COMPACT) \
+            and sw_masks_rows(masks, X, m.n_features, n, acc) == 0:
+        pass  # trees of at most 64 leaves, every split asked of 16 rows at once (masks.h);
+        # refused (no memory for the blocks), nothing is done and the walks below score
     elif mk != NULL and qslot != NULL:
         if simd:
             r0 = 0
@@ -913,13 +941,14 @@ AGGREGATES = {"sum": AGG_SUM, "min": AGG_MIN, "max": AGG_MAX}  # Forest(aggregat
 cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here, and must
     not change after __init__: the kernels' tables (QuickScorer's, the oblivious kernel's
-    halves, the lanes kernel's) are made from them once."""
+    halves, the lanes and leaf-mask kernels') are made from them once."""
 
     def __cinit__(self):
         self.ready = False
         self.qs_tables = NULL
         self.obl_tables = NULL
         self.lanes_tables = NULL
+        self.masks_tables = NULL
         self.scratch_x = NULL
         self.scratch_acc = NULL
         self.scratch_raw = NULL
@@ -928,6 +957,7 @@ cdef class Forest:
         free(self.qs_tables)
         free(self.obl_tables)
         free(self.lanes_tables)
+        free(self.masks_tables)
         free(self.scratch_x)
         free(self.scratch_acc)
         free(self.scratch_raw)
@@ -940,9 +970,9 @@ cdef class Forest:
         # names first: a refusal here leaves an initialised Forest as it was
         if aggregate not in AGGREGATES:
             raise ValueError(f"unknown aggregate {aggregate!r} (sum, min, max)")
-        if kernel not in ("auto", "walk", "quickscorer", "oblivious", "lanes"):
+        if kernel not in ("auto", "walk", "quickscorer", "oblivious", "lanes", "masks"):
             raise ValueError(f"unknown kernel {kernel!r} (auto, walk, quickscorer, oblivious, "
-                             "lanes)")
+                             "lanes, masks)")
         if layout not in ("padded", "compact"):
             raise ValueError(f"unknown layout {layout!r}")
         # from here a failure leaves the Forest half made: it scores nothing until an
@@ -960,10 +990,12 @@ cdef class Forest:
         self.view.qs = NULL
         self.view.obl = NULL
         self.view.lanes = NULL
+        self.view.masks = NULL
         free(self.qs_tables)
         free(self.obl_tables)
         free(self.lanes_tables)
-        self.qs_tables = self.obl_tables = self.lanes_tables = NULL
+        free(self.masks_tables)
+        self.qs_tables = self.obl_tables = self.lanes_tables = self.masks_tables = NULL
         self.arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
         a = self.arrays
         self.divisor = divisor
@@ -1054,10 +1086,12 @@ cdef class Forest:
         self.view.qs = NULL
         self.view.obl = NULL
         self.view.lanes = NULL
+        self.view.masks = NULL
         self.kernel_timings = {}
         self.qs_arrays = {}
         self.obl_arrays = {}
         self.lanes_arrays = {}
+        self.masks_arrays = {}
         self.kernel = "walk"
         self.kernel_reason = ""
         self.scratch_x = <float*>malloc(BLOCK_ROWS * max(n_features, 1) * sizeof(float))
@@ -1072,6 +1106,8 @@ cdef class Forest:
             self._oblivious()
         elif kernel == "lanes":
             self._lanes()
+        elif kernel == "masks":
+            self._masks()
         elif kernel != "walk":
             self._quickscorer(kernel == "quickscorer")
 
@@ -1281,6 +1317,87 @@ cdef class Forest:
         L.f64 = 0 if self.float32_acc else 1
         self.view.lanes = L  # (built where the Forest is made, before any thread scores)
         self.kernel = "lanes"
+
+    def _masks(self):
+        """The leaf-mask kernel's tables (masks.h), for a model without special nodes whose
+        every tree has at most 64 leaves (padded: depth 1..6) and adds one value to one score;
+        otherwise ValueError saying why."""
+        self.need_ready()
+        from worker.model import quickscorer
+
+        cdef sw_masks* M
+        cdef const uint32_t[:, ::1] ev
+        cdef const int64_t[::1] ov
+        cdef int64_t T = self.view.n_trees
+        cdef int64_t nf = self.view.n_features
+        padded = self.view.pnodes != NULL
+        reason = ""
+        if (self.view.qnodes == NULL) if padded else (self.view.qcnodes == NULL):
+            reason = "special (categorical) splits: QuickScorer's tables take those"
+        elif not one_sum(&self.view):
+            reason = "trees adding to several scores, or not summed"
+        elif not 1 <= nf <= SW_MASKS_MAXF:
+            reason = f"{nf} features: the kernel takes 1 to {SW_MASKS_MAXF}"
+        elif not sw_masks_cpu():
+            reason = "this CPU has no AVX-512F and AVX-512CD"
+        else:
+            try:
+                if padded:
+                    keep, tree, mask, leaf_of = quickscorer.padded_splits(
+                        self.arrays["pnodes"], self.view.depth)
+                else:
+                    keep, tree, mask, leaf_of = quickscorer.compact_splits(
+                        self.arrays["cnodes"], self.arrays["root"])
+            except quickscorer.NotEligible as exc:
+                reason = str(exc)
+        leaf_bytes = self.arrays["leaves"].dtype.itemsize
+        if not reason:
+            n_bytes = 2 * 16 * len(tree) + T * (SW_MASKS_LEAVES * leaf_bytes + 16)
+            if n_bytes > MASKS_MAX_TABLE_BYTES:
+                reason = f"tables of up to {n_bytes:,} bytes, past the kernel's " \
+                    f"{MASKS_MAX_TABLE_BYTES:,}"
+        if reason:
+            self.kernel_reason = reason
+            raise ValueError(f"kernel masks: {reason}")
+        q = np.asarray(self.qnodes, dtype=np.uint32)
+        key = q[keep, 0].astype(np.int64)
+        # every column an entry reads lies in the block: 2 n_features columns of 16 keys
+        if len(key) and (key.min() < 0 or key.max() >= 2 * nf):
+            raise ValueError("kernel masks: a split reads beyond the block's columns")
+        if leaf_of.min() < 0 or leaf_of.max() >= self.arrays["leaves"].shape[0]:
+            raise ValueError("kernel masks: a leaf slot beyond the leaf array")
+        t = quickscorer.mask_tables(key.astype(np.uint32), q[keep, 1], tree, mask, leaf_of,
+                                    self.arrays["leaves"])
+        off = t["off"]
+        if off[0] != 0 or off[-1] != t["n_ent"] or (np.diff(off) < 0).any():
+            raise ValueError("kernel masks: the lists' offsets do not rise from 0 to the "
+                             "entries")
+        # built first, then swapped in: a failure above leaves the tables in force as they were
+        ev = t["ent"]
+        ov = off
+        M = <sw_masks*>malloc(sizeof(sw_masks))
+        if M == NULL:
+            raise MemoryError()
+        M.ent = <const void*>&ev[0, 0]
+        M.off = &ov[0]
+        M.leaf = <const void*><Py_ssize_t>t["leaf"].ctypes.data
+        M.n_trees = T
+        M.n_ent = t["n_ent"]
+        M.n_features = <int32_t>nf
+        M.f64 = 0 if self.float32_acc else 1
+        old = self.masks_tables
+        self.masks_arrays = t
+        self.masks_tables = M
+        self.view.masks = M
+        free(old)  # an earlier _masks()'s tables (not while another thread scores)
+        self.kernel = "masks"
+
+    def masks(self, object on=None):
+        """The leaf-mask kernel on (True) or off (False: the walks score), for tests and A/B
+        runs; what is in force. False without its tables."""
+        if on is not None and self.masks_tables != NULL:
+            self.view.masks = self.masks_tables if on else NULL
+        return self.view.masks != NULL
 
     cdef int need_ready(self) except -1:
         """ValueError unless __init__ finished (a half-made view scores nothing)."""

@@ -50,6 +50,7 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
     const void* qs            # QuickScorer tables (qs.h sw_qs), or NULL: the walks score
     const void* obl           # oblivious-tree tables (oblivious.h sw_obl), or NULL
     const void* lanes         # the lanes kernel's tables (lanes.h sw_lanes), or NULL
+    const void* masks         # the leaf-mask kernel's tables (masks.h sw_masks), or NULL
     int32_t trees_walk        # 1: deep-forest tasks walk 16 trees a row, not the rows walk
                               # (kernels.rows_walk; Forest.rows_walk, for tests and A/B runs)
     const int32_t* steps      # per tree: the untested steps of the rows walk without refills

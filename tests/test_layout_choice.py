@@ -26,11 +26,16 @@ def _header(data: bytes) -> dict:
 
 
 def _candidates(model) -> set[str]:
-    """What a compile of _xgb() times: the lanes kernel too where the CPU has AVX-512F."""
+    """What a compile of _xgb() times: the lanes kernel too where the CPU has AVX-512F, the
+    leaf-mask kernel under both layouts where it has AVX-512F and CD."""
     base = {"padded walk", "compact walk", "compact quickscorer"}
     refused = model.kernel_choice["not_candidates"].get("padded lanes")
     assert refused in (None, "this CPU has no AVX-512F")
-    return base | ({"padded lanes"} if refused is None else set())
+    masks = {f"{lay} masks" for lay in ("padded", "compact")}
+    no_masks = {model.kernel_choice["not_candidates"].get(m) for m in masks}
+    assert no_masks in ({None}, {"this CPU has no AVX-512F and AVX-512CD"})
+    return base | ({"padded lanes"} if refused is None else set()) | (
+        masks if no_masks == {None} else set())
 
 
 def _xgb():
@@ -64,13 +69,13 @@ def test_every_candidate_is_timed_and_the_choice_is_stored_and_taken_at_load(tmp
 
 
 @pytest.mark.parametrize("fastest", ["padded walk", "compact walk", "compact quickscorer",
-                                     "padded lanes"])
+                                     "padded lanes", "padded masks", "compact masks"])
 def test_the_measured_fastest_is_taken_when_clearly_faster(monkeypatch, fastest):
     """Timings decided by the test (the machine cannot be told to make a kernel slow): the
     candidate 30% faster is taken; one only 5% faster leaves the default."""
     want = _candidates(worker.compile_model(_xgb()))
     if fastest not in want:
-        pytest.skip("this CPU has no AVX-512F: the lanes kernel is not a candidate")
+        pytest.skip("this CPU has no AVX-512F (and CD): the kernel is not a candidate")
 
     def fake(models, X, **kw):
         assert set(models) == want
@@ -104,7 +109,7 @@ def test_forcing_both_skips_the_measurement_and_forcing_one_measures_the_other(m
     assert (forced.layout, forced.kernel) == ("compact", "quickscorer") and calls == []
     assert forced.kernel_choice["by"] == "forced" and forced.kernel_choice["us_per_row"] == {}
     worker.compile_model(_xgb(), layout="compact")
-    assert calls[-1] == {"compact walk", "compact quickscorer"}
+    assert calls[-1] - {"compact masks"} == {"compact walk", "compact quickscorer"}
     worker.compile_model(_xgb(), kernel="walk")
     assert calls[-1] == {"padded walk", "compact walk"}
     deep = M.sklearn_models()["rf-multi"]  # deeper than the padded layout's candidates

@@ -198,7 +198,8 @@ def _reason(exc: Exception) -> str:
 @click.option("--layout", type=click.Choice(["auto", "padded", "compact"]), default="auto",
               help="Node layout; auto times every layout the model allows on probe rows and "
                    "keeps the default unless another is 15% faster (stored in the artifact).")
-@click.option("--kernel", type=click.Choice(["auto", "walk", "quickscorer", "oblivious", "lanes"]),
+@click.option("--kernel", type=click.Choice(["auto", "walk", "quickscorer", "oblivious", "lanes",
+                                           "masks"]),
               default="auto",
               help="Full-evaluation kernel; auto: measured with the layout.")
 @click.option("--trust-pickle", is_flag=True,

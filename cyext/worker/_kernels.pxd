@@ -23,7 +23,7 @@ cdef class Columns:
 cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here, and must
     not change after __init__: the kernels' tables (QuickScorer's, the oblivious kernel's
-    halves, the lanes kernel's) are made from them once."""
+    halves, the lanes and leaf-mask kernels') are made from them once."""
     cdef ModelView view            # borrowed pointers into `arrays`
     cdef readonly dict arrays
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
@@ -39,7 +39,10 @@ cdef class Forest:
     cdef void* lanes_tables        # lanes.h sw_lanes over lanes_arrays (malloc'd), or NULL
     cdef dict lanes_arrays         # each tree's column offsets, threshold keys and leaves in
                                    # 32 entries ({} without); not visible from Python
-    cdef readonly str kernel       # "walk", "quickscorer", "oblivious" or "lanes"
+    cdef void* masks_tables        # masks.h sw_masks over masks_arrays (malloc'd), or NULL
+    cdef dict masks_arrays         # the splits' entries, each tree's list offsets and 64
+                                   # leaves ({} without); not visible from Python
+    cdef readonly str kernel       # "walk", "quickscorer", "oblivious", "lanes" or "masks"
     cdef readonly str kernel_reason  # why the other kernel was not taken
     cdef readonly dict kernel_timings  # auto: us per probe row of each candidate
     cdef readonly bint float32_acc  # leaves and base are float32 (XGBoost) or float64

@@ -265,7 +265,7 @@ def compile_model(source, layout: str = "auto", check: bool = True,
     float32 values, exact for inputs that are float32 values (onnx_loader._double_input).
 
     ``layout`` (auto, padded, compact) and ``kernel`` (auto, walk, quickscorer, oblivious,
-    lanes): "auto" times
+    lanes, masks): "auto" times
     every candidate the model allows on probe rows and keeps the fastest (worker/model/
     layout.py); the choice and the timings are stored in the artifact (``meta.layout_choice``,
     ``CompiledModel.kernel_choice``). Forcing both skips the measurement.
@@ -322,9 +322,9 @@ def reference_rows(reference):
     raise ValueError(f"reference {path}: a .parquet, .arrow or .csv file")
 
 
-# the full-evaluation kernels a compile times (walk.h, qs.h, oblivious.h, lanes.h), under each
-# layout
-KERNELS = ("walk", "quickscorer", "oblivious", "lanes")
+# the full-evaluation kernels a compile times (walk.h, qs.h, oblivious.h, lanes.h, masks.h),
+# under each layout
+KERNELS = ("walk", "quickscorer", "oblivious", "lanes", "masks")
 
 
 def chosen(ens: Ensemble, layout: str = "auto", kernel: str = "auto") -> CompiledModel:

@@ -97,10 +97,11 @@ class CompiledModel:
 
     @property
     def kernel(self) -> str:
-        """The full-evaluation kernel scoring this model: "quickscorer" (models whose trees
-        have at most 64 leaves), "oblivious" (padded models asking one question per level,
-        CatBoost's) or "walk", as measured fastest when compiled. All give the same scores
-        bit for bit."""
+        """The full-evaluation kernel scoring this model: "quickscorer" or "masks" (models
+        whose trees have at most 64 leaves; masks: one score summed, AVX-512F and CD),
+        "oblivious" (padded models asking one question per level, CatBoost's), "lanes"
+        (padded trees of depth 5 or less, AVX-512F) or "walk", as measured fastest when
+        compiled. All give the same scores bit for bit."""
         return self.forest.kernel
 
     @property

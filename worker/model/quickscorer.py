@@ -42,15 +42,25 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
           cat_feat: np.ndarray | None, cat_head: np.ndarray | None) -> dict[str, np.ndarray]:
     """The tables of walk.h sw_qs for a compact model, or NotEligible."""
     key = cnodes[:, 0].astype(np.int64)
+    special = ((key & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL)
+    staged = _staged(special, cats, cat_feat, cat_head, n_features, cnodes[special, 3])
+    inner, tree, mask, leaf_of = compact_splits(cnodes, root)
+    thr_key = _kernels.order_key_nodes(cnodes)[:, 1]
+    return _tables(key[inner], cnodes[inner, 1], thr_key[inner], special[inner], tree, mask,
+                   leaf_of, staged, cats, n_features)
+
+
+def compact_splits(cnodes: np.ndarray, root: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every split of a compact model whose trees have at most 64 leaves (else NotEligible):
+    its node, its tree, the mask that removes its left subtree's leaves (ranked left to
+    right); and each tree's leaf slots by rank (n_trees x 64, 0 past its leaves)."""
+    key = cnodes[:, 0].astype(np.int64)
     child = cnodes[:, 2].view(np.int32).astype(np.int64)
     leaf_slot = cnodes[:, 3].view(np.int32)
     is_leaf = (key & KEY_LEAF) != 0
-    special = ((key & (KEY_LEAF | KEY_SPECIAL)) == KEY_SPECIAL)
-    staged = _staged(special, cats, cat_feat, cat_head, n_features, cnodes[special, 3])
     n_trees = root.shape[0]
     leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
-    thr_key = _kernels.order_key_nodes(cnodes)[:, 1]
-    # every internal node: its tree and the mask that removes its left subtree's leaves
     inner, inner_tree, inner_mask = [], [], []
     for t in range(n_trees):
         order, stack = [], [int(root[t])]
@@ -80,27 +90,36 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
                 inner.append(n)
                 inner_tree.append(t)
                 inner_mask.append(ALL & ~(((1 << count[c]) - 1) << first[c]))
-    inner = np.asarray(inner, dtype=np.int64)
-    return _tables(cnodes[inner, 0].astype(np.int64), cnodes[inner, 1], thr_key[inner],
-                   special[inner], np.asarray(inner_tree, dtype=np.uint32),
-                   np.asarray(inner_mask, dtype=np.uint64), leaf_of, staged, cats, n_features)
+    return (np.asarray(inner, dtype=np.int64), np.asarray(inner_tree, dtype=np.uint32),
+            np.asarray(inner_mask, dtype=np.uint64), leaf_of)
 
 
 def build_padded(pnodes: np.ndarray, depth: int, n_features: int, cats: np.ndarray | None,
                  cat_feat: np.ndarray | None, cat_head: np.ndarray | None
                  ) -> dict[str, np.ndarray]:
-    """The tables for a padded model (full trees of ``depth`` levels, heap order): leaf
-    ranks are the last level's positions, a node's left subtree the ranks below its left
-    child. Nodes that send nothing right (threshold +inf, missing left: the pass-through
-    nodes of shallower leaves) are left out."""
+    """The tables for a padded model (full trees of ``depth`` levels, heap order)."""
+    key = pnodes[:, 0].astype(np.int64)
+    special = (key & KEY_SPECIAL) != 0
+    keep, tree, mask, leaf_of = padded_splits(pnodes, depth)
+    staged = _staged(special, cats, cat_feat, cat_head, n_features,
+                     cats[pnodes[special, 1].astype(np.int64)] if special.any() else None)
+    thr_key = _kernels.order_key_nodes(pnodes)[:, 1]
+    return _tables(key[keep], pnodes[keep, 1], thr_key[keep], special[keep], tree, mask,
+                   leaf_of, staged, cats, n_features)
+
+
+def padded_splits(pnodes: np.ndarray, depth: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """compact_splits for a padded model of depth 1..6 (else NotEligible): leaf ranks are the
+    last level's positions, a node's left subtree the ranks below its left child. Nodes that
+    send nothing right (threshold +inf, missing left: the pass-through nodes of shallower
+    leaves) are left out; the nodes are given as a mask over pnodes."""
     if not 1 <= depth <= 6:
         raise NotEligible(f"padded depth {depth} (at most 64 leaves: depth 1..6)")
     ni = (1 << depth) - 1
     n_trees = pnodes.shape[0] // ni
     key = pnodes[:, 0].astype(np.int64)
     special = (key & KEY_SPECIAL) != 0
-    staged = _staged(special, cats, cat_feat, cat_head, n_features,
-                     cats[pnodes[special, 1].astype(np.int64)] if special.any() else None)
     p = np.arange(n_trees * ni, dtype=np.int64) % ni          # heap index within the tree
     level = np.floor(np.log2(p + 1)).astype(np.int64)
     span = np.left_shift(1, depth - level - 1)                  # leaves under either child
@@ -113,9 +132,7 @@ def build_padded(pnodes: np.ndarray, depth: int, n_features: int, cats: np.ndarr
     leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
     leaf_of[:, :1 << depth] = (np.arange(n_trees, dtype=np.int64)[:, None] << depth) \
         + np.arange(1 << depth)
-    thr_key = _kernels.order_key_nodes(pnodes)[:, 1]
-    return _tables(key[keep], pnodes[keep, 1], thr_key[keep], special[keep], tree[keep],
-                   mask[keep], leaf_of, staged, cats, n_features)
+    return keep, tree[keep], mask[keep], leaf_of
 
 
 def _staged(special, cats, cat_feat, cat_head, n_features, heads) -> np.ndarray:
@@ -191,3 +208,30 @@ def _table(which: np.ndarray, thr, tree: np.ndarray, mask: np.ndarray,
     np.cumsum(np.bincount(np.asarray(which, dtype=np.int64), minlength=n_lists)[:n_lists],
               out=off[1:])
     return arr, off
+
+
+def mask_tables(key: np.ndarray, thr_key: np.ndarray, tree: np.ndarray, mask: np.ndarray,
+                leaf_of: np.ndarray, leaves: np.ndarray) -> dict[str, np.ndarray]:
+    """The leaf-mask kernel's tables (cyext/masks.h) from every split of a model without
+    special splits (its doubled column key, threshold key, tree and 64-bit mask, as
+    compact_splits and padded_splits give them) and each tree's leaf slots by rank: an entry
+    (column offset key * 16, threshold key, 32-bit mask, 0) for each word of its mask that
+    removes a leaf, tree by tree, the low words' entries before the high words'; the offsets
+    of each tree's two lists (2 n_trees + 1); each tree's 64 leaf values by rank (one value a
+    leaf: leaves[:, 0])."""
+    n_trees = leaf_of.shape[0]
+    words = [(mask & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+             (mask >> np.uint64(32)).astype(np.uint32)]
+    used = [w != np.uint32(0xFFFFFFFF) for w in words]  # words that remove no leaf: no entry
+    e_tree = np.concatenate([tree[u].astype(np.int64) for u in used])
+    e_word = np.concatenate([np.full(int(u.sum()), h, dtype=np.int64)
+                             for h, u in enumerate(used)])
+    order = np.lexsort((e_word, e_tree))  # by tree, then word; stable within
+    ent = np.zeros((max(len(order), 1), 4), dtype=np.uint32)  # never empty: a pointer
+    ent[:len(order), 0] = np.concatenate([key[u] for u in used])[order] * 16
+    ent[:len(order), 1] = np.concatenate([thr_key[u] for u in used])[order]
+    ent[:len(order), 2] = np.concatenate([w[u] for w, u in zip(words, used, strict=True)])[order]
+    off = np.zeros(2 * n_trees + 1, dtype=np.int64)
+    np.cumsum(np.bincount(2 * e_tree + e_word, minlength=2 * n_trees), out=off[1:])
+    leaf = np.ascontiguousarray(leaves[leaf_of.reshape(-1), 0].reshape(n_trees, MAX_LEAVES))
+    return {"ent": ent, "off": off, "leaf": leaf, "n_ent": len(order)}

@@ -59,9 +59,9 @@ def _layout_choice(c, layout: str) -> None:
     if c.get("layout") != layout:
         _fail("meta.layout_choice.layout", f"{c.get('layout')!r}, the model's layout is "
               f"{layout!r}")
-    if c.get("kernel") not in ("walk", "quickscorer", "oblivious", "lanes"):
+    if c.get("kernel") not in ("walk", "quickscorer", "oblivious", "lanes", "masks"):
         _fail("meta.layout_choice.kernel", f"{c.get('kernel')!r}, expected walk, quickscorer, "
-              "oblivious or lanes")
+              "oblivious, lanes or masks")
     for key in ("us_per_row", "not_candidates"):
         v = c.get(key, {})
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
