@@ -1,9 +1,9 @@
 """The leaf-mask kernel (cyext/masks.h) against the kernel each model had before it, one
 thread, by rows a call: where a block of 16 rows starts to pay (kernels.pyx MASKS_MIN_COMPACT
-and MASKS_MIN_PADDED), and what it gives on a large batch. Against it, in one process, the same model compiled with the
-kernel it took before (the walks, so the partition walk on the LightGBM models; the lanes
-kernel on A), the two alternated call by call; microseconds a call, median of ROUNDS (9 for
-the 50,000 rows).
+and MASKS_MIN_PADDED), and what it gives on a large batch. Against it, in one process, the
+same model compiled with the kernel it took before (the walks, so the partition walk on the
+LightGBM models; the lanes kernel on A), the two alternated call by call; microseconds a call,
+median of ROUNDS (9 for the 50,000 rows).
 
 Models: L, the LightGBM 500 trees x 63 leaves of bench/onnx_speed.py exported to ONNX (float32
 sums) and L64, the same booster native (float64 sums); A, bench/models.py's XGBoost 200 trees x

@@ -1332,7 +1332,9 @@ cdef class Forest:
         cdef int64_t nf = self.view.n_features
         padded = self.view.pnodes != NULL
         reason = ""
-        if (self.view.qnodes == NULL) if padded else (self.view.qcnodes == NULL):
+        if padded and not 1 <= self.view.depth <= 6:
+            reason = f"padded depth {self.view.depth} (at most 64 leaves: depth 1..6)"
+        elif (self.view.qnodes == NULL) if padded else (self.view.qcnodes == NULL):
             reason = "special (categorical) splits: QuickScorer's tables take those"
         elif not one_sum(&self.view):
             reason = "trees adding to several scores, or not summed"

@@ -251,3 +251,40 @@ def test_what_the_kernel_cannot_take_is_refused_by_name():
                    num_boost_round=5)
     with pytest.raises(ValueError, match="special \\(categorical\\) splits|AVX-512"):
         chosen(to_ir(cb), "compact", "masks")
+
+
+def test_an_artifact_sharing_nodes_between_parents_is_walked_not_masked(tmp_path):
+    """A compact artifact may give two parents the same children (the structure check allows
+    it: the walks read a shared node once per path). A leaf's rank is then one path's, so
+    the leaf-mask kernel and QuickScorer would score the other path's rows to the wrong leaf
+    (the hostile review's finding): both refuse such a tree, and an artifact that stores
+    either kernel loads with the walks and scores as they do."""
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    from worker.model import artifact
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 2)).astype(np.float32)
+    est = GradientBoostingRegressor(n_estimators=1, max_depth=2, learning_rate=1.0).fit(
+        X, (X[:, 0] > 0) * 1.0 + (X[:, 1] > 0) * 2.0)
+    kernel = "masks" if _cpu_has_it() else "quickscorer"
+    model = worker.compile_model(est, layout="compact", kernel=kernel)
+    model.save(tmp_path / "m.model")
+    meta, arrays, _ = artifact.load(tmp_path / "m.model")
+    arrays = dict(arrays)
+    c = arrays["cnodes"].copy()
+    assert c[1, 2] == 3 and c[2, 2] == 5  # the root's children 1 and 2, theirs 3-4 and 5-6
+    c[2, 2] = 3  # node 2 takes node 1's children
+    arrays["cnodes"] = c
+    (tmp_path / "dag.model").write_bytes(artifact.dumps(meta, arrays))
+    walks = worker.load_model(tmp_path / "dag.model", kernel="walk")
+    rows = np.array([[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0], [-1.0, -1.0]] * 8, np.float32)
+    want = walks.raw(rows)
+    for k in ("auto", "masks", "quickscorer"):
+        if k == "auto":
+            loaded = worker.load_model(tmp_path / "dag.model")
+            assert loaded.kernel == "walk" and "two paths" in loaded.kernel_choice["reason"]
+            np.testing.assert_array_equal(loaded.raw(rows), want)
+        else:
+            with pytest.raises(ValueError, match="two paths|AVX-512"):
+                worker.load_model(tmp_path / "dag.model", kernel=k)

@@ -52,9 +52,11 @@ def build(cnodes: np.ndarray, root: np.ndarray, n_features: int, cats: np.ndarra
 
 def compact_splits(cnodes: np.ndarray, root: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every split of a compact model whose trees have at most 64 leaves (else NotEligible):
-    its node, its tree, the mask that removes its left subtree's leaves (ranked left to
-    right); and each tree's leaf slots by rank (n_trees x 64, 0 past its leaves)."""
+    """Every split of a compact model whose trees have at most 64 leaves and no node shared
+    by two parents (else NotEligible: an artifact may share nodes, the walks read them once
+    per path, and a rank a node has is one path's): its node, its tree, the mask that removes
+    its left subtree's leaves (ranked left to right); and each tree's leaf slots by rank
+    (n_trees x 64, 0 past its leaves)."""
     key = cnodes[:, 0].astype(np.int64)
     child = cnodes[:, 2].view(np.int32).astype(np.int64)
     leaf_slot = cnodes[:, 3].view(np.int32)
@@ -63,12 +65,15 @@ def compact_splits(cnodes: np.ndarray, root: np.ndarray
     leaf_of = np.zeros((n_trees, MAX_LEAVES), dtype=np.int32)
     inner, inner_tree, inner_mask = [], [], []
     for t in range(n_trees):
-        order, stack = [], [int(root[t])]
+        order, stack, seen = [], [int(root[t])], set()
         while stack:  # pre-order, left first: leaves in left-to-right order
             n = stack.pop()
             order.append(n)
             if len(order) > 2 * MAX_LEAVES - 1:
                 raise NotEligible(f"a tree with more than {MAX_LEAVES} leaves (tree {t})")
+            if n in seen:
+                raise NotEligible(f"a node reached by two paths (tree {t}, node {n})")
+            seen.add(n)
             if not is_leaf[n]:
                 c = int(child[n])
                 stack.append(c + 1)
