@@ -107,11 +107,13 @@ bench: build
 	$(PY) bench/catboost_speed.py
 
 # ours against ONNX Runtime on exported models and against CatBoost's predictor
-# (bench/ONNX-RESULTS.md, bench/CATBOOST-RESULTS.md; in make bench)
+# (bench/ONNX-RESULTS.md, bench/CATBOOST-RESULTS.md; in make bench), the oblivious and leaf-mask
+# kernels against the kernels they replace (printed)
 bench-runtimes: build
 	$(PY) bench/onnx_speed.py
 	$(PY) bench/catboost_speed.py
 	$(PY) bench/oblivious_micro.py
+	$(PY) bench/masks_micro.py
 
 # models E (LightGBM, categorical features) and F (XGBoost partition splits) against LightGBM,
 # lleaves and XGBoost (bench/CATEGORICAL-RESULTS.md)
