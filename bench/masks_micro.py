@@ -10,7 +10,7 @@ sums) and L64, the same booster native (float64 sums); A, bench/models.py's XGBo
 depth 5 (padded); X6, XGBoost 300 trees x depth 6 on A's data
 (padded).
 
-    python bench/masks_micro.py          # KEYS=L,L64,A,X6; ROUNDS=1001
+    python bench/masks_micro.py          # KEYS=L,L64,A,X6; ROUNDS=301
 
 Prints NAME VALUE lines (bench/ab.py reads them): <key>.n<rows>.before_us / .masks_us, and
 <key>.rows_per_s.before / .masks for 50,000 rows.
@@ -70,7 +70,7 @@ def _source(key):
 
 
 def main() -> None:
-    rounds = int(os.environ.get("ROUNDS", "1001"))
+    rounds = int(os.environ.get("ROUNDS", "301"))
     for key in os.environ.get("KEYS", "L,L64,A,X6").split(","):
         source, layout, X = _source(key)
         models = {"masks": worker.compile_model(source, layout=layout, kernel="masks"),

@@ -711,6 +711,22 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
         free(cols)
 
 
+cdef void walk_rows(const ModelView* m, const acc_t* leaves, const float* X, int32_t n,
+                    acc_t* acc, RowPlan* plan, float* xx, int32_t xx_cap) noexcept nogil:
+    """Every tree for n rows by the walks (eval_rows without a kernel's tables, and the rows
+    a kernel leaves): a task's rows planned in its own buffers where it has them (not
+    eval_trees' 64 KB stack buffer, which calls and tasks of 64 rows or fewer take)."""
+    cdef int64_t t0
+    if plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
+        plan_rows(m, X, m.n_features, n, xx, xx_cap, plan)
+        t0 = eval_planned(m, leaves, plan, n, 0, m.n_trees, acc)
+        eval_rest(m, leaves, X, m.n_features, n, t0, m.n_trees, acc)
+    elif xx != NULL and m.qcnodes != NULL:
+        eval_rest(m, leaves, X, m.n_features, n, 0, m.n_trees, acc, xx, xx_cap)
+    else:
+        eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
+
+
 cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                     double divisor, const float* X, int32_t n, acc_t* acc,
                     double* raw, RowPlan* plan=NULL, float* xx=NULL,
@@ -719,7 +735,6 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
     With a plan and xx for n rows (score_all's tasks of padded models), the rows are planned
     and doubled once for the whole task; otherwise in blocks of BLOCK_ROWS (eval_trees)."""
     cdef int32_t r, g, G = m.n_outputs
-    cdef int64_t t0 = 0
     cdef uint64_t* mk = NULL
     cdef int64_t* qslot = NULL
     cdef acc_t start = INFINITY if m.agg == AGG_MIN else -INFINITY
@@ -738,6 +753,7 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         # across two, whatever malloc's 16-byte alignment gave (bench/qs_heap.py)
         mk = <uint64_t*>aligned_alloc(64, (k * m.n_trees * sizeof(uint64_t) + 63) // 64 * 64)
         qslot = <int64_t*>malloc(k * m.n_trees * sizeof(int64_t))
+    cdef int32_t least = MASKS_MIN_PADDED if m.pnodes != NULL else MASKS_MIN_COMPACT
     if m.obl != NULL and n >= OBL_MIN_ROWS:  # oblivious trees (oblivious.h): the leaves
         eval_oblivious(m, leaves, X, n, acc)       # from the bits of each level
     elif lanes != NULL and n >= LANES_MIN_ROWS:
@@ -746,20 +762,18 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
         k = n if n % SW_LANES == 0 or n % SW_LANES >= LANES_MIN_ROWS else n - n % SW_LANES
         if sw_lanes_rows(lanes, X, m.n_features, k, acc) != 0:
             k = 0  # refused (no memory for the block): the walks score
-        if k < n and plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
-            # the rest planned in the task's own buffers (not eval_trees' 64 KB stack buffer,
-            # which calls and tasks of 64 rows or fewer still take, lanes or not)
-            plan_rows(m, X + <int64_t>k * m.n_features, m.n_features, n - k, xx, xx_cap, plan)
-            t0 = eval_planned(m, leaves, plan, n - k, 0, m.n_trees, acc + <int64_t>k * G)
-            eval_rest(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, t0,
-                      m.n_trees, acc + <int64_t>k * G)
-        elif k < n:
-            eval_trees(m, leaves, X + <int64_t>k * m.n_features, m.n_features, n - k, 0,
-                       m.n_trees, acc + <int64_t>k * G)
-    elif masks != NULL and n >= (MASKS_MIN_PADDED if m.pnodes != NULL else MASKS_MIN_COMPACT) \
-            and sw_masks_rows(masks, X, m.n_features, n, acc) == 0:
-        pass  # trees of at most 64 leaves, every split asked of 16 rows at once (masks.h);
-        # refused (no memory for the blocks), nothing is done and the walks below score
+        if k < n:
+            walk_rows(m, leaves, X + <int64_t>k * m.n_features, n - k, acc + <int64_t>k * G,
+                      plan, xx, xx_cap)
+    elif masks != NULL and n >= least:
+        # trees of at most 64 leaves, every split asked of 16 rows at once (masks.h); a last
+        # block of fewer than `least` rows walks
+        k = n if n % SW_MASKS == 0 or n % SW_MASKS >= least else n - n % SW_MASKS
+        if sw_masks_rows(masks, X, m.n_features, k, acc) != 0:
+            k = 0  # refused (no memory for the blocks): the walks score
+        if k < n:
+            walk_rows(m, leaves, X + <int64_t>k * m.n_features, n - k, acc + <int64_t>k * G,
+                      plan, xx, xx_cap)
     elif mk != NULL and qslot != NULL:
         if simd:
             r0 = 0
@@ -776,14 +790,8 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
                 sw_qs_row(<const sw_qs*>m.qs, X + r * m.n_features, mk, qslot)
                 add_leaves(m, leaves, 0, <int32_t>m.n_trees, 0, qslot, acc + r * G,
                            one_sum(m))
-    elif plan != NULL and plan_wide(m) and INTERLEAVE <= m.n_trees:
-        plan_rows(m, X, m.n_features, n, xx, xx_cap, plan)
-        t0 = eval_planned(m, leaves, plan, n, 0, m.n_trees, acc)
-        eval_rest(m, leaves, X, m.n_features, n, t0, m.n_trees, acc)
-    elif xx != NULL and m.qcnodes != NULL:
-        eval_rest(m, leaves, X, m.n_features, n, 0, m.n_trees, acc, xx, xx_cap)
     else:
-        eval_trees(m, leaves, X, m.n_features, n, 0, m.n_trees, acc)
+        walk_rows(m, leaves, X, n, acc, plan, xx, xx_cap)
     free(mk)
     free(qslot)
     if m.agg != AGG_SUM:  # ONNX Runtime: the smallest (largest) leaf, then + base

@@ -22,10 +22,11 @@ from worker.model.compile import chosen, to_ir
 
 lgb = pytest.importorskip("lightgbm")
 
-# compact: 1-3 rows walk, padded 1-12 (kernels.pyx MASKS_MIN_COMPACT, _PADDED); from there
-# every block of 16 and group of 64 edge, and tasks split by two threads
-SIZES = (1, 3, 4, 5, 12, 13, 14, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 100, 127, 128,
-         129, 511, 513, 1030, 2055)
+# compact: 1-3 rows walk, padded 1-12, and a last block of as few rows walks (kernels.pyx
+# MASKS_MIN_COMPACT, _PADDED): every side of each cut, every block of 16 and group of 64 edge,
+# and tasks split by two threads
+SIZES = (1, 3, 4, 5, 12, 13, 14, 15, 16, 17, 19, 20, 28, 29, 31, 32, 33, 44, 45, 47, 48, 49, 63,
+         64, 65, 100, 127, 128, 129, 511, 513, 1030, 2055)
 
 
 def _cpu_has_it() -> bool:
