@@ -169,6 +169,9 @@ cpdef enum Link:           # apply_link codes (CompiledModel maps its `link` to 
 # rows, which would leave part_trees' slots unset): a task never outgrows it
 if SW_PMAX < ROWS_WALK_ROWS:
     raise ImportError("walk.h SW_PMAX is below blocks.pxd ROWS_WALK_ROWS")
+# eval_rows cuts the lanes and leaf-mask kernels' calls at one block size
+if SW_MASKS != SW_LANES:
+    raise ImportError("masks.h SW_MASKS differs from lanes.h SW_LANES")
 
 _empty = np.empty
 _float64 = np.float64
@@ -756,21 +759,16 @@ cdef void eval_rows(const ModelView* m, const acc_t* leaves, const acc_t* base,
     cdef int32_t least = MASKS_MIN_PADDED if m.pnodes != NULL else MASKS_MIN_COMPACT
     if m.obl != NULL and n >= OBL_MIN_ROWS:  # oblivious trees (oblivious.h): the leaves
         eval_oblivious(m, leaves, X, n, acc)       # from the bits of each level
-    elif lanes != NULL and n >= LANES_MIN_ROWS:
-        # shallow padded trees, 16 rows a block in the lanes of AVX-512 registers (lanes.h);
-        # a last block of fewer than LANES_MIN_ROWS rows walks
-        k = n if n % SW_LANES == 0 or n % SW_LANES >= LANES_MIN_ROWS else n - n % SW_LANES
-        if sw_lanes_rows(lanes, X, m.n_features, k, acc) != 0:
+    elif (lanes != NULL and n >= LANES_MIN_ROWS) or (masks != NULL and n >= least):
+        # 16 rows a block in the lanes of AVX-512 registers: shallow padded trees (lanes.h),
+        # or trees of at most 64 leaves, every split asked of the block at once (masks.h); a
+        # last block of fewer rows than the kernel takes walks
+        if lanes != NULL:
+            least = LANES_MIN_ROWS
+        k = n if n % SW_LANES == 0 or n % SW_LANES >= least else n - n % SW_LANES
+        if (sw_lanes_rows(lanes, X, m.n_features, k, acc) if lanes != NULL else
+                sw_masks_rows(masks, X, m.n_features, k, acc)) != 0:
             k = 0  # refused (no memory for the block): the walks score
-        if k < n:
-            walk_rows(m, leaves, X + <int64_t>k * m.n_features, n - k, acc + <int64_t>k * G,
-                      plan, xx, xx_cap)
-    elif masks != NULL and n >= least:
-        # trees of at most 64 leaves, every split asked of 16 rows at once (masks.h); a last
-        # block of fewer than `least` rows walks
-        k = n if n % SW_MASKS == 0 or n % SW_MASKS >= least else n - n % SW_MASKS
-        if sw_masks_rows(masks, X, m.n_features, k, acc) != 0:
-            k = 0  # refused (no memory for the blocks): the walks score
         if k < n:
             walk_rows(m, leaves, X + <int64_t>k * m.n_features, n - k, acc + <int64_t>k * G,
                       plan, xx, xx_cap)
@@ -1345,7 +1343,8 @@ cdef class Forest:
         elif (self.view.qnodes == NULL) if padded else (self.view.qcnodes == NULL):
             reason = "special (categorical) splits: QuickScorer's tables take those"
         elif not one_sum(&self.view):
-            reason = "trees adding to several scores, or not summed"
+            reason = "trees adding to several scores (a multiclass model) or combined by min " \
+                "or max: the kernel sums one score"
         elif not 1 <= nf <= SW_MASKS_MAXF:
             reason = f"{nf} features: the kernel takes 1 to {SW_MASKS_MAXF}"
         elif not sw_masks_cpu():

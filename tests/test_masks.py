@@ -237,6 +237,10 @@ def test_what_the_kernel_cannot_take_is_refused_by_name():
         reasons[name] = str(exc.value)
     if _cpu_has_it():
         assert "several scores" in reasons["multiclass"]
+        # refused under both layouts for one reason: said once
+        with pytest.raises(ValueError) as both:
+            worker.compile_model(M.xgboost_models()["xgb-multi-softprob"], kernel="masks")
+        assert str(both.value).count("several scores") == 1
         assert "more than 64 leaves" in reasons["deep"]
         assert "depth 7" in reasons["padded depth 7"]
     rng = np.random.default_rng(0)
@@ -287,5 +291,6 @@ def test_an_artifact_sharing_nodes_between_parents_is_walked_not_masked(tmp_path
             assert loaded.kernel == "walk" and "two paths" in loaded.kernel_choice["reason"]
             np.testing.assert_array_equal(loaded.raw(rows), want)
         else:
-            with pytest.raises(ValueError, match="two paths|AVX-512"):
+            with pytest.raises(worker.ArtifactError, match="the model is valid, but kernel "
+                               f"{k}: .*(two paths|AVX-512)"):
                 worker.load_model(tmp_path / "dag.model", kernel=k)

@@ -347,7 +347,7 @@ def chosen(ens: Ensemble, layout: str = "auto", kernel: str = "auto") -> Compile
                     raise
                 refused[layouts.name(lay, k)] = str(exc).removeprefix(f"kernel {k}: ")
     if not built:  # only a forced QuickScorer or oblivious kernel can leave nothing
-        raise ValueError(f"kernel {kernel}: " + "; ".join(refused.values()))
+        raise ValueError(f"kernel {kernel}: " + "; ".join(dict.fromkeys(refused.values())))
     choice = {"by": "forced", "us_per_row": {}, "not_candidates": refused}
     if len(built) > 1 or layout == "auto" or kernel == "auto":
         X = layouts.probe_rows(ens)

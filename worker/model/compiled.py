@@ -688,12 +688,17 @@ def arrow_columns(data, feature_names: list[str], categories: dict | None = None
 
 def load_model(path, kernel: str = "auto") -> CompiledModel:
     """A compiled model from its artifact: checksum, then structure, then the kernels' view.
-    Every failure is an ArtifactError that names what is wrong. ``kernel``: "auto" (measured
-    at load, CompiledModel.kernel), "walk" or "quickscorer" (ValueError where it cannot)."""
+    Every failure is an ArtifactError that names what is wrong. ``kernel``: "auto" (the
+    kernel the compile chose, stored in the artifact; measured at load for an artifact
+    without that record), or one of walk, quickscorer, oblivious, lanes, masks (an
+    ArtifactError saying why where the model cannot take it: the artifact itself is valid)."""
     meta, arrays, model_id = artifact.load(path)
     try:
         return CompiledModel(meta, arrays, model_id, kernel)  # checks the structure first
     except artifact.ArtifactError as exc:
         raise artifact.ArtifactError(f"{path}: {exc}") from None
     except (KeyError, ValueError, TypeError, OverflowError) as exc:
+        if kernel != "auto" and str(exc).startswith(f"kernel {kernel}: "):
+            raise artifact.ArtifactError(f"{path}: the model is valid, but {exc} (load it "
+                                         "with kernel=\"auto\" or \"walk\")") from exc
         raise artifact.ArtifactError(f"{path}: invalid compiled model: {exc}") from exc

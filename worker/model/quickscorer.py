@@ -70,7 +70,9 @@ def compact_splits(cnodes: np.ndarray, root: np.ndarray
             n = stack.pop()
             order.append(n)
             if len(order) > 2 * MAX_LEAVES - 1:
-                raise NotEligible(f"a tree with more than {MAX_LEAVES} leaves (tree {t})")
+                raise NotEligible(f"a tree with more than {MAX_LEAVES} leaves (tree {t}; "
+                                  "LightGBM's num_leaves or scikit-learn's max_leaf_nodes of "
+                                  f"{MAX_LEAVES} or less keeps trees within it)")
             if n in seen:
                 raise NotEligible(f"a node reached by two paths (tree {t}, node {n})")
             seen.add(n)
