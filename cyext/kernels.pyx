@@ -1378,6 +1378,10 @@ cdef class Forest:
         t = quickscorer.mask_tables(key.astype(np.uint32), q[keep, 1], tree, mask, leaf_of,
                                     self.arrays["leaves"])
         off = t["off"]
+        # the kernel reads 64 floats a tree, or 128 words (the doubles' halves)
+        if t["leaf"].shape != (T, SW_MASKS_LEAVES * (1 if self.float32_acc else 2)) \
+                or t["leaf"].itemsize != 4:
+            raise ValueError("kernel masks: the leaf table does not match the trees")
         if off[0] != 0 or off[-1] != t["n_ent"] or (np.diff(off) < 0).any():
             raise ValueError("kernel masks: the lists' offsets do not rise from 0 to the "
                              "entries")

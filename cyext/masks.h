@@ -47,7 +47,9 @@ typedef struct {
     const sw_mask_ent *ent;  /* tree t's low-word entries [off[2t], off[2t + 1]), its
                                 high-word entries [off[2t + 1], off[2t + 2]) */
     const int64_t *off;      /* 2 n_trees + 1, rising from 0 to n_ent */
-    const void *leaf;        /* n_trees x 64: leaf rank i's value (float, or double with f64) */
+    const void *leaf;        /* n_trees x 64 floats: leaf rank i's value; with f64, n_trees x
+                                128 words: the 64 doubles' low 32-bit words, then their high
+                                words */
     int64_t n_trees;
     int64_t n_ent;
     int32_t n_features;      /* 1..SW_MASKS_MAXF */
@@ -139,44 +141,59 @@ SW_MASKS_ATTR static void sw_masks_f32_##NB(const sw_masks *M, const uint32_t *c
         _mm512_mask_storeu_ps(acc + 16 * b, SW_MASKS_OK(n, b), a[b]);                       \
 }
 
-/* double leaves: a lane's rank widened to 64 bits, its value picked from the tree's 64 by
-   four permutes of 16 and three blends */
-SW_MASKS_ATTR static inline __m512d sw_masks_pick64(const double *lt, __m512i i) {
-    const __m512i b16 = _mm512_set1_epi64(16), b32 = _mm512_set1_epi64(32);
-    const __mmask8 k16 = _mm512_test_epi64_mask(i, b16), k32 = _mm512_test_epi64_mask(i, b32);
-    const __m512d q0 = _mm512_mask_blend_pd(
-        k16, _mm512_permutex2var_pd(_mm512_loadu_pd(lt), i, _mm512_loadu_pd(lt + 8)),
-        _mm512_permutex2var_pd(_mm512_loadu_pd(lt + 16), i, _mm512_loadu_pd(lt + 24)));
-    const __m512d q1 = _mm512_mask_blend_pd(
-        k16, _mm512_permutex2var_pd(_mm512_loadu_pd(lt + 32), i, _mm512_loadu_pd(lt + 40)),
-        _mm512_permutex2var_pd(_mm512_loadu_pd(lt + 48), i, _mm512_loadu_pd(lt + 56)));
-    return _mm512_mask_blend_pd(k32, q0, q1);
-}
-
+/* double leaves, held as 32-bit halves (the tree's 64 low words, then its 64 high words, as
+   the oblivious kernel's sw_obl_sum512_h holds them): a lane's low word and high word are each
+   picked by two two-register permutes and a blend, and an unpack puts each row's two words
+   back together as its double: 4 permutes for 16 rows where picking doubles 8 at a time takes
+   8. The bits move unchanged. The unpacks leave rows 16b + {0,1,4,5,8,9,12,13} in a[2b] and
+   {2,3,6,7,10,11,14,15} in a[2b + 1], put in that order on load and back on store. */
 #define SW_DEF_MASKS_F64(NB)                                                                \
 SW_MASKS_ATTR static void sw_masks_f64_##NB(const sw_masks *M, const uint32_t *cb,          \
                                             int64_t stride, int32_t n, double *acc) {       \
+    const __m512i g0 = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);                          \
+    const __m512i g1 = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);                        \
+    const __m512i b0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);                          \
+    const __m512i b1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);                        \
     __m512d a[2 * NB];                                                                      \
-    _Pragma("GCC unroll 8") for (int h = 0; h < 2 * (NB); h++) {                            \
-        const __mmask16 k = SW_MASKS_OK(n, h / 2);                                          \
-        a[h] = _mm512_maskz_loadu_pd((__mmask8)(h % 2 ? k >> 8 : k), acc + 8 * h);          \
+    _Pragma("GCC unroll 4") for (int b = 0; b < (NB); b++) {                                \
+        const __mmask16 k = SW_MASKS_OK(n, b);                                              \
+        const __m512d lo = _mm512_maskz_loadu_pd((__mmask8)k, acc + 16 * b);               \
+        const __m512d hi = _mm512_maskz_loadu_pd((__mmask8)(k >> 8), acc + 16 * b + 8);     \
+        a[2 * b] = _mm512_permutex2var_pd(lo, g0, hi);                                      \
+        a[2 * b + 1] = _mm512_permutex2var_pd(lo, g1, hi);                                  \
     }                                                                                       \
-    const double *lf = (const double *)M->leaf;                                             \
+    const uint32_t *lf = (const uint32_t *)M->leaf;                                         \
     for (int64_t t = 0; t < M->n_trees; t++) {                                              \
         __m512i lo[NB], hi[NB];                                                             \
         SW_MASKS_TREE(NB, M, cb, stride, t, lo, hi)                                         \
-        const double *lt = lf + t * SW_MASKS_LEAVES;                                        \
+        const uint32_t *lt = lf + t * 2 * SW_MASKS_LEAVES;                                  \
+        const __m512i L0 = _mm512_loadu_si512((const void *)lt);                            \
+        const __m512i L1 = _mm512_loadu_si512((const void *)(lt + 16));                     \
+        const __m512i L2 = _mm512_loadu_si512((const void *)(lt + 32));                     \
+        const __m512i L3 = _mm512_loadu_si512((const void *)(lt + 48));                     \
+        const __m512i H0 = _mm512_loadu_si512((const void *)(lt + 64));                     \
+        const __m512i H1 = _mm512_loadu_si512((const void *)(lt + 80));                     \
+        const __m512i H2 = _mm512_loadu_si512((const void *)(lt + 96));                     \
+        const __m512i H3 = _mm512_loadu_si512((const void *)(lt + 112));                    \
         _Pragma("GCC unroll 4") for (int b = 0; b < (NB); b++) {                            \
             const __m512i i = sw_masks_rank(lo[b], hi[b]);                                  \
-            a[2 * b] = _mm512_add_pd(a[2 * b], sw_masks_pick64(                             \
-                lt, _mm512_cvtepu32_epi64(_mm512_castsi512_si256(i))));                     \
-            a[2 * b + 1] = _mm512_add_pd(a[2 * b + 1], sw_masks_pick64(                     \
-                lt, _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(i, 1))));               \
+            const __mmask16 k32 = _mm512_test_epi32_mask(i, _mm512_set1_epi32(32));         \
+            const __m512i wl = _mm512_mask_blend_epi32(                                     \
+                k32, _mm512_permutex2var_epi32(L0, i, L1), _mm512_permutex2var_epi32(L2, i, L3));\
+            const __m512i wh = _mm512_mask_blend_epi32(                                     \
+                k32, _mm512_permutex2var_epi32(H0, i, H1), _mm512_permutex2var_epi32(H2, i, H3));\
+            a[2 * b] = _mm512_add_pd(a[2 * b],                                              \
+                                     _mm512_castsi512_pd(_mm512_unpacklo_epi32(wl, wh)));   \
+            a[2 * b + 1] = _mm512_add_pd(a[2 * b + 1],                                      \
+                                         _mm512_castsi512_pd(_mm512_unpackhi_epi32(wl, wh))); \
         }                                                                                   \
     }                                                                                       \
-    _Pragma("GCC unroll 8") for (int h = 0; h < 2 * (NB); h++) {                            \
-        const __mmask16 k = SW_MASKS_OK(n, h / 2);                                          \
-        _mm512_mask_storeu_pd(acc + 8 * h, (__mmask8)(h % 2 ? k >> 8 : k), a[h]);           \
+    _Pragma("GCC unroll 4") for (int b = 0; b < (NB); b++) {                                \
+        const __mmask16 k = SW_MASKS_OK(n, b);                                              \
+        _mm512_mask_storeu_pd(acc + 16 * b, (__mmask8)k,                                    \
+                              _mm512_permutex2var_pd(a[2 * b], b0, a[2 * b + 1]));          \
+        _mm512_mask_storeu_pd(acc + 16 * b + 8, (__mmask8)(k >> 8),                         \
+                              _mm512_permutex2var_pd(a[2 * b], b1, a[2 * b + 1]));          \
     }                                                                                       \
 }
 SW_DEF_MASKS_F32(1) SW_DEF_MASKS_F32(2) SW_DEF_MASKS_F32(3) SW_DEF_MASKS_F32(4)

@@ -225,7 +225,8 @@ def mask_tables(key: np.ndarray, thr_key: np.ndarray, tree: np.ndarray, mask: np
     (column offset key * 16, threshold key, 32-bit mask, 0) for each word of its mask that
     removes a leaf, tree by tree, the low words' entries before the high words'; the offsets
     of each tree's two lists (2 n_trees + 1); each tree's 64 leaf values by rank (one value a
-    leaf: leaves[:, 0])."""
+    leaf: leaves[:, 0]), float32 as they are, float64 as their 32-bit halves (the 64 low
+    words, then the 64 high words: masks.h picks each half with 32-bit permutes)."""
     n_trees = leaf_of.shape[0]
     words = [(mask & np.uint64(0xFFFFFFFF)).astype(np.uint32),
              (mask >> np.uint64(32)).astype(np.uint32)]
@@ -241,4 +242,8 @@ def mask_tables(key: np.ndarray, thr_key: np.ndarray, tree: np.ndarray, mask: np
     off = np.zeros(2 * n_trees + 1, dtype=np.int64)
     np.cumsum(np.bincount(2 * e_tree + e_word, minlength=2 * n_trees), out=off[1:])
     leaf = np.ascontiguousarray(leaves[leaf_of.reshape(-1), 0].reshape(n_trees, MAX_LEAVES))
-    return {"ent": ent, "off": off, "leaf": leaf, "n_ent": len(order)}
+    if leaf.dtype == np.float64:
+        bits = leaf.view(np.uint64)
+        leaf = np.concatenate([(bits & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+                               (bits >> np.uint64(32)).astype(np.uint32)], axis=1)
+    return {"ent": ent, "off": off, "leaf": np.ascontiguousarray(leaf), "n_ent": len(order)}
