@@ -1334,6 +1334,7 @@ cdef class Forest:
         cdef sw_masks* M
         cdef const uint32_t[:, ::1] ev
         cdef const int64_t[::1] ov
+        cdef const uint32_t[:, ::1] lv
         cdef int64_t T = self.view.n_trees
         cdef int64_t nf = self.view.n_features
         padded = self.view.pnodes != NULL
@@ -1378,10 +1379,12 @@ cdef class Forest:
         t = quickscorer.mask_tables(key.astype(np.uint32), q[keep, 1], tree, mask, leaf_of,
                                     self.arrays["leaves"])
         off = t["off"]
-        # the kernel reads 64 floats a tree, or 128 words (the doubles' halves)
+        # the kernel reads 64 floats a tree, or 128 words (the doubles' halves), one row after
+        # the other (the typed view refuses an array that is not)
         if t["leaf"].shape != (T, SW_MASKS_LEAVES * (1 if self.float32_acc else 2)) \
                 or t["leaf"].itemsize != 4:
             raise ValueError("kernel masks: the leaf table does not match the trees")
+        lv = t["leaf"].view(np.uint32)
         if off[0] != 0 or off[-1] != t["n_ent"] or (np.diff(off) < 0).any():
             raise ValueError("kernel masks: the lists' offsets do not rise from 0 to the "
                              "entries")
@@ -1393,7 +1396,7 @@ cdef class Forest:
             raise MemoryError()
         M.ent = <const void*>&ev[0, 0]
         M.off = &ov[0]
-        M.leaf = <const void*><Py_ssize_t>t["leaf"].ctypes.data
+        M.leaf = <const void*>&lv[0, 0]
         M.n_trees = T
         M.n_ent = t["n_ent"]
         M.n_features = <int32_t>nf
