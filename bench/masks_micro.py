@@ -6,9 +6,9 @@ LightGBM models; the lanes kernel on A), the two alternated call by call; micros
 median of ROUNDS (9 for the 50,000 rows).
 
 Models: L, the LightGBM 500 trees x 63 leaves of bench/onnx_speed.py exported to ONNX (float32
-sums) and L64, the same booster native (float64 sums); A, bench/models.py's XGBoost 200 trees x
-depth 5 (padded); X6, XGBoost 300 trees x depth 6 on A's data
-(padded).
+sums) and L64, the same booster native (float64 sums), on rows with 10% missing values; A,
+bench/models.py's XGBoost 200 trees x depth 5 (padded), and X6, XGBoost 300 trees x depth 6
+on A's data (padded), on A's dense rows.
 
     python bench/masks_micro.py          # KEYS=L,L64,A,X6; ROUNDS=301
 
