@@ -294,3 +294,35 @@ def test_an_artifact_sharing_nodes_between_parents_is_walked_not_masked(tmp_path
             with pytest.raises(worker.ArtifactError, match="the model is valid, but kernel "
                                f"{k}: .*(two paths|AVX-512)"):
                 worker.load_model(tmp_path / "dag.model", kernel=k)
+
+
+@needs_avx512
+def test_tables_at_their_bound_are_built_and_one_tree_past_it_are_refused():
+    """The tables are bounded (kernels.pyx MASKS_MAX_TABLE_BYTES, 64 MB, counted as two
+    16-byte entries a split, 64 leaves and two offsets a tree): padded stumps of float64
+    leaves count 560 bytes a tree, so 119,837 trees are built and score as the walks do, bit
+    for bit, and one tree more is refused by name."""
+    from worker import _kernels
+
+    last = (64 << 20) // 560
+    rng = np.random.default_rng(0)
+    T = last + 1
+    thr = rng.normal(size=T).astype(np.float32)
+    arrays = {"pnodes": np.stack([rng.integers(0, 10, T).astype(np.uint32),
+                                  thr.view(np.uint32)], 1),
+              "leaves": rng.normal(size=(2 * T, 1)),
+              "tree_group": np.zeros(T, dtype=np.int32),
+              "base": np.zeros(1)}
+
+    def first(k):
+        return {n: (v[:2 * k] if n == "leaves" else v[:k]) if n != "base" else v
+                for n, v in arrays.items()}
+
+    X = _kernels.Columns.from_numpy(M.hostile_rows(40, np.unique(thr[:64]), seed=3)[:, :5])
+    f = _kernels.Forest(first(last), "padded", 1, 5, 1, 1.0, "masks", "sum")
+    assert f.kernel == "masks" and f.masks()
+    walks = _kernels.Forest(first(last), "padded", 1, 5, 1, 1.0, "walk", "sum")
+    np.testing.assert_array_equal(f.raw(X, 1), walks.raw(X, 1))
+    with pytest.raises(ValueError, match="kernel masks: tables of up to 67,109,280 bytes, "
+                       "past the kernel's 67,108,864"):
+        _kernels.Forest(first(last + 1), "padded", 1, 5, 1, 1.0, "masks", "sum")
