@@ -117,3 +117,23 @@ def finite_for_library(X: np.ndarray) -> np.ndarray:
     """The libraries reject +-inf; +-FLT_MAX compares the same against every finite threshold."""
     big = np.finfo(np.float32).max
     return np.where(np.isposinf(X), big, np.where(np.isneginf(X), -big, X)).astype(np.float32)
+
+
+def padded_stumps(T: int, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Forest arrays of T padded stumps (depth 1, 5 features, float64 leaves, random
+    thresholds and missing-value sides) for kernels.Forest, and the stumps' thresholds:
+    kernel table bounds are reached by tree count (tests of the oblivious and leaf-mask
+    kernels)."""
+    rng = np.random.default_rng(seed)
+    thr = rng.normal(size=T).astype(np.float32)
+    return {"pnodes": np.stack([rng.integers(0, 10, T).astype(np.uint32),
+                                thr.view(np.uint32)], 1),
+            "leaves": rng.normal(size=(2 * T, 1)),
+            "tree_group": np.zeros(T, dtype=np.int32),
+            "base": np.zeros(1)}, thr
+
+
+def first_stumps(arrays: dict[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """The first k stumps of padded_stumps' arrays."""
+    return {n: (v[:2 * k] if n == "leaves" else v[:k]) if n != "base" else v
+            for n, v in arrays.items()}

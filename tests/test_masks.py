@@ -305,24 +305,13 @@ def test_tables_at_their_bound_are_built_and_one_tree_past_it_are_refused():
     from worker import _kernels
 
     last = (64 << 20) // 560
-    rng = np.random.default_rng(0)
-    T = last + 1
-    thr = rng.normal(size=T).astype(np.float32)
-    arrays = {"pnodes": np.stack([rng.integers(0, 10, T).astype(np.uint32),
-                                  thr.view(np.uint32)], 1),
-              "leaves": rng.normal(size=(2 * T, 1)),
-              "tree_group": np.zeros(T, dtype=np.int32),
-              "base": np.zeros(1)}
-
-    def first(k):
-        return {n: (v[:2 * k] if n == "leaves" else v[:k]) if n != "base" else v
-                for n, v in arrays.items()}
+    arrays, thr = M.padded_stumps(last + 1)
 
     X = _kernels.Columns.from_numpy(M.hostile_rows(40, np.unique(thr[:64]), seed=3)[:, :5])
-    f = _kernels.Forest(first(last), "padded", 1, 5, 1, 1.0, "masks", "sum")
+    f = _kernels.Forest(M.first_stumps(arrays, last), "padded", 1, 5, 1, 1.0, "masks", "sum")
     assert f.kernel == "masks" and f.masks()
-    walks = _kernels.Forest(first(last), "padded", 1, 5, 1, 1.0, "walk", "sum")
+    walks = _kernels.Forest(M.first_stumps(arrays, last), "padded", 1, 5, 1, 1.0, "walk", "sum")
     np.testing.assert_array_equal(f.raw(X, 1), walks.raw(X, 1))
     with pytest.raises(ValueError, match="kernel masks: tables of up to 67,109,280 bytes, "
                        "past the kernel's 67,108,864"):
-        _kernels.Forest(first(last + 1), "padded", 1, 5, 1, 1.0, "masks", "sum")
+        _kernels.Forest(M.first_stumps(arrays, last + 1), "padded", 1, 5, 1, 1.0, "masks", "sum")

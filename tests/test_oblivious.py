@@ -234,25 +234,14 @@ def test_leaf_halves_past_their_bound_are_not_built_and_the_leaves_are_gathered(
     from worker import _kernels
 
     last = (64 << 20) // (32 * 4)
-    rng = np.random.default_rng(0)
-    T = last + 1
-    thr = rng.normal(size=T).astype(np.float32)
-    arrays = {"pnodes": np.stack([rng.integers(0, 10, T).astype(np.uint32),
-                                  thr.view(np.uint32)], 1),
-              "leaves": rng.normal(size=(2 * T, 1)),
-              "tree_group": np.zeros(T, dtype=np.int32),
-              "base": np.zeros(1)}
-
-    def first(k):
-        return {n: (v[:2 * k] if n == "leaves" else v[:k]) if n != "base" else v
-                for n, v in arrays.items()}
+    arrays, thr = M.padded_stumps(last + 1)
 
     X = _kernels.Columns.from_numpy(M.hostile_rows(40, np.unique(thr[:64]), seed=3)[:, :5])
     for k, built in ((last, True), (last + 1, False)):
-        f = _kernels.Forest(first(k), "padded", 1, 5, 1, 1.0, "oblivious", "sum")
+        f = _kernels.Forest(M.first_stumps(arrays, k), "padded", 1, 5, 1, 1.0, "oblivious", "sum")
         assert f.kernel == "oblivious"
         assert f.oblivious_halves() is (built and f.oblivious_simd() == "avx512"), k
-        walks = _kernels.Forest(first(k), "padded", 1, 5, 1, 1.0, "walk", "sum")
+        walks = _kernels.Forest(M.first_stumps(arrays, k), "padded", 1, 5, 1, 1.0, "walk", "sum")
         np.testing.assert_array_equal(f.raw(X, 1), walks.raw(X, 1), err_msg=str(k))
 
 
