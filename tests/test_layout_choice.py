@@ -100,6 +100,49 @@ def test_the_measured_fastest_is_taken_when_clearly_faster(monkeypatch, fastest)
     np.testing.assert_array_equal(model.raw(X), kept.raw(X))
 
 
+@pytest.mark.parametrize("timings, picked", [
+    # the same kernel about as fast under both layouts: the default layout, whichever is ahead
+    ({"padded walk": 1.0, "padded masks": 0.60, "compact walk": 2.0, "compact masks": 0.58},
+     "padded masks"),
+    ({"padded walk": 1.0, "padded masks": 0.58, "compact walk": 2.0, "compact masks": 0.60},
+     "padded masks"),
+    # the other layout taken only when its best beats every default-layout candidate by MARGIN
+    ({"padded walk": 1.0, "padded masks": 0.60, "compact walk": 2.0, "compact masks": 0.50},
+     "compact masks"),
+    # once a candidate beats the default by MARGIN: the layout's fastest kernel
+    ({"padded walk": 1.0, "padded masks": 0.90, "compact walk": 0.80, "compact masks": 0.75},
+     "compact masks"),
+    ({"padded walk": 1.0, "padded masks": 0.90, "compact walk": 2.0, "compact masks": 0.80},
+     "padded masks"),
+    # none beats the default by MARGIN: the default
+    ({"padded walk": 1.0, "padded masks": 0.88, "compact walk": 2.0, "compact masks": 0.86},
+     "padded walk"),
+    # a layout without its walks timed (a forced kernel): its fastest
+    ({"padded masks": 0.9, "compact masks": 0.8}, "padded masks"),
+    ({"compact walk": 1.0, "compact masks": 0.5}, "compact masks"),
+])
+def test_the_layout_is_decided_before_the_kernel(timings, picked):
+    """Near-equal timings of one kernel under both layouts once took either layout from one
+    compile to the next (the model id with it: a clean-clone run failed on it); the rule decides
+    the layout against every candidate of the default layout, then the kernel."""
+    assert L.choose(timings, "padded walk") == picked
+
+
+def test_a_near_tie_compiles_to_one_model_id(monkeypatch):
+    """Through the compiler: timings that put the other layout's kernel a little ahead, then a
+    little behind, give one model (id and all)."""
+    ids = set()
+    for ahead in (0.97, 1.03):
+        def fake(models, X, ahead=ahead, **kw):
+            return {k: (1.0 if k.endswith("walk") else 0.5) * (ahead if k.startswith("compact")
+                                                              else 1.0) for k in models}
+        monkeypatch.setattr(L, "measure", fake)
+        m = worker.compile_model(_xgb())
+        assert m.layout == "padded" and m.kernel != "walk"
+        ids.add(m.model_id)
+    assert len(ids) == 1
+
+
 def test_forcing_both_skips_the_measurement_and_forcing_one_measures_the_other(monkeypatch):
     calls = []
     real = L.measure

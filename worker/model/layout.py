@@ -4,8 +4,9 @@ Every candidate the model allows (the padded layout where its trees are shallow 
 compact layout always; under each the tree walks, and QuickScorer where its trees have at most
 64 leaves) is built and timed on the same probe rows, alternating candidates so a slow moment of
 the machine falls on all of them. The default (padded up to depth ``pack.MAX_PADDED_DEPTH``, the
-walks) is kept unless another candidate is at least ``MARGIN`` faster, so a model does not
-change layout from one compile to the next on noise. Every candidate gives the same scores bit
+walks) is kept unless another candidate is at least ``MARGIN`` faster, the layout decided
+before the kernel (``choose``), so a model does not change layout from one compile to the next
+on noise. Every candidate gives the same scores bit
 for bit: the choice changes speed only. The choice and every candidate's timing go into the
 artifact's header (``meta.layout_choice``, outside the model id: ``artifact.MEASURED``).
 """
@@ -123,10 +124,19 @@ def measure(models: dict[str, object], X: np.ndarray, rounds: int = ROUNDS,
 
 
 def choose(timings: dict[str, float], fallback: str) -> str:
-    """The fastest candidate if it beats ``fallback`` by ``MARGIN``, else ``fallback``."""
+    """``fallback`` unless a candidate beats it by ``MARGIN``; then the layout before the
+    kernel: ``fallback``'s layout unless the other's fastest candidate beats every candidate
+    under it by ``MARGIN`` too, and the fastest kernel under the layout taken. The same kernel
+    under both layouts times about the same, so a near tie stays in the default layout and the
+    model (whose id covers its layout; the kernel it does not) does not change from one compile
+    to the next on noise."""
     best = min(timings, key=timings.__getitem__)
     if fallback in timings and timings[best] > (1 - MARGIN) * timings[fallback]:
         return fallback
+    home_layout = fallback.split(" ")[0]
+    home = {k: t for k, t in timings.items() if k.split(" ")[0] == home_layout}
+    if home and timings[best] > (1 - MARGIN) * min(home.values()):
+        return min(home, key=home.__getitem__)
     return best
 
 
