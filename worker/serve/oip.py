@@ -405,15 +405,17 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
                   f"number or null")
     if dtype.kind == "b" and not kinds <= {bool, type(None)}:
         raise bad(f"input {name!r}: BOOL values must be true, false or null")
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            a = np.asarray(data, dtype=np.float64)  # null: NaN
-    except OverflowError:  # an integer beyond float64 (JSON allows it)
-        a = np.array([_to_float64(v) for v in data], dtype=np.float64)
+    if int not in kinds:  # floats, booleans and nulls (NaN): no floating-point flag raised
+        a = np.asarray(data, dtype=np.float64)  # (an errstate is dear per request)
+    else:
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                a = np.asarray(data, dtype=np.float64)  # null: NaN
+        except OverflowError:  # an integer beyond float64 (JSON allows it)
+            a = np.array([_to_float64(v) for v in data], dtype=np.float64)
     # digits lost on the way? (an FP64 tensor's integers are float64s, as its binary form
     # is: issue 50 found JSON and binary FP64 read 2^53 + 2^29 + 1 apart)
-    with np.errstate(invalid="ignore"):  # (NaN and null compare false: not big)
-        big = int in kinds and dtype != _FP64 and bool(np.any(np.abs(a) > 2**53))
+    big = int in kinds and dtype != _FP64 and _beyond_2_53(a)
     if big:
         a = a.astype(object)
         for i, v in enumerate(data):  # the integers beyond 2^53: cast once, as Arrow does
@@ -444,6 +446,11 @@ def _json_values(data: list, name: str, count: int, dtype: np.dtype, datatype: s
             a = a.astype(np.float16)
     with np.errstate(over="ignore"):  # beyond float32: infinity, as a cast gives
         return a.astype(np.float32)
+
+
+def _beyond_2_53(a: np.ndarray) -> bool:
+    with np.errstate(invalid="ignore"):  # (NaN and null compare false: not big)
+        return bool(np.any(np.abs(a) > 2**53))
 
 
 def _int_to_float32(v: int) -> float:
