@@ -944,6 +944,10 @@ cdef int score_all(const ModelView* m, const acc_t* leaves, const acc_t* base, d
 AGGREGATES = {"sum": AGG_SUM, "min": AGG_MIN, "max": AGG_MAX}  # Forest(aggregate=)
 
 
+# the lanes and oblivious kernels read the padded layout's trees: a compact model's refusal
+COMPACT_REFUSED = ("the compact layout: this kernel reads the padded layout's trees (compile "
+                   "with layout='padded', or 'auto' to time every candidate)")
+
 cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here, and must
     not change after __init__: the kernels' tables (QuickScorer's, the oblivious kernel's
@@ -1135,6 +1139,8 @@ cdef class Forest:
         cdef int64_t T = self.view.n_trees
         cdef int64_t nf = self.view.n_features
         reason = ""
+        if self.view.cnodes != NULL:
+            raise ValueError(f"kernel oblivious: {COMPACT_REFUSED}")
         if self.view.pnodes == NULL or D < 1 or nf < 1:
             raise ValueError("kernel oblivious: not a padded model of depth 1 or more")
         if self.view.agg != AGG_SUM:  # its blocks add the leaves (oblivious.h sw_obl_sum)
@@ -1266,7 +1272,9 @@ cdef class Forest:
         cdef int32_t D = self.view.depth
         cdef int64_t T = self.view.n_trees
         cdef int64_t nf = self.view.n_features
-        if self.view.qnodes == NULL or D < 1:
+        if self.view.cnodes != NULL:
+            reason = COMPACT_REFUSED
+        elif self.view.qnodes == NULL or D < 1:
             reason = "not a padded model of depth 1 or more without special nodes"
         elif D > SW_LANES_MAXD:
             reason = f"depth {D}: the kernel takes trees of depth {SW_LANES_MAXD} at most " \

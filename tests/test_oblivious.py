@@ -76,24 +76,25 @@ def test_catboost_models_take_the_oblivious_kernel_and_match_catboost_in_every_m
         cb_models, name, tmp_path):
     model = cb_models[name]
     compiled = worker.compile_model(model)
-    # measured several times faster than the walks on CatBoost models (bench/NOTES.md); trees
-    # of depth 5 or less summing one score may measure the lanes kernel (lanes.h) faster
-    # still, on a CPU with AVX-512F: both exact, the choice is by timing
-    lanes_ok = "padded lanes" in compiled.kernel_choice["us_per_row"]
-    assert compiled.kernel == "oblivious" or lanes_ok and compiled.kernel == "lanes", \
-        compiled.kernel_choice
+    # the oblivious kernel is timed for every CatBoost model (several times the walks' speed
+    # there: bench/NOTES.md), but which candidate wins is the machine's timing (the lanes or
+    # leaf-mask kernel can match it on shallow trees, and a busy machine moves the figures:
+    # a loaded run once took the walks): the speed is the benchmarks' to show; here, that it
+    # was timed, and that whatever won scores as CatBoost does
+    assert "padded oblivious" in compiled.kernel_choice["us_per_row"], compiled.kernel_choice
     path = tmp_path / "m.model"
     compiled.save(path)
     loaded = worker.load_model(path)
-    assert loaded.kernel == compiled.kernel
+    assert (loaded.layout, loaded.kernel) == (compiled.layout, compiled.kernel)
     borders = _catboost_borders(model)
-    if loaded.kernel == "lanes":  # its scores too, then the oblivious kernel's every mode
+    if loaded.kernel != "oblivious":  # its scores too, then the oblivious kernel's every mode
         for seed, n in enumerate(SIZES):
             X = _rows(n, borders, seed)
             raw = np.asarray(model.predict(X, prediction_type="RawFormulaVal"),
                              dtype=np.float64).reshape(n, -1)
             np.testing.assert_array_equal(loaded.raw(X, n_threads=2), raw,
-                                          err_msg=f"{name}, lanes, {n} rows")
+                                          err_msg=f"{name}, {loaded.layout} {loaded.kernel}"
+                                                  f", {n} rows")
         loaded = chosen(worker.model.compile.to_ir(model), "padded", "oblivious")
     # the float64 leaves picked as 32-bit halves (AVX-512, depth 6 or less, one score) and
     # gathered: both ways where the first is built
@@ -167,7 +168,7 @@ def test_a_model_that_is_not_oblivious_is_refused_by_name_and_not_measured():
     deep = M.xgboost_models()["xgb-binary-logistic"]
     with pytest.raises(ValueError, match="asks more than one question at level"):
         worker.compile_model(deep, layout="padded", kernel="oblivious")
-    with pytest.raises(ValueError, match="not a padded model"):
+    with pytest.raises(ValueError, match="the compact layout: this kernel reads the padded layout"):
         worker.compile_model(deep, layout="compact", kernel="oblivious")
     auto = worker.compile_model(deep)
     assert auto.kernel != "oblivious"
