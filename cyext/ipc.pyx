@@ -173,7 +173,7 @@ cdef bint parse_batch(const uint8_t* v, int64_t size, int64_t start, bint whole,
     body. ``whole``: it must also be the last message (the bytes end, or the end-of-stream
     marker follows). False for anything else."""
     cdef int64_t meta_len, end, body_len, root, hdr, vstart, tail
-    cdef int64_t version, header_type, comp, i, off, ln
+    cdef int64_t version, header_type, comp, i, off, ln, last
     cdef FbTable msg, rb
     cdef const uint8_t* meta
     if start < 0 or start > size - 8 or rd32(v + start) != -1:
@@ -224,11 +224,20 @@ cdef bint parse_batch(const uint8_t* v, int64_t size, int64_t start, bint whole,
         return False
     b.body = v + end
     b.body_len = body_len
+    last = 0  # the end of the last buffer that holds bytes
     for i in range(b.n_bufs):
         off = rd64(b.bufs + 16 * i)
         ln = rd64(b.bufs + 16 * i + 8)
         if off < 0 or ln < 0 or off > body_len or ln > body_len - off:
             return False
+        # buffers that hold bytes, one after another as every writer lays them; any other
+        # order is pyarrow's path, which refuses buffers sharing bytes (codec._disjoint: a
+        # hostile review found aliased columns scored here once the schema was cached, and
+        # dead-lettered on its first message)
+        if ln > 0:
+            if off < last:
+                return False
+            last = off + ln
         # Arrow's reader refuses a buffer that does not start 8-byte aligned in the body
         # (those of zero length and a validity bitmap with no nulls it never reads): such a
         # message is pyarrow's to judge (the fuzzer found one scored here, 2026-12-02)

@@ -808,3 +808,71 @@ def test_a_message_of_two_streams_is_dead_lettered_by_replay(tmp_path):
     (dead,) = read_records(tmp_path / "out-dlq.arrows")
     assert dict(dead.headers)["error_code"] == b"not_arrow"
     assert dead.value == first + second
+
+
+def _plain(amount: list[float]) -> bytes:
+    b = pa.record_batch({**{f: pa.array(np.full(len(amount), 3.0, np.float32))
+                            for f in demo.FEATURES},
+                         demo.FEATURES[0]: pa.array(np.asarray(amount, np.float32)),
+                         demo.ID_COLUMN: pa.array(np.arange(len(amount), dtype=np.int64))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, b.schema) as w:
+        w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def test_aliased_buffers_are_refused_once_the_schema_is_cached_too():
+    """A hostile review: a column's data buffer pointed at another column's bytes was
+    dead-lettered on its schema's first message (pyarrow's path) but scored, reading the
+    other column's values, once the schema was cached (the C reader); now both refuse it."""
+    value = _plain([50.0, 50.0, 50.0])
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    fb_start = 8 + int.from_bytes(value[4:8], "little")  # the batch message after the schema
+    meta_len = int.from_bytes(value[fb_start + 4:fb_start + 8], "little")
+    meta = value[fb_start + 8:fb_start + 8 + meta_len]
+    # the first feature's data buffer (its validity bitmap first, 0 bytes): point it at the
+    # second feature's data (each 12 bytes, 3 float32s, at offsets 16 apart)
+    first = struct.pack("<qqqq", 0, 0, 0, 12)
+    at = meta.find(first)
+    assert at > 0
+    aliased = bytearray(value)
+    aliased[fb_start + 8 + at + 16:fb_start + 8 + at + 24] = struct.pack("<q", 16)
+    aliased = bytes(aliased)
+    read = pa.ipc.open_stream(aliased).read_all()  # pyarrow reads it: the second's values
+    assert read.column(demo.FEATURES[0]).to_pylist() == [3.0, 3.0, 3.0]
+    for _ in range(2):  # the first message of its schema, then cached (the C reader)
+        with pytest.raises(codec.InvalidMessage, match="share bytes") as e:
+            dec.decode_keyed(aliased)
+        assert e.value.code == "invalid_arrow"
+        got, _ = dec.decode_keyed(value)  # (the same schema, as written: read)
+    assert isinstance(got, codec.Raw)  # the schema is cached: the C reader read it
+    assert dec.decode(value).column(demo.FEATURES[0]).to_pylist() == [50.0, 50.0, 50.0]
+
+
+@pytest.mark.parametrize("extra", [1_000, 200_000])
+def test_a_schema_past_the_header_cap_is_too_large(extra):
+    """A hostile review: a one-row message of 500,000 null columns (30 MB, inside a 32 MB
+    max_message_bytes) took the worker from 162 to 371 MB and 3.6 s of CPU a message. A
+    message header is now at most a sixteenth of max_message_bytes (at least 1 MiB)."""
+    cols = {f: pa.array([1.0], pa.float32()) for f in demo.FEATURES}
+    cols[demo.ID_COLUMN] = pa.array([7], pa.int64())
+    cols.update({f"pad{i:06d}": pa.nulls(1) for i in range(extra)})
+    b = pa.record_batch(cols)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, b.schema) as w:
+        w.write_batch(b)
+    value = sink.getvalue().to_pybytes()
+    head = 8 + int.from_bytes(value[4:8], "little")
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=32 << 20)
+    assert codec.header_cap(32 << 20) == 2 << 20
+    if head < codec.header_cap(32 << 20):
+        assert dec.decode(value).num_rows == 1
+        return
+    with pytest.raises(codec.InvalidMessage, match="a message header") as e:
+        dec.decode_keyed(value)
+    assert e.value.code == "too_large"
+    # the walk of every message's header bounds them too (a batch's, a schema's framed
+    # without the continuation marker): the same cap, at least MIN_HEADER_CAP
+    assert codec.header_cap(1024) == codec.MIN_HEADER_CAP
+    with pytest.raises(codec._TooMuch, match="a message header"):
+        codec._headers_walk(value, 32 << 20)

@@ -89,6 +89,9 @@ class Decoder:
         if not value:
             raise InvalidMessage("empty", "the message has no value")
         head = _schema_bytes(value)
+        if head is not None and len(head) - 8 > header_cap(self.max_bytes):  # (not hashed)
+            raise InvalidMessage("too_large", _HEADER.format(
+                length=len(head) - 8, cap=header_cap(self.max_bytes)))
         # cached by a digest of the schema message: 16 bytes a schema, whatever its size
         key = hashlib.blake2b(head, digest_size=16).digest() if head is not None else None
         plan = self._plans.get(key) if key is not None else None
@@ -298,6 +301,18 @@ def _fb_ref(fb: bytes, table: int, i: int) -> int:
 # shared dictionary once per batch
 MAX_BATCHES = 1024
 MAX_DICTIONARY_BATCHES = 16
+# a message header (a schema's, a batch's flatbuffer) is at most this share of
+# delivery.max_message_bytes, and never less than MIN_HEADER_CAP: pyarrow builds ~7 bytes of
+# objects a byte of schema (a hostile review's one-row message of 500,000 null columns, 30 MB
+# inside a 32 MB max_message_bytes, took the worker from 162 to 371 MB and 3.6 s of CPU a
+# message), where the columns read are bounded by their own decoded size
+HEADER_SHARE = 16
+MIN_HEADER_CAP = 1 << 20
+
+
+def header_cap(limit: int) -> int:
+    """The largest message header a message of ``limit`` decoded bytes may carry."""
+    return max(MIN_HEADER_CAP, limit // HEADER_SHARE)
 
 
 _EXPERIMENTAL_COMPRESSION = b"ARROW:experimental_compression"
@@ -310,13 +325,14 @@ class _TooMuch(ValueError):
 def _headers_walk(value: bytes, limit: int) -> int:
     """The bytes the stream's compressed buffers decompress to, as they declare it (0: no
     body is compressed), read from the message headers alone, before anything is
-    decompressed; _TooMuch past ``limit``, or past MAX_BATCHES record batches or
-    MAX_DICTIONARY_BATCHES dictionary batches. A compressed buffer declares its size
-    in its first 8 bytes (-1: stored as it is). An uncompressed body is read where it lies,
-    never copied. _Framing when the stream is not framed as an Arrow writer frames it:
-    struct reads are bounds-checked, every length and offset is checked against the bytes,
-    and sizes are Python integers, so nothing wraps."""
+    decompressed; _TooMuch past ``limit``, past MAX_BATCHES record batches or
+    MAX_DICTIONARY_BATCHES dictionary batches, or for a header past ``header_cap(limit)``.
+    A compressed buffer declares its size in its first 8 bytes (-1: stored as it is). An
+    uncompressed body is read where it lies, never copied. _Framing when the stream is not
+    framed as an Arrow writer frames it: struct reads are bounds-checked, every length and
+    offset is checked against the bytes, and sizes are Python integers, so nothing wraps."""
     total, pos, n = 0, 0, len(value)
+    cap = header_cap(limit)
     counts, messages = {2: 0, 3: 0}, 0
     dictionaries: dict[int, int] = {}  # dictionary id -> its decoded bytes, deltas summed
     work = 0  # dictionary bytes in effect, summed over the record batches
@@ -335,6 +351,8 @@ def _headers_walk(value: bytes, limit: int) -> int:
                 break
             if length < 0 or length > n - pos:
                 raise _Framing("a message is longer than the stream")
+            if length > cap:
+                raise _TooMuch(_HEADER.format(length=length, cap=cap))
             messages += 1
             if messages > MAX_BATCHES + MAX_DICTIONARY_BATCHES + 1:  # the schema, the batches
                 raise _TooMuch(f"more than {MAX_BATCHES} record batches or "
@@ -404,6 +422,9 @@ def _headers_walk(value: bytes, limit: int) -> int:
     return total, work
 
 
+_HEADER = ("a message header (schema or record batch) of {length:,} bytes, more than "
+           "{cap:,} (a sixteenth of delivery.max_message_bytes, at least 1 MiB): too many "
+           "fields or buffers")
 _SHARED = ("its record batches share dictionaries read once a batch and a field: more than "
            "delivery.max_message_bytes ({limit}) to check")
 
