@@ -244,3 +244,68 @@ def test_event_fields_that_clash_exit_2_naming_them(tmp_path, fmt, source, scori
     proc = run_cli("--config", cfg)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"config error: {said}", proc.stderr
+
+
+def test_a_key_given_twice_in_the_yaml_exits_2(tmp_path):
+    """A hostile review: a second ``scoring:`` section silently replaced the first (PyYAML
+    keeps the last), and its decision bands with it."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(f"model: {{path: {MINIMAL['model']['path']}}}\n"
+                    f"source: {{type: file, path: {MINIMAL['source']['path']}}}\n"
+                    "scoring: {thresholds: [0.9, 0.95]}\n"
+                    "logging: {level: info}\n"
+                    "scoring: {threads: 1}\n")
+    with pytest.raises(ConfigError, match="the key 'scoring' is given twice.*line 5"):
+        load_settings(path)
+    proc = run_cli("--config", path)
+    assert proc.returncode == 2 and "'scoring' is given twice" in proc.stderr
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(yaml.safe_dump(MINIMAL) + "delivery:\n  mode: exactly_once\n"
+                      "  mode: at_least_once\n")
+    with pytest.raises(ConfigError, match="the key 'mode' is given twice"):
+        load_settings(nested)
+    merged = tmp_path / "merged.yaml"  # a merge key is not a repeat
+    merged.write_text(f"model: {{path: {MINIMAL['model']['path']}}}\n"
+                      "source: &s {type: file, path: a.arrows}\n"
+                      "sink:\n  <<: *s\n  path: b.arrows\n")
+    assert load_settings(merged).sink.path == "b.arrows"
+
+
+@pytest.mark.parametrize("scoring, field", [
+    ({"thresholds": [50, 90]}, "scoring.thresholds"),
+    ({"thresholds": [-1]}, "scoring.thresholds"),
+    ({"thresholds": [0.5, 1.5]}, "scoring.thresholds"),
+    ({"thresholds": [0.5], "explain": {"min_score": 5}}, "scoring.explain.min_score"),
+])
+def test_thresholds_outside_a_probability_exit_2(tmp_path, scoring, field):
+    """A hostile review: thresholds [50, 90] (percentages) for a classifier started, and
+    every row was allowed (a probability never reaches 50)."""
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "scoring": scoring}))
+    proc = run_cli("--config", path)
+    assert proc.returncode == 2, proc.stderr
+    assert field in proc.stderr and ("outside 0 to 1" in proc.stderr or
+                                     "above 1" in proc.stderr)
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("check", "--config", path)
+    assert proc.returncode == 2 and field in proc.stderr
+
+
+def test_score_batch_refuses_thresholds_outside_a_probability():
+    X = np.zeros((3, M.N_FEATURES), np.float32)
+    clf = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    assert clf.scores_probabilities
+    with pytest.raises(ValueError, match="thresholds: 50 is outside 0 to 1"):
+        clf.score_batch(X, thresholds=(50, 90))
+    assert clf.score_batch(X, thresholds=(0.0, 1.0)).decision.tolist() == [1, 1, 1]
+    # margins and regression values take any threshold
+    import xgboost as xgb
+
+    Xt, y, _, yr = M.training_data(nan=False)
+    raw = worker.compile_model(xgb.train({"objective": "binary:logitraw", "max_depth": 2},
+                                         xgb.DMatrix(Xt, label=y), 3))
+    reg = worker.compile_model(xgb.train({"objective": "reg:squarederror", "max_depth": 2},
+                                         xgb.DMatrix(Xt, label=yr), 3))
+    for m in (raw, reg):
+        assert not m.scores_probabilities
+        assert len(m.score_batch(X, thresholds=(-5, 50))) == 3

@@ -173,6 +173,8 @@ def test_hypothesis_certified_adversarial(data):
     thr += data.draw(st.lists(st.floats(-2, 2), max_size=2))
     # the exact neighbours of a score: the cruellest threshold there is
     thr.append(float(np.nextafter(full[picks[0]], np.inf)))
+    if model.scores_probabilities:  # (thresholds outside a probability are refused)
+        thr = [min(max(t, 0.0), 1.0) for t in thr]
     chunk = data.draw(st.sampled_from([1, 2, 3, 8, 13]))
     check_certified(model, X, thr, n_threads=data.draw(st.sampled_from([1, 2])), chunk=chunk)
 

@@ -33,6 +33,30 @@ class ConfigError(ValueError):
     """A bad configuration; the message names the field."""
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last,
+    so a second ``scoring:`` section silently replaced the first and its decision bands
+    (a hostile review). Merge keys (``<<``) still merge."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    again = key in seen
+                    seen.add(key)
+                except TypeError:  # (an unhashable key: the constructor says so)
+                    continue
+                if again:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {str(key)[:80]!r} is given twice in one mapping "
+                        "(the second would replace the first)", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -462,7 +486,8 @@ class ScoringConfig(_Section):
     threads: int | None = Field(None, ge=1, le=256)
     """Kernel threads (default: all cores)."""
     thresholds: list[float] = Field(default_factory=lambda: [0.5])
-    """Decision thresholds on the score, increasing; decision = how many the score is >= to."""
+    """Decision thresholds on the score, increasing; decision = how many the score is >= to.
+    For a model whose scores are probabilities, each within 0 to 1 (else exit 2)."""
     lazy: LazyConfig = Field(default_factory=LazyConfig)
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of rows also fully evaluated; disagreements are exported as a metric."""
@@ -886,7 +911,7 @@ def load_settings(path: str | Path | None = None, defaults: dict | None = None,
         if not p.is_file():
             raise ConfigError(f"config error: --config: file {p} does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.load(p.read_text(), Loader=_UniqueKeys) or {}  # noqa: S506 (safe)
         except yaml.YAMLError as exc:
             # the problem and where, never the offending line (it may hold a secret)
             mark = getattr(exc, "problem_mark", None)

@@ -31,11 +31,26 @@ class Row:
     cast: str | None
 
 
+def check_scores(model, scoring) -> None:
+    """ValueError naming the setting where ``scoring.thresholds`` cannot band this model's
+    scores (outside 0 to 1 for a model whose scores are probabilities), or where
+    ``scoring.explain.min_score`` is above every probability."""
+    problem = model.threshold_problem(scoring.thresholds)
+    if problem is not None:
+        raise ValueError(f"scoring.thresholds: {problem}")
+    low = scoring.explain.min_score if scoring.explain is not None else None
+    if low is not None and low > 1.0 and model.scores_probabilities:  # (below 0: every row)
+        raise ValueError(f"scoring.explain.min_score: {low:g} is above 1, and the model's "
+                         "scores are probabilities: no row would be explained (a "
+                         "percentage: divide it by 100)")
+
+
 def rows(model, settings: Settings) -> list[Row]:
     """The contract, one ``Row`` a feature (ValueError for settings the model cannot be read
     by, as start-up refuses them)."""
     from .pipeline import reader_for
 
+    check_scores(model, settings.scoring)
     fmt = reader_for(model, settings)
     specs = getattr(fmt, "fields", None)
     cats, hashed = model.categories or {}, getattr(model, "category_hashes", None) or {}

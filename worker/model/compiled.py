@@ -7,7 +7,7 @@ import numpy as np
 from .. import _kernels
 from . import artifact, reference, structure
 from .lazy import Target, audit_mask, score_lazy
-from .result import ScoreResult, decisions, default_threads
+from .result import ScoreResult, _sorted, decisions, default_threads
 
 _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
               "objective", "source", "kind", "layout", "depth", "max_depth", "accumulate",
@@ -265,6 +265,24 @@ class CompiledModel:
             return _kernels.ort_probit(np.ascontiguousarray(raw[:, 0], dtype=np.float64))
         return raw[:, 0]
 
+    @property
+    def scores_probabilities(self) -> bool:
+        """Its scores are probabilities, 0 to 1 (a classifier's, but for margins:
+        binary:logitraw)."""
+        return self.task != "regression" and self.link != "identity"
+
+    def threshold_problem(self, thresholds) -> str | None:
+        """Why ``thresholds`` cannot band this model's scores (None: they can): for scores
+        that are probabilities, a threshold outside 0 to 1 (above 1 never reached, below 0
+        always; a hostile review's thresholds [50, 90], percentages, passed every row)."""
+        t = _sorted(tuple(thresholds))
+        if not self.scores_probabilities or (t[0] >= 0.0 and t[-1] <= 1.0):
+            return None
+        odd = next(float(v) for v in t if not 0.0 <= v <= 1.0)
+        return (f"{odd:g} is outside 0 to 1, and the model's scores are probabilities: a "
+                f"threshold above 1 is never reached, one below 0 always is (a percentage: "
+                f"divide it by 100)")
+
     def score_from_raw(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(score, label index) as in the output: P(positive), P(label), or the regression
         value."""
@@ -374,6 +392,9 @@ class CompiledModel:
                 not isinstance(monitor, _Counts):
             raise TypeError("monitor: the counts model.monitor_counts() makes, not a "
                             f"{type(monitor).__name__}")
+        problem = self.threshold_problem(thresholds)
+        if problem is not None:
+            raise ValueError(f"thresholds: {problem}")
         X = self.by_name(X)
         if monitor is not None:  # read once: the rows counted are the rows scored
             if self.category_hashes:  # (CatBoost's categories hashed once, not again)

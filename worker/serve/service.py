@@ -219,6 +219,9 @@ class Service:
 
         seen = identity(self.path)
         model = load_model(self.path)
+        from ..contract import check_scores
+
+        check_scores(model, self.scoring)
         if self.scoring.lazy.mode != "off":  # the policy's parameters, tried on this model
             model.score_batch(np.zeros((1, model.n_features), np.float32),
                               lazy=self.scoring.lazy.mode, thresholds=self.scoring.thresholds,
