@@ -427,3 +427,19 @@ def test_a_sigkill_during_a_swap_loses_nothing(tmp_path, kafka_bootstrap, topic_
     # after the restart every message is scored by the artifact now at the path
     last = {dict(m.headers())["model_id"].decode() for m in out[-20:]}
     assert last == {models["b"].model_id}
+
+
+def test_a_swap_to_probabilities_under_thresholds_outside_them_is_refused(tmp_path, models):
+    """Thresholds [50, 90] band a regression model's values; a classifier swapped in would
+    allow every row (a probability never reaches 50): refused, the running model stays."""
+    from worker.lifecycle import ModelRefused, verify
+
+    settings = load_settings(None, model={"path": str(tmp_path / "m.model")},
+                             source={"type": "kafka", "topic": "in"},
+                             sink={"type": "kafka", "topic": "out"},
+                             scoring={"thresholds": [50, 90]})
+    reg, clf = models["wide"], models["a"]
+    verify(reg, reg, settings, events=False)  # regression values: any threshold
+    with pytest.raises(ModelRefused, match="thresholds: 50 is outside 0 to 1") as e:
+        verify(clf, reg, settings, events=False)
+    assert e.value.reason == "probe_failed"
