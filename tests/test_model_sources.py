@@ -125,3 +125,27 @@ def test_malformed_tree_arrays_are_refused_before_anything_walks_them(lie):
     rf.estimators_[1].tree_.__setstate__(state)
     with pytest.raises(worker.UnsupportedModelError, match="tree 1"):
         worker.compile_model(rf)
+
+
+@pytest.mark.parametrize("num_feature", ["2147483647", "131073", "0", "-5"])
+def test_an_xgboost_file_declaring_absurd_features_is_refused_at_once(tmp_path, num_feature):
+    """A hostile review: a 2 KB XGBoost JSON saying num_feature 2^31 - 1 (XGBoost loads it)
+    built a name a feature and ran the machine out of memory; now refused by name, as the
+    ONNX and CatBoost loaders refuse inputs past 2^17."""
+    import time
+
+    import xgboost as xgb
+
+    from tests import models as M
+    from worker.model.ir import UnsupportedModelError
+
+    X, y, _, _ = M.training_data(nan=False)
+    b = xgb.train({"objective": "binary:logistic", "max_depth": 2}, xgb.DMatrix(X, label=y), 2)
+    doc = json.loads(b.save_raw("json"))
+    doc["learner"]["learner_model_param"]["num_feature"] = num_feature
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    t0 = time.perf_counter()
+    with pytest.raises((UnsupportedModelError, ValueError), match="num_feature|feature"):
+        worker.compile_model(str(path))
+    assert time.perf_counter() - t0 < 30

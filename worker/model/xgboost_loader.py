@@ -29,6 +29,8 @@ _OBJECTIVES = {
     "multi:softmax": ("multiclass", "softmax", "identity"),
 }
 
+MAX_FEATURES = 1 << 17  # as the ONNX and CatBoost loaders: wider costs gigabytes to probe
+
 
 def load_booster(source):
     """Return an ``xgboost.Booster`` for a Booster, an XGBModel or a model file path."""
@@ -231,6 +233,10 @@ def to_ir(source) -> Ensemble:
         indptr = list(indptr[:rounds + 1])
         trees, tree_group = trees[:indptr[-1]], tree_group[:indptr[-1]]
     n_features = int(param["num_feature"])
+    if not 1 <= n_features <= MAX_FEATURES:  # (the names below, the probe rows: n_features
+        # each; a 2 KB file saying 2^31 - 1 ran the machine out of memory, a hostile review)
+        raise UnsupportedModelError(f"num_feature {n_features}: 1 to {MAX_FEATURES} features "
+                                    "are supported")
     names = list(learner.get("feature_names") or [f"f{i}" for i in range(n_features)])
     if len(names) != n_features:
         raise UnsupportedModelError(f"{len(names)} feature names for {n_features} features")
