@@ -123,3 +123,24 @@ def test_compile_reads_cbm_files_and_refuses_a_broken_one(cb_models, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "not a readable CatBoost model" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_moved_probability_threshold_is_refused_not_ignored(tmp_path):
+    """A hostile review: set_probability_threshold(0.9) changes CatBoost's predict (340 of
+    2,000 labels) and is saved in the model file; the compiled model labelled at 0.5 with no
+    note. Refused from the estimator and from its file; reset, it compiles and agrees."""
+    import catboost as cb
+
+    X, y = _data(600, seed=6)[:2]
+    e = cb.CatBoostClassifier(iterations=20, depth=4, allow_writing_files=False,
+                              verbose=False).fit(X, y)
+    e.set_probability_threshold(0.9)
+    with pytest.raises(UnsupportedModelError, match="probability threshold 0.9"):
+        worker.compile_model(e)
+    e.save_model(str(tmp_path / "m.cbm"))
+    with pytest.raises(UnsupportedModelError, match="set_probability_threshold"):
+        worker.compile_model(str(tmp_path / "m.cbm"))
+    e.set_probability_threshold(None)
+    m = worker.compile_model(e)
+    H = np.random.default_rng(6).normal(size=(2000, X.shape[1])).astype(np.float32)
+    np.testing.assert_array_equal(m.predict(H), e.predict(H))

@@ -181,6 +181,19 @@ def _to_ir(d: dict) -> Ensemble:
         raise UnsupportedModelError(f"a MultiClass model with {G} classes")
     if task == "binary" and len(classes) != 2:
         classes = [0, 1]
+    cut = d.get("model_info", {}).get("binclass_probability_threshold")
+    try:  # (CatBoost's JSON writes it as a string)
+        moved = cut is not None and float(cut) != 0.5
+    except (TypeError, ValueError):
+        moved = True
+    if task == "binary" and moved:
+        # CatBoost's predict labels a row positive above it; the compiled model's label is
+        # P > 0.5 (a hostile review: 340 of 2,000 labels differed, the probabilities exact)
+        raise UnsupportedModelError(
+            f"probability threshold {cut} (set_probability_threshold): the compiled model "
+            "labels a row positive at P > 0.5. Reset it (model.set_probability_threshold("
+            "None)) and band the probabilities with scoring.thresholds, or score_batch's "
+            "thresholds, instead")
     sb = d.get("scale_and_bias", [1.0, [0.0] * G])
     scale = _float(sb[0], "scale_and_bias")
     if scale != 1.0:
