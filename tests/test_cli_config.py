@@ -61,6 +61,10 @@ def test_environment_overrides_yaml(monkeypatch):
     ({"metrics": {"port": 70000}}, "metrics.port"),
     ({"scoring": {"lazy": {"mode": "sometimes"}}}, "scoring.lazy.mode"),
     ({"unknown_section": {}}, "unknown_section"),
+    # a hostile review: YAML's true was one thread, a quoted threshold a number
+    ({"scoring": {"threads": True}}, "scoring.threads"),
+    ({"scoring": {"thresholds": ["0.5"]}}, "scoring.thresholds"),
+    ({"delivery": {"max_message_rows": False}}, "delivery.max_message_rows"),
 ])
 def test_bad_config_exits_2_naming_the_field(tmp_path, doc, field):
     path = tmp_path / "bad.yaml"

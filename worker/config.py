@@ -57,8 +57,40 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _numbers_only(annotation) -> bool:
+    """The annotation takes numbers (int, float, or one of them or None), not booleans."""
+    import types
+    import typing
+
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = set(typing.get_args(annotation)) - {type(None)}
+        return bool(args) and args <= {int, float}
+    if typing.get_origin(annotation) is list:
+        return set(typing.get_args(annotation)) <= {int, float}
+    return False
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, v, info):
+        """A number's setting takes a number: YAML's true/false is not 1/0, and a quoted
+        number in a list is not a number (a hostile review: ``threads: true`` ran one
+        thread, ``thresholds: ["0.5"]`` was read as 0.5). Scalars from the environment are
+        text and are converted as before."""
+        field = cls.model_fields.get(info.field_name)
+        if field is None or not _numbers_only(field.annotation):
+            return v
+        values = v if isinstance(v, list) else [v]
+        if any(isinstance(x, bool) for x in values):
+            raise ValueError("a number, not true or false")
+        if isinstance(v, list) and any(isinstance(x, str) for x in values):
+            raise ValueError("numbers, not quoted text")
+        return v
 
 
 class FieldSpec(_Section):
