@@ -313,3 +313,16 @@ def test_score_batch_refuses_thresholds_outside_a_probability():
     for m in (raw, reg):
         assert not m.scores_probabilities
         assert len(m.score_batch(X, thresholds=(-5, 50))) == 3
+
+
+def test_an_arrow_id_column_naming_a_feature_or_nothing_exits_2(tmp_path):
+    """JSON refused an id column that is also a feature; Arrow took it (every output's id a
+    feature's value), and an empty id_column was read as none (a hostile review)."""
+    feature = worker.load_model(MINIMAL["model"]["path"]).feature_names[0]
+    for scoring, said in (({"id_column": feature}, "is also a feature"),
+                          ({"id_column": ""}, "scoring.id_column")):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({**MINIMAL, "scoring": scoring}))
+        proc = run_cli("--config", path)
+        assert proc.returncode == 2, proc.stderr
+        assert said in proc.stderr and "Traceback" not in proc.stderr

@@ -149,3 +149,25 @@ def test_an_xgboost_file_declaring_absurd_features_is_refused_at_once(tmp_path, 
     with pytest.raises((UnsupportedModelError, ValueError), match="num_feature|feature"):
         worker.compile_model(str(path))
     assert time.perf_counter() - t0 < 30
+
+
+def test_positional_rows_of_text_or_complex_numbers_are_refused():
+    """A hostile review: numpy rows of strings were parsed as numbers, complex numbers cut to
+    their real part; now refused (TypeError) in every entry point. Numbers of any width,
+    booleans, and object arrays of numbers with None (missing) are read as before."""
+    from tests import models as M
+
+    m = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    n = m.n_features
+    X = M.hostile_rows(4, np.array([0.0, 1.0]), seed=3)[:, :n].astype(np.float32)
+    want = m.raw(X)
+    for bad in (X.astype(str), X.astype(np.complex128), X.astype(object).astype(str)
+                .astype(object), np.where(np.isnan(X), None, X.astype(str)).astype(object)):
+        for call in (m.raw, m.predict_proba, m.score_batch, m.contributions):
+            with pytest.raises(TypeError, match="numbers only"):
+                call(bad)
+    obj = X.astype(object)
+    obj[np.isnan(X)] = None
+    for good in (X.astype(np.float64), X.astype(np.longdouble), obj):
+        np.testing.assert_array_equal(m.raw(good), want)
+    np.testing.assert_array_equal(m.raw(X > 0), m.raw((X > 0).astype(np.float32)))

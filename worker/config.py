@@ -513,7 +513,7 @@ class ExplainConfig(_Section):
 
 
 class ScoringConfig(_Section):
-    id_column: str | None = "txn_id"
+    id_column: str | None = Field("txn_id", min_length=1)
     """Input column passed through as `id` (none: the row index in the message)."""
     threads: int | None = Field(None, ge=1, le=256)
     """Kernel threads (default: all cores)."""

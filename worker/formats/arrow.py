@@ -22,6 +22,11 @@ class ArrowFormat:
     name = "arrow"
 
     def __init__(self, model, id_column: str | None, max_rows: int | None, max_bytes: int):
+        # as JSON and Avro refuse it (a hostile review: Arrow took it, every output's id a
+        # feature's value, so no decision joined back to its transaction)
+        if id_column and id_column in model.feature_names:
+            raise ValueError(f"scoring.id_column: {id_column!r} is also a feature the model "
+                             "reads: set scoring.id_column to the column that holds the id")
         self.decoder = codec.Decoder(model.feature_names, id_column, max_rows,
                                      categories=model.categories, max_bytes=max_bytes,
                                      category_hashes=getattr(model, "category_hashes", None))

@@ -190,6 +190,9 @@ class CompiledModel:
             return X
         if hasattr(X, "schema") and hasattr(X, "column"):
             return arrow_columns(X, self.feature_names, self._category_sets)
+        X = np.asarray(X)
+        if X.dtype.kind not in "biuf":
+            numbers_only(X)
         cols = _kernels.Columns.from_numpy(X)
         if cols.n_features != self.n_features:
             raise ValueError(f"X has {cols.n_features} features, the model expects "
@@ -445,6 +448,24 @@ class CompiledModel:
 _Counts = reference.Counts  # (score_batch's monitor: one lookup a call, not two)
 
 
+def numbers_only(X: np.ndarray) -> None:
+    """TypeError unless ``X`` holds numbers (numeric or boolean dtype; an object array of
+    numbers, None and NaN for missing values): strings were parsed as numbers and complex
+    numbers cut to their real part (a hostile review), where positional rows of another
+    kind are a mistake upstream."""
+    if X.dtype.kind in "biuf":
+        return
+    if X.dtype.kind != "O":
+        raise TypeError(f"rows of dtype {X.dtype}: numbers only (a numeric or boolean array; "
+                        "strings are not parsed, complex numbers not cut to their real part)")
+    for v in X.flat:
+        if v is not None and (not isinstance(v, (int, float, np.integer, np.floating))
+                              or isinstance(v, complex)):
+            raise TypeError(f"rows hold a {type(v).__name__} value: numbers only (None or NaN "
+                            "for a missing value; a category by name: a DataFrame or an "
+                            "Arrow table)")
+
+
 class _HashedRows(np.ndarray):
     """Rows ``hashed_rows`` made (float32, categorical values as their codes), marked so they
     are read as they are, not hashed again (score_batch with a monitor scores and counts the
@@ -660,6 +681,7 @@ def float_rows(X, feature_names: list[str], categories: dict | None = None) -> n
     X = np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features); got shape {X.shape}")
+    numbers_only(X)
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
