@@ -370,3 +370,45 @@ def stored_uncompressed(data: bytes, k: int = 1, size: int = -1) -> bytes:
         return _append(content, body)
 
     return _body_laid_out(data, k, place)
+
+
+def shared_struct_schema(schema, fanout: int, depth: int = 2) -> bytes:
+    """A schema message (then end of stream) of ``schema``'s flat fields and one struct
+    field ``pad`` whose children are ``fanout`` references to one struct, whose children are
+    ``fanout`` references to one ... (``depth`` levels) to one null leaf: a header of a few
+    bytes a reference that pyarrow builds as fanout**depth fields (flatbuffers let a table be
+    referenced many times)."""
+    fb = _Builder()
+    memo: dict[int, int] = {}
+
+    def field(f):
+        tag, (scalars, refs) = _type(f.type)
+        return lambda: fb.table({1: ("B", 1), 2: ("B", tag)},
+                                {0: lambda: fb.string(f.name),
+                                 3: lambda: fb.table(scalars, refs),
+                                 5: lambda: fb.tables([])})
+
+    def level(d: int):
+        def write() -> int:
+            if d not in memo:  # written once, referenced by every slot after
+                if d == depth:  # the leaf: Null (Type tag 1)
+                    memo[d] = fb.table({1: ("B", 1), 2: ("B", 1)},
+                                       {0: lambda: fb.string("x"),
+                                        3: lambda: fb.table({}, {}),
+                                        5: lambda: fb.tables([])})
+                else:  # a struct (Type tag 13) of fanout references to the next level
+                    memo[d] = fb.table({1: ("B", 1), 2: ("B", 13)},
+                                       {0: lambda: fb.string("pad" if d == 0 else "m"),
+                                        3: lambda: fb.table({}, {}),
+                                        5: lambda: fb.tables([level(d + 1)] * fanout)})
+            return memo[d]
+        return write
+
+    def schema_table():
+        return fb.table({0: ("h", 0)},
+                        {1: lambda: fb.tables([field(f) for f in schema] + [level(0)])})
+
+    root = fb.table({0: ("h", 4), 1: ("B", 1), 3: ("q", 0)}, {2: schema_table})
+    meta = fb.finish(root)
+    return (b"\xff\xff\xff\xff" + struct.pack("<i", len(meta)) + meta +
+            b"\xff\xff\xff\xff\x00\x00\x00\x00")

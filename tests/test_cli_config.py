@@ -273,6 +273,14 @@ def test_a_key_given_twice_in_the_yaml_exits_2(tmp_path):
                       "source: &s {type: file, path: a.arrows}\n"
                       "sink:\n  <<: *s\n  path: b.arrows\n")
     assert load_settings(merged).sink.path == "b.arrows"
+    for text, said in (("scoring: {<<: {thresholds: [0.1], thresholds: [0.9]}}\n",
+                        "the key 'thresholds' is given twice"),
+                       ("a: &a {threads: 1}\nscoring: {<<: *a, <<: {threads: 2}}\n",
+                        "'<<' is given twice")):
+        inline = tmp_path / "inline.yaml"  # (a review: inline merges slipped past)
+        inline.write_text(yaml.safe_dump(MINIMAL) + text)
+        with pytest.raises(ConfigError, match=said):
+            load_settings(inline)
 
 
 @pytest.mark.parametrize("scoring, field", [
@@ -313,6 +321,19 @@ def test_score_batch_refuses_thresholds_outside_a_probability():
     for m in (raw, reg):
         assert not m.scores_probabilities
         assert len(m.score_batch(X, thresholds=(-5, 50))) == 3
+    # a regression through a sigmoid scores probabilities too (a review: reg:logistic and
+    # LightGBM's cross_entropy took [50, 90]); no thresholds at all: every row band 0
+    import lightgbm as lgb
+
+    y01 = (yr > np.median(yr)).astype(float)
+    for m in (worker.compile_model(xgb.train({"objective": "reg:logistic", "max_depth": 2},
+                                             xgb.DMatrix(Xt, label=y01), 3)),
+              worker.compile_model(lgb.train({"objective": "cross_entropy", "verbose": -1},
+                                             lgb.Dataset(Xt, label=y01), 3))):
+        assert m.task == "regression" and m.scores_probabilities
+        with pytest.raises(ValueError, match="outside 0 to 1"):
+            m.score_batch(X, thresholds=(50, 90))
+    assert clf.score_batch(X, thresholds=()).decision.tolist() == [0, 0, 0]
 
 
 def test_an_arrow_id_column_naming_a_feature_or_nothing_exits_2(tmp_path):

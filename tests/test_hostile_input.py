@@ -864,7 +864,7 @@ def test_a_schema_past_the_header_cap_is_too_large(extra):
     value = sink.getvalue().to_pybytes()
     head = 8 + int.from_bytes(value[4:8], "little")
     dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=32 << 20)
-    assert codec.header_cap(32 << 20) == 2 << 20
+    assert codec.header_cap(32 << 20) == codec.MIN_HEADER_CAP == 4 << 20
     if head < codec.header_cap(32 << 20):
         assert dec.decode(value).num_rows == 1
         return
@@ -876,3 +876,23 @@ def test_a_schema_past_the_header_cap_is_too_large(extra):
     assert codec.header_cap(1024) == codec.MIN_HEADER_CAP
     with pytest.raises(codec._TooMuch, match="a message header"):
         codec._headers_walk(value, 32 << 20)
+
+
+@pytest.mark.parametrize("fanout", [8, 2000])
+def test_a_schema_of_shared_tables_is_counted_as_built(fanout):
+    """A review of the header cap: a 1 MB schema of one struct of 2,000 references to one
+    struct of 2,000 references to one null leaf passed it, and pyarrow built 4 million fields
+    (+1.5 GB). Fields are now counted as referenced, and refused past fields_cap."""
+    schema = pa.schema([(demo.ID_COLUMN, pa.int64())] +
+                       [(f, pa.float32()) for f in demo.FEATURES])
+    value = F.shared_struct_schema(schema, fanout)
+    assert len(value) < codec.MIN_HEADER_CAP
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=32 << 20)
+    if fanout * fanout < codec.fields_cap(32 << 20):  # read: a stream of no batch
+        with pytest.raises(codec.InvalidMessage) as e:
+            dec.decode_keyed(value)
+        assert e.value.code != "too_large"
+        return
+    with pytest.raises(codec.InvalidMessage, match="more than 83,886 fields") as e:
+        dec.decode_keyed(value)
+    assert e.value.code == "too_large"

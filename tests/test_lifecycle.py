@@ -442,4 +442,13 @@ def test_a_swap_to_probabilities_under_thresholds_outside_them_is_refused(tmp_pa
     verify(reg, reg, settings, events=False)  # regression values: any threshold
     with pytest.raises(ModelRefused, match="thresholds: 50 is outside 0 to 1") as e:
         verify(clf, reg, settings, events=False)
-    assert e.value.reason == "probe_failed"
+    assert e.value.reason == "thresholds"
+    # explain.min_score above every probability: no row would be explained (a review found
+    # the swap took it, where start-up refused it)
+    explained = load_settings(None, model={"path": str(tmp_path / "m.model")},
+                              source={"type": "kafka", "topic": "in"},
+                              sink={"type": "kafka", "topic": "out"},
+                              scoring={"explain": {"min_score": 50}})
+    verify(reg, reg, explained, events=False)
+    with pytest.raises(ModelRefused, match="min_score: 50 is above 1"):
+        verify(clf, reg, explained, events=False)

@@ -307,12 +307,45 @@ MAX_DICTIONARY_BATCHES = 16
 # inside a 32 MB max_message_bytes, took the worker from 162 to 371 MB and 3.6 s of CPU a
 # message), where the columns read are bounded by their own decoded size
 HEADER_SHARE = 16
-MIN_HEADER_CAP = 1 << 20
+MIN_HEADER_CAP = 4 << 20
+# and a schema names at most max(MIN_FIELDS, limit // FIELD_BYTES) fields, counted as pyarrow
+# builds them: a table referenced twice is two fields (a review's 1 MB header of one struct of
+# 2,000 references to one struct of 2,000 references to one leaf built 4 million fields,
+# +1.5 GB); pyarrow's objects take a few hundred bytes a field
+FIELD_BYTES = 400
+MIN_FIELDS = 1 << 16
 
 
 def header_cap(limit: int) -> int:
     """The largest message header a message of ``limit`` decoded bytes may carry."""
     return max(MIN_HEADER_CAP, limit // HEADER_SHARE)
+
+
+def fields_cap(limit: int) -> int:
+    """The most fields (nested ones included, as often as referenced) a schema may have."""
+    return max(MIN_FIELDS, limit // FIELD_BYTES)
+
+
+def _count_fields(fb: bytes, schema: int, cap: int) -> int:
+    """The fields of the Schema table at ``schema`` (Schema.fields, then each Field's
+    children, every reference counted), _TooMuch past ``cap``: the walk stops there, so it
+    costs at most ``cap`` steps whatever the tables' sharing."""
+    stack, seen = [_fb_ref(fb, schema, 1)], 0
+    while stack:
+        vec = stack.pop()
+        if not vec:
+            continue
+        count = struct.unpack_from("<I", fb, vec)[0]
+        seen += count
+        if seen > cap:
+            raise _TooMuch(f"its schema has more than {cap:,} fields (nested ones counted as "
+                           "often as referenced)")
+        if 4 + 4 * count > len(fb) - vec:
+            raise _Framing("a field list longer than its message")
+        for k in range(count):
+            at = vec + 4 + 4 * k
+            stack.append(_fb_ref(fb, at + struct.unpack_from("<I", fb, at)[0], 5))
+    return seen
 
 
 _EXPERIMENTAL_COMPRESSION = b"ARROW:experimental_compression"
@@ -332,7 +365,7 @@ def _headers_walk(value: bytes, limit: int) -> int:
     framed as an Arrow writer frames it: struct reads are bounds-checked, every length and
     offset is checked against the bytes, and sizes are Python integers, so nothing wraps."""
     total, pos, n = 0, 0, len(value)
-    cap = header_cap(limit)
+    cap, most_fields = header_cap(limit), fields_cap(limit)
     counts, messages = {2: 0, 3: 0}, 0
     dictionaries: dict[int, int] = {}  # dictionary id -> its decoded bytes, deltas summed
     work = 0  # dictionary bytes in effect, summed over the record batches
@@ -366,6 +399,10 @@ def _headers_walk(value: bytes, limit: int) -> int:
             body = struct.unpack_from("<q", fb, p)[0] if p else 0
             if body < 0 or body > n - pos:
                 raise _Framing("a message body is longer than the stream")
+            if kind == 1:  # a schema: its fields counted before pyarrow builds them
+                table = _fb_ref(fb, msg, 2)
+                if table:
+                    _count_fields(fb, table, most_fields)
             if kind in (2, 3):  # a dictionary batch (its data), a record batch
                 counts[kind] += 1
                 if counts[3] > MAX_BATCHES or counts[2] > MAX_DICTIONARY_BATCHES:
@@ -423,7 +460,7 @@ def _headers_walk(value: bytes, limit: int) -> int:
 
 
 _HEADER = ("a message header (schema or record batch) of {length:,} bytes, more than "
-           "{cap:,} (a sixteenth of delivery.max_message_bytes, at least 1 MiB): too many "
+           "{cap:,} (a sixteenth of delivery.max_message_bytes, at least 4 MiB): too many "
            "fields or buffers")
 _SHARED = ("its record batches share dictionaries read once a batch and a field: more than "
            "delivery.max_message_bytes ({limit}) to check")
@@ -440,6 +477,8 @@ def _disjoint(fb: bytes, vec: int, body: int) -> None:
         raise _Framing("a buffer list longer than its message")
     spans = sorted(s for s in struct.iter_unpack("<qq", fb[vec + 4:vec + 4 + 16 * count])
                    if s[1] > 0)
+    if any(off < 0 or off > body or ln > body - off for off, ln in spans):
+        raise _Framing("a buffer outside its message body")
     end = 0
     for off, ln in spans:
         if off < end:

@@ -40,21 +40,37 @@ class _UniqueKeys(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    again = key in seen
-                    seen.add(key)
-                except TypeError:  # (an unhashable key: the constructor says so)
-                    continue
-                if again:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"the key {str(key)[:80]!r} is given twice in one mapping "
-                        "(the second would replace the first)", key_node.start_mark)
+            self._once_each(node)
         return super().construct_mapping(node, deep=deep)
+
+    def _once_each(self, node) -> None:
+        """ConstructorError for a key given twice in ``node``, or in a mapping merged into it
+        inline (``<<: {...}``, which PyYAML flattens without constructing), or for two merge
+        keys."""
+        seen, merges = set(), 0
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                merges += 1
+                if merges > 1:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "the merge key '<<' is given twice in one mapping (merge "
+                        "a list: <<: [*a, *b])", key_node.start_mark)
+                merged = value_node.value if isinstance(value_node, yaml.SequenceNode) \
+                    else [value_node]
+                for sub in merged:
+                    if isinstance(sub, yaml.MappingNode):
+                        self._once_each(sub)
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                again = key in seen
+                seen.add(key)
+            except TypeError:  # (an unhashable key: the constructor says so)
+                continue
+            if again:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {str(key)[:80]!r} is given twice in one mapping "
+                    "(the second would replace the first)", key_node.start_mark)
 
 
 def _numbers_only(annotation) -> bool:

@@ -55,6 +55,12 @@ def verify(candidate, running, settings, events: bool = True) -> None:
             reader_for(candidate, settings, strict=False)
         except ValueError as exc:
             raise ModelRefused("fields", str(exc)) from None
+    from .contract import check_scores
+
+    try:  # thresholds (and explain.min_score) that cannot band its scores, as at start-up
+        check_scores(candidate, settings.scoring)
+    except ValueError as exc:
+        raise ModelRefused("thresholds", str(exc)) from None
     # probe rows: every value the wire may carry, in every feature, through the configured
     # lazy policy and thresholds (as the start-up check does)
     n = candidate.n_features

@@ -270,16 +270,17 @@ class CompiledModel:
 
     @property
     def scores_probabilities(self) -> bool:
-        """Its scores are probabilities, 0 to 1 (a classifier's, but for margins:
-        binary:logitraw)."""
-        return self.task != "regression" and self.link != "identity"
+        """Its scores are probabilities, 0 to 1: a classifier's (but margins:
+        binary:logitraw), and a regression's through a sigmoid (reg:logistic, LightGBM's
+        cross_entropy)."""
+        return self.link == "sigmoid" or self.task != "regression" and self.link != "identity"
 
     def threshold_problem(self, thresholds) -> str | None:
         """Why ``thresholds`` cannot band this model's scores (None: they can): for scores
         that are probabilities, a threshold outside 0 to 1 (above 1 never reached, below 0
         always; a hostile review's thresholds [50, 90], percentages, passed every row)."""
         t = _sorted(tuple(thresholds))
-        if not self.scores_probabilities or (t[0] >= 0.0 and t[-1] <= 1.0):
+        if not len(t) or not self.scores_probabilities or (t[0] >= 0.0 and t[-1] <= 1.0):
             return None
         odd = next(float(v) for v in t if not 0.0 <= v <= 1.0)
         return (f"{odd:g} is outside 0 to 1, and the model's scores are probabilities: a "
