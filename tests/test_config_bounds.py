@@ -64,9 +64,9 @@ def _edges(rng: str):
     m = re.fullmatch(r"`(?:(\S+) \.\. (\S+)|>= (\S+)|<= (\S+))`( characters)?", rng)
     assert m, rng
     lo, hi = m.group(1) or m.group(3), m.group(2) or m.group(4)
-    if m.group(5):  # a text's length
-        return [("x" * int(b), "x" * p) for b, p in
-                ((lo, int(lo) - 1), (hi, int(hi) + 1)) if b is not None]
+    if m.group(5):  # a text's length (a lower bound alone: scoring.id_column's >= 1)
+        return [("x" * int(b), "x" * (int(b) + step)) for b, step in ((lo, -1), (hi, 1))
+                if b is not None]
     edges = []
     for bound, up in ((lo, False), (hi, True)):
         if bound is None:

@@ -171,3 +171,27 @@ def test_positional_rows_of_text_or_complex_numbers_are_refused():
     for good in (X.astype(np.float64), X.astype(np.longdouble), obj):
         np.testing.assert_array_equal(m.raw(good), want)
     np.testing.assert_array_equal(m.raw(X > 0), m.raw((X > 0).astype(np.float32)))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".ubj", ".lgb"])
+def test_a_pickle_under_a_model_suffix_is_named_and_never_loaded(tmp_path, suffix):
+    """A review: pickle bytes named .json, .ubj or .lgb were refused with a bare
+    UnicodeDecodeError; now by name, and still never unpickled."""
+    import pickle
+
+    from worker.model.ir import UnsupportedModelError
+
+    marker = tmp_path / "ran"
+
+    class Opens:  # unpickled, it creates the marker file
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    path = tmp_path / f"model{suffix}"
+    path.write_bytes(pickle.dumps([Opens(), "x" * 100], protocol=4))
+    pickle.loads(path.read_bytes()).pop(0).close()  # (the payload is real)
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(UnsupportedModelError, match="it is a pickle"):
+        worker.compile_model(str(path))
+    assert not marker.exists()

@@ -81,7 +81,13 @@ def is_lightgbm_source(source) -> bool:
 
 def model_text(source) -> str:
     if isinstance(source, (str, Path)):
-        return Path(source).read_text(encoding="utf-8", errors="strict")
+        try:
+            return Path(source).read_text(encoding="utf-8", errors="strict")
+        except UnicodeDecodeError:
+            from .xgboost_loader import _pickled
+
+            raise UnsupportedModelError(f"{source} is not a LightGBM model file (not UTF-8 "
+                                        f"text){_pickled(source)}") from None
     booster = getattr(source, "booster_", source)
     return booster.model_to_string()
 

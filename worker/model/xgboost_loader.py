@@ -41,8 +41,25 @@ def load_booster(source):
     if isinstance(source, xgb.XGBModel):
         return source.get_booster()
     booster = xgb.Booster()
-    booster.load_model(str(source))
+    try:
+        booster.load_model(str(source))
+    except (xgb.core.XGBoostError, UnicodeDecodeError, ValueError) as exc:
+        raise UnsupportedModelError(f"{source} is not a readable XGBoost model"
+                                    f"{_pickled(source)}: {str(exc).splitlines()[0][:200]}") \
+            from None
     return booster
+
+
+def _pickled(path) -> str:
+    """', it is a pickle' where the file's bytes begin as one (never loaded: a review found
+    pickles under model suffixes refused with a bare UnicodeDecodeError)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return ""
+    return ", it is a pickle (never loaded here)" if head[:1] == b"\x80" and \
+        head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") else ""
 
 
 RT_EPS = np.float32(1e-6)  # XGBoost's kRtEps: a logistic base_score is clamped into it
