@@ -896,3 +896,20 @@ def test_a_schema_of_shared_tables_is_counted_as_built(fanout):
     with pytest.raises(codec.InvalidMessage, match="more than 83,886 fields") as e:
         dec.decode_keyed(value)
     assert e.value.code == "too_large"
+
+
+def test_a_buffer_outside_its_body_is_not_arrow_before_sharing_is_judged():
+    """A review: a buffer at offset -16 was reported as sharing bytes (invalid_arrow); it is
+    outside its message body (not_arrow), whichever other buffer it overlaps."""
+    value = _plain([50.0, 50.0, 50.0])
+    fb_start = 8 + int.from_bytes(value[4:8], "little")
+    meta_len = int.from_bytes(value[fb_start + 4:fb_start + 8], "little")
+    meta = value[fb_start + 8:fb_start + 8 + meta_len]
+    at = meta.find(struct.pack("<qqqq", 0, 0, 0, 12))
+    assert at > 0
+    bad = bytearray(value)
+    bad[fb_start + 8 + at + 16:fb_start + 8 + at + 24] = struct.pack("<q", -16)
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=64 << 20)
+    with pytest.raises(codec.InvalidMessage, match="outside its message body") as e:
+        dec.decode_keyed(bytes(bad))
+    assert e.value.code == "not_arrow"
