@@ -269,4 +269,10 @@ def test_an_idle_caught_up_worker_is_not_stalled(tmp_path, kafka_bootstrap, mode
     assert rc == 0
     assert "scoring_stalled 0.0" in metrics
     log = (tmp_path / "worker.log").read_text()
-    assert "stalled" not in log.replace("scoring_stalled", ""), log[-3000:]
+    # never a stall for input no batch took (the rule under test: markers and aborted records
+    # are not input). A lag query that timed out is said ("their ends do not come": a clean-
+    # clone run on a loaded machine saw the first one, the admin client's bootstrap, take
+    # over its 3 s) and is over by the checks above
+    assert "input came" not in log, log[-3000:]
+    assert all("their ends do not come" in line for line in log.splitlines()
+               if "stalled:" in line), log[-3000:]
