@@ -372,6 +372,30 @@ def stored_uncompressed(data: bytes, k: int = 1, size: int = -1) -> bytes:
     return _body_laid_out(data, k, place)
 
 
+def padded_schema(schema, pad: int) -> bytes:
+    """A schema message (then end of stream) of ``schema``'s flat fields with one custom
+    metadata value of ``pad`` bytes: a header whose size the caller tunes."""
+    fb = _Builder()
+
+    def field(f):
+        tag, (scalars, refs) = _type(f.type)
+        return lambda: fb.table({1: ("B", 1), 2: ("B", tag)},
+                                {0: lambda: fb.string(f.name),
+                                 3: lambda: fb.table(scalars, refs),
+                                 5: lambda: fb.tables([])})
+
+    def schema_table():
+        return fb.table({0: ("h", 0)}, {
+            1: lambda: fb.tables([field(f) for f in schema]),
+            2: lambda: fb.tables([lambda: fb.table({}, {0: lambda: fb.string("k"),
+                                                         1: lambda: fb.string("z" * pad)})])})
+
+    root = fb.table({0: ("h", 4), 1: ("B", 1), 3: ("q", 0)}, {2: schema_table})
+    meta = fb.finish(root)
+    return (b"\xff\xff\xff\xff" + struct.pack("<i", len(meta)) + meta +
+            b"\xff\xff\xff\xff\x00\x00\x00\x00")
+
+
 def shared_struct_schema(schema, fanout: int, depth: int = 2) -> bytes:
     """A schema message (then end of stream) of ``schema``'s flat fields and one struct
     field ``pad`` whose children are ``fanout`` references to one struct, whose children are

@@ -913,3 +913,51 @@ def test_a_buffer_outside_its_body_is_not_arrow_before_sharing_is_judged():
     with pytest.raises(codec.InvalidMessage, match="outside its message body") as e:
         dec.decode_keyed(bytes(bad))
     assert e.value.code == "not_arrow"
+
+
+def _schema():
+    return pa.schema([(demo.ID_COLUMN, pa.int64())] +
+                     [(f, pa.float32()) for f in demo.FEATURES])
+
+
+def _code(dec, value):
+    try:
+        dec.decode_keyed(value)
+    except codec.InvalidMessage as e:
+        return e.code, str(e)
+    return None, ""
+
+
+def test_the_header_cap_at_its_edge():
+    """A header of exactly header_cap bytes is read; the next size a header can take (8
+    bytes more: flatbuffers end on 8) is too_large."""
+    limit = 32 << 20
+    cap = codec.header_cap(limit)
+    def size(pad):
+        return struct.unpack_from("<i", F.padded_schema(_schema(), pad), 4)[0]
+
+    pad = cap - size(0) - 8  # (the string grows the header a byte a byte, in 8-byte steps)
+    while size(pad) < cap:
+        pad += 1
+    at = F.padded_schema(_schema(), pad)
+    assert struct.unpack_from("<i", at, 4)[0] == cap
+    past = F.padded_schema(_schema(), pad + 8)
+    assert struct.unpack_from("<i", past, 4)[0] == cap + 8
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=limit)
+    code, _ = _code(dec, at)
+    assert code != "too_large"  # read (a stream of no batch: refused for that)
+    code, said = _code(dec, past)
+    assert code == "too_large" and "a message header" in said
+
+
+def test_the_field_cap_at_its_edge():
+    """A schema of exactly fields_cap fields (15 flat, one struct of references to one leaf)
+    is read; one field more is too_large."""
+    limit = 32 << 20
+    cap = codec.fields_cap(limit)
+    flat = len(_schema()) + 1  # and the struct itself
+    dec = codec.Decoder(demo.FEATURES, demo.ID_COLUMN, max_bytes=limit)
+    code, _ = _code(dec, F.shared_struct_schema(_schema(), cap - flat, depth=1))
+    assert code != "too_large"
+    code, said = _code(dec, F.shared_struct_schema(_schema(), cap - flat + 1, depth=1))
+    assert code == "too_large" and f"more than {cap:,} fields" in said
