@@ -301,6 +301,8 @@ def test_thresholds_outside_a_probability_exit_2(tmp_path, scoring, field):
     assert "Traceback" not in proc.stderr
     proc = run_cli("check", "--config", path)
     assert proc.returncode == 2 and field in proc.stderr
+    proc = run_cli("serve", "--config", path, "--port", "0")
+    assert proc.returncode == 2 and f"config error: {field}: " in proc.stderr, proc.stderr
 
 
 def test_score_batch_refuses_thresholds_outside_a_probability():

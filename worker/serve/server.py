@@ -123,7 +123,9 @@ def serve_socket(service, sock: socket.socket, on_listening=None, load_first: bo
 
 def _load_failed(exc: BaseException) -> None:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    print(f"config error: model: {text}", file=sys.stderr)
+    # a setting the model cannot be served with names itself (scoring.thresholds: ...)
+    where = "" if text.startswith(("scoring.", "source.", "serve.")) else "model: "
+    print(f"config error: {where}{text}", file=sys.stderr)
 
 
 def serve_workers(make_service, host: str, port: int, workers: int, on_listening=None,
