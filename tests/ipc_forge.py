@@ -158,20 +158,22 @@ def _type(t):
     raise ValueError(f"no big-endian forge for {t}")
 
 
+def _flat_field(fb: _Builder, f):
+    """A writer of flat field ``f``'s Field table (name, nullable, type, no children)."""
+    tag, (scalars, refs) = _type(f.type)
+    return lambda: fb.table({1: ("B", int(f.nullable)), 2: ("B", tag)},
+                            {0: lambda: fb.string(f.name),
+                             3: lambda: fb.table(scalars, refs),
+                             5: lambda: fb.tables([])})
+
+
 def schema_message(schema, big_endian: bool = True, features=None) -> bytes:
     """An encapsulated schema message for ``schema`` (integer, float and boolean fields);
     ``features``: the Schema.features flags to declare (pyarrow's writer declares none)."""
     fb = _Builder()
 
-    def field(f):
-        tag, (scalars, refs) = _type(f.type)
-        return lambda: fb.table({1: ("B", int(f.nullable)), 2: ("B", tag)},
-                                {0: lambda: fb.string(f.name),
-                                 3: lambda: fb.table(scalars, refs),
-                                 5: lambda: fb.tables([])})
-
     def schema_table():
-        refs = {1: lambda: fb.tables([field(f) for f in schema])}
+        refs = {1: lambda: fb.tables([_flat_field(fb, f) for f in schema])}
         if features is not None:
             refs[3] = lambda: fb.longs(list(features))
         return fb.table({0: ("h", 1 if big_endian else 0)}, refs)
@@ -377,16 +379,9 @@ def padded_schema(schema, pad: int) -> bytes:
     metadata value of ``pad`` bytes: a header whose size the caller tunes."""
     fb = _Builder()
 
-    def field(f):
-        tag, (scalars, refs) = _type(f.type)
-        return lambda: fb.table({1: ("B", 1), 2: ("B", tag)},
-                                {0: lambda: fb.string(f.name),
-                                 3: lambda: fb.table(scalars, refs),
-                                 5: lambda: fb.tables([])})
-
     def schema_table():
         return fb.table({0: ("h", 0)}, {
-            1: lambda: fb.tables([field(f) for f in schema]),
+            1: lambda: fb.tables([_flat_field(fb, f) for f in schema]),
             2: lambda: fb.tables([lambda: fb.table({}, {0: lambda: fb.string("k"),
                                                          1: lambda: fb.string("z" * pad)})])})
 
@@ -404,13 +399,6 @@ def shared_struct_schema(schema, fanout: int, depth: int = 2) -> bytes:
     referenced many times)."""
     fb = _Builder()
     memo: dict[int, int] = {}
-
-    def field(f):
-        tag, (scalars, refs) = _type(f.type)
-        return lambda: fb.table({1: ("B", 1), 2: ("B", tag)},
-                                {0: lambda: fb.string(f.name),
-                                 3: lambda: fb.table(scalars, refs),
-                                 5: lambda: fb.tables([])})
 
     def level(d: int):
         def write() -> int:
@@ -430,7 +418,7 @@ def shared_struct_schema(schema, fanout: int, depth: int = 2) -> bytes:
 
     def schema_table():
         return fb.table({0: ("h", 0)},
-                        {1: lambda: fb.tables([field(f) for f in schema] + [level(0)])})
+                        {1: lambda: fb.tables([_flat_field(fb, f) for f in schema] + [level(0)])})
 
     root = fb.table({0: ("h", 4), 1: ("B", 1), 3: ("q", 0)}, {2: schema_table})
     meta = fb.finish(root)
