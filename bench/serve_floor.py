@@ -7,7 +7,7 @@ timed inside the serving process (a wrapper's perf_counter around each call, and
 call right after the first) and in a loop of its own (bench/serve_profile.py's way), and
 CPU 0's user, system and softirq time a request from /proc/stat.
 
-    python bench/serve_floor.py [--seconds 6] [--rounds 2]
+    python bench/serve_floor.py [--seconds 6] [--rounds 2] [--missing]
 
 Needs wrk (Debian's package) and bench/serve.py's model (made on first use). Prints one
 line a figure (NAME VALUE) and a summary.
@@ -53,10 +53,13 @@ def _service(art: str):
 
 
 def _body() -> bytes:
+    """bench/serve.py's one-row body: dense, or (FLOOR_MISSING=1) its row with missing values."""
     import models
     import serve as sb
 
-    X, _ = models.data(10, seed=7)
+    X, _ = models.data(2000, seed=7)
+    if os.environ.get("FLOOR_MISSING") == "1":
+        X = models.with_missing(X, seed=8, frac=0.2)
     return sb.json_body(X[:1].copy())
 
 
@@ -175,7 +178,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--missing", action="store_true",
+                    help="bench/serve.py's one-row request with missing values")
     args = ap.parse_args()
+    if args.missing:  # (the serving processes and the loop read it too)
+        os.environ["FLOOR_MISSING"] = "1"
     import serve as sb
 
     art = str(sb.model_files()[1])

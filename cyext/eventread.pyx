@@ -493,3 +493,39 @@ def json_shape(const unsigned char[::1] buf, Py_ssize_t max_depth, Py_ssize_t ma
                 depth -= 1
             i += 1
     return most, containers
+
+
+from cpython.float cimport PyFloat_AS_DOUBLE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.math cimport NAN
+
+
+def json_row(list values, float[::1] out):
+    """A one-row request's JSON values (floats, integers, None: orjson's objects) into
+    ``out`` as float32, each as numpy's float64-then-float32 cast gives it (None: NaN; a
+    float past float32: infinity); the number of None. -1, ``out`` part written, where the
+    values are not for this path: their count is not ``out``'s, or one is of another kind
+    (a boolean, a string, a list) or an integer beyond 2^53 in magnitude (not exact in
+    float64: oip._json_values casts those once)."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(values), missing = 0
+    cdef object v
+    cdef long long k
+    cdef int overflow = 0
+    if n != out.shape[0]:
+        return -1
+    for i in range(n):
+        v = <object>PyList_GET_ITEM(values, i)
+        if v is None:
+            out[i] = NAN
+            missing += 1
+        elif type(v) is float:
+            out[i] = <float>PyFloat_AS_DOUBLE(v)
+        elif type(v) is int:  # (not a bool: its type is bool)
+            k = PyLong_AsLongLongAndOverflow(v, &overflow)
+            if overflow != 0 or k > 9007199254740992 or k < -9007199254740992:
+                return -1
+            out[i] = <float>(<double>k)
+        else:
+            return -1
+    return missing

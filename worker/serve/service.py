@@ -36,6 +36,7 @@ from ..io.records import Record
 from ..model.result import STOP_REASONS, default_threads
 from . import oip
 from .apart import Parser
+from .onerow import OneRow
 
 log = structlog.get_logger("worker.serve")
 
@@ -181,6 +182,7 @@ class _Model:
     stop_longest: tuple[int, int]  # the longest stop reason, JSON and UTF-8 (answer bound)
     feature_longest: tuple[int, int]  # and feature name
     monitor: object = None  # flight monitoring's window (worker/monitoring.py), or None
+    one_row: OneRow | None = None  # one-row JSON answers (onerow.py), None: not this model's
     pending: list = field(default_factory=list)  # requests kept for the monitor (_count)
     pending_rows: int = 0
 
@@ -198,6 +200,9 @@ class Service:
         if settings.scoring.audit_fraction:
             self.lazy_params["audit_fraction"] = settings.scoring.audit_fraction
         self.rows_seen = 0
+        # the one-row path's URL (a name with / or ? is routed as the general path splits it)
+        self._infer_path = None if "/" in name or "?" in name else \
+            f"/v2/models/{name}/infer".encode()
         self.current: _Model | None = None
         self.watcher = None
         self._staged: _Model | None = None  # prepared, swapped in at the next request
@@ -324,6 +329,7 @@ class Service:
             explain_error = str(exc)
             if self.scoring.explain is not None:  # asked for every request: cannot serve
                 raise ValueError(f"scoring.explain: {exc}") from None
+        contract = oip.Contract.of(model, self.serve.allow_missing)
         monitor = None
         if monitoring.enabled(model, self.settings):
             if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -333,11 +339,12 @@ class Service:
                 monitor = monitoring.Monitor(model, self.settings)
                 monitoring.announce(model, self.settings)
         return _Model(model, tuple(pipelines), orjson.dumps(meta), meta, STOP_REASONS,
-                      classifier, oip.Contract.of(model, self.serve.allow_missing),
+                      classifier, contract,
                       [(b"model-id", model.model_id.encode())], explain_error,
                       self.scoring.id_column.encode() if self.scoring.id_column else None,
                       oip.longest(STOP_REASONS.tolist()), oip.longest(model.feature_names),
-                      monitor)
+                      monitor, one_row=OneRow.of(model, self.name, self.scoring, self.serve,
+                                                 contract))
 
     def _monitor(self, m: _Model, stats) -> None:
         """A request's counts to its model's monitor (the loop's thread and the heavy
@@ -352,12 +359,12 @@ class Service:
             self.metrics.monitor_errors.inc()
             log.error("flight monitoring stops", error=str(exc)[:300])
 
-    def _count(self, m: _Model, X, r) -> None:
+    def _count(self, m: _Model, X, score: np.ndarray, decision: np.ndarray) -> None:
         """A scored request's rows, scores and decisions, kept for the model's monitor and
         counted MONITOR_ROWS at a time (and by the ticker, within its period): a one-row
         request pays a list append, not a count and a window's bookkeeping."""
         with self._monitor_lock:
-            m.pending.append((X, r.score, r.decision))
+            m.pending.append((X, score, decision))
             m.pending_rows += len(X)
             if m.pending_rows >= MONITOR_ROWS:
                 self._flush(m)
@@ -445,6 +452,10 @@ class Service:
         large JSON body goes to its parsing process piece by piece); ``heavy``: called on the
         heavy lane's thread (its own Arrow pipelines, JSON parsed apart)."""
         try:
+            if path == self._infer_path and method == b"POST" and type(body) is bytes:
+                got = self._one_row(headers, body)
+                if got is not None:
+                    return got
             return self._route(method, path.split(b"?", 1)[0], headers, body, heavy)
         except oip.RequestError as exc:
             self.metrics.answered("infer", exc.status)
@@ -455,6 +466,31 @@ class Service:
                       error=f"{type(exc).__name__}: {exc}"[:500])
             self.metrics.answered("infer", 500)
             return 500, JSON, _error(f"internal error: {type(exc).__name__}"), []
+
+    def _one_row(self, headers: dict, body: bytes):
+        """A one-row JSON request of the shape onerow.py answers, answered as the general
+        path answers it (the same checks, bytes and counts); None: the general path's."""
+        t0 = time.perf_counter()
+        m = self._model()
+        if m is None or m.one_row is None or b"inference-header-content-length" in headers \
+                or b"content-encoding" in headers or \
+                headers.get(b"content-type") != b"application/json":
+            return None
+        got = m.one_row.answer(body)
+        if got is None:
+            return None
+        out, X, missing, score, decision = got
+        metrics = self.metrics
+        if missing:
+            metrics.count_features(m.model.feature_names, X, _NONE_UNSEEN)
+        if m.monitor is not None:
+            self._count(m, X, score, decision)
+        metrics.rows.inc(1)
+        metrics.work_units.inc(m.one_row.work)
+        self.rows_seen += 1
+        metrics.answered("infer", 200)
+        metrics.by_kind["json"].observe(time.perf_counter() - t0)
+        return 200, JSON, out, m.id_header
 
     def _route(self, method: bytes, path: bytes, headers: dict, body: bytes, heavy: bool):
         parts = path.strip(b"/").split(b"/")
@@ -579,7 +615,7 @@ class Service:
         self.metrics.count_features(m.model.feature_names, req.X, req.unseen)
         r = self._score(m, req)
         if m.monitor is not None:
-            self._count(m, req.X, r)
+            self._count(m, req.X, r.score, r.decision)
         arrays = oip.output_arrays(r, req.outputs, m.model.feature_names, m.stop_names)
         self.metrics.rows.inc(len(r))
         self.metrics.work_units.inc(int(r.work_units.sum()))
@@ -659,6 +695,9 @@ class Service:
         if m.monitor is not None:
             self._monitor(m, stats)
         return 200, ARROW, outs[0].value, m.id_header
+
+
+_NONE_UNSEEN: dict = {}  # (a one-row request's unknown category names: a model without)
 
 
 def version_refused(name: str, version: str, m: _Model | None) -> str:
