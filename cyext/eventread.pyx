@@ -501,7 +501,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.math cimport NAN
 
 
-def json_row(list values, float[::1] out):
+def json_row(list values not None, float[::1] out not None):
     """A one-row request's JSON values (floats, integers, None: orjson's objects) into
     ``out`` as float32, each as numpy's float64-then-float32 cast gives it (None: NaN; a
     float past float32: infinity); the number of None. -1, ``out`` part written, where the

@@ -338,6 +338,27 @@ def test_score_batch_refuses_thresholds_outside_a_probability():
     assert clf.score_batch(X, thresholds=()).decision.tolist() == [0, 0, 0]
 
 
+def test_more_thresholds_than_a_decision_holds_are_refused(tmp_path):
+    """A hostile review: 200 thresholds were taken, and a decision (an 8-bit band index)
+    wrapped to -56 for a score of 0.9955. At most 127: exit 2 naming the field (worker,
+    check, serve); score_batch raises; 127 give the top band 127."""
+    many = [round(i / 200, 4) for i in range(1, 129)]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "scoring": {"thresholds": many}}))
+    for args in ((), ("check",), ("serve", "--port", "0")):
+        proc = run_cli(*args, "--config", path)
+        assert proc.returncode == 2 and "scoring.thresholds" in proc.stderr and \
+            "at most 127" in proc.stderr, proc.stderr
+    clf = worker.compile_model(M.xgboost_models()["xgb-binary-logistic"])
+    X = np.zeros((2, M.N_FEATURES), np.float32)
+    with pytest.raises(ValueError, match="128 thresholds, more than 127"):
+        clf.score_batch(X, thresholds=many)
+    top = [i / 1e6 for i in range(1, 128)]  # every threshold below any score here
+    assert clf.score_batch(X, thresholds=top).decision.tolist() == [127, 127]
+    assert load_settings(None, defaults={**MINIMAL, "scoring": {"thresholds": top}}) \
+        .scoring.thresholds == top
+
+
 def test_an_arrow_id_column_naming_a_feature_or_nothing_exits_2(tmp_path):
     """JSON refused an id column that is also a feature; Arrow took it (every output's id a
     feature's value), and an empty id_column was read as none (a hostile review)."""

@@ -396,3 +396,29 @@ def test_the_row_stager_reads_values_as_the_general_path_or_refuses_them():
         json_row((1.0, 2.0), np.zeros(2, np.float32))  # a list, only
     with pytest.raises(ValueError):
         json_row([1.0], np.zeros(1, np.float64))  # float32 only
+
+
+def test_127_thresholds_and_a_name_that_is_not_utf8(tmp_path):
+    """A hostile review: 128 thresholds stopped serve from starting (the answer's bytes were
+    made for every band as int8: 127 is now the config's bound, and the top band is
+    answered); a model file's undecodable name stopped it with a traceback (the one-row
+    path's URL), where it had exited 2 naming the model."""
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = worker.compile_model(booster)
+    top = [i / 1e6 for i in range(1, 128)]
+    fast, general, taken = _pair(tmp_path, model, scoring={"thresholds": top})
+    body = json.dumps(_doc([0.25] * model.n_features)).encode()
+    _same_answers(fast, general, [body])
+    assert taken == [True]
+    assert json.loads(fast.handle(b"POST", PATH, JSON_HEADERS, body)[2])["outputs"][2][
+        "data"] == [127]
+    s = load_settings(None, defaults={"source": {"type": "file", "path": os.devnull}},
+                      model={"path": str(tmp_path / "x.model")})
+    svc = Service(s, str(tmp_path / "x.model"), "mod\udce8le")
+    assert svc._infer_path is None
+    from worker._eventread import json_row
+
+    with pytest.raises(TypeError):
+        json_row(None, np.zeros(0, np.float32))
+    with pytest.raises(TypeError):
+        json_row([], None)

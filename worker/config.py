@@ -535,7 +535,8 @@ class ScoringConfig(_Section):
     """Kernel threads (default: all cores)."""
     thresholds: list[float] = Field(default_factory=lambda: [0.5])
     """Decision thresholds on the score, increasing; decision = how many the score is >= to.
-    For a model whose scores are probabilities, each within 0 to 1 (else exit 2)."""
+    At most 127 (a decision is an 8-bit band index). For a model whose scores are
+    probabilities, each within 0 to 1 (else exit 2)."""
     lazy: LazyConfig = Field(default_factory=LazyConfig)
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of rows also fully evaluated; disagreements are exported as a metric."""
@@ -570,6 +571,9 @@ class ScoringConfig(_Section):
     def _sorted(cls, v: list[float]) -> list[float]:
         if not v:
             raise ValueError("at least one threshold is needed")
+        if len(v) > 127:  # (model.result.MAX_THRESHOLDS)
+            raise ValueError(f"{len(v)} thresholds, at most 127 (a decision is a band index "
+                             "of 8 bits)")
         if not all(math.isfinite(t) for t in v):
             raise ValueError(f"thresholds must be finite numbers, got {v}")
         if any(b <= a for a, b in zip(v, v[1:], strict=False)):

@@ -7,7 +7,7 @@ import numpy as np
 from .. import _kernels
 from . import artifact, reference, structure
 from .lazy import Target, audit_mask, score_lazy
-from .result import ScoreResult, _sorted, decisions, default_threads
+from .result import MAX_THRESHOLDS, ScoreResult, _sorted, decisions, default_threads
 
 _META_KEYS = ("task", "link", "n_outputs", "n_features", "feature_names", "classes", "divisor",
               "objective", "source", "kind", "layout", "depth", "max_depth", "accumulate",
@@ -278,8 +278,13 @@ class CompiledModel:
     def threshold_problem(self, thresholds) -> str | None:
         """Why ``thresholds`` cannot band this model's scores (None: they can): for scores
         that are probabilities, a threshold outside 0 to 1 (above 1 never reached, below 0
-        always; a hostile review's thresholds [50, 90], percentages, passed every row)."""
+        always; a hostile review's thresholds [50, 90], percentages, passed every row); more
+        than MAX_THRESHOLDS (a decision is an 8-bit band index: 200 thresholds gave bands of
+        -56)."""
         t = _sorted(tuple(thresholds))
+        if len(t) > MAX_THRESHOLDS:
+            return (f"{len(t)} thresholds, more than {MAX_THRESHOLDS} (a decision is a band "
+                    "index of 8 bits)")
         if not len(t) or not self.scores_probabilities or (t[0] >= 0.0 and t[-1] <= 1.0):
             return None
         odd = next(float(v) for v in t if not 0.0 <= v <= 1.0)

@@ -58,6 +58,9 @@ class ScoreResult:
                            self.score_hi[idx], 0, 0, *reasons)
 
 
+MAX_THRESHOLDS = 127  # a decision is a band index of 8 bits (int8): 0 to 127
+
+
 def decisions(score: np.ndarray, thresholds) -> np.ndarray:
     """Band index: how many thresholds the score is >= to."""
     return np.searchsorted(_sorted(tuple(thresholds)), score, side="right").astype(np.int8)

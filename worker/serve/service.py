@@ -201,8 +201,11 @@ class Service:
             self.lazy_params["audit_fraction"] = settings.scoring.audit_fraction
         self.rows_seen = 0
         # the one-row path's URL (a name with / or ? is routed as the general path splits it)
-        self._infer_path = None if "/" in name or "?" in name else \
-            f"/v2/models/{name}/infer".encode()
+        try:
+            self._infer_path = None if "/" in name or "?" in name else \
+                f"/v2/models/{name}/infer".encode()
+        except UnicodeEncodeError:  # (a file name's undecodable bytes: refused at load)
+            self._infer_path = None
         self.current: _Model | None = None
         self.watcher = None
         self._staged: _Model | None = None  # prepared, swapped in at the next request
