@@ -205,13 +205,18 @@ def ghz(port: int, model: str, X: np.ndarray, seconds: float, streams: int = 8) 
 BEFORE = "fe43014"  # serve on its hand-written HTTP/1.1 server (issue 50 replaced it)
 
 
-def before(art: Path, port: int) -> Server:
-    """``serve`` at BEFORE, from a worktree with its own extensions (bench/worktree.py)."""
+def before(src: Path, port: int) -> Server:
+    """``serve`` at BEFORE, from a worktree with its own extensions (bench/worktree.py), on
+    the booster compiled there (an artifact compiled now may name a kernel BEFORE has not)."""
     import worktree
 
     tree = worktree.checkout(BEFORE, HERE / "out" / "serve-before-tree")
     env = _env()
     env["PYTHONPATH"] = str(tree)
+    art = OUT / "xgb300-before.swm"
+    if not art.exists() or art.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run([sys.executable, "-m", "worker.cli", "compile", str(src), "-o",
+                        str(art)], check=True, cwd=tree, env=env)
     return Server(f"scoring-worker serve at {BEFORE} (hand-written server)",
                   [sys.executable, "-m", "worker.cli", "serve", "--model", str(art),
                    "--name", "xgb300", "--port", str(port)], port, "xgb300", env, cwd=tree)
@@ -377,7 +382,7 @@ def run(seconds: float, quick: bool, mls_py: str | None) -> dict:
     # ours, then as it was before issue 50 (its hand-written server), on the same loads
     for kind in ("ours", "before"):
         port = free_port()
-        s = ours(art, port, free_port()) if kind == "ours" else before(art, port)
+        s = ours(art, port, free_port()) if kind == "ours" else before(src, port)
         try:
             s.wait_ready()
             first = json.loads(post(s.infer_url, body1, "application/json"))
