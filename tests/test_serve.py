@@ -690,6 +690,17 @@ def test_connections_at_serve_max_connections(tight):
         time.sleep(0.2)
         with socket.create_connection((tight.host, tight.port), timeout=5) as again:
             assert answered(again)
+            # the refusal is counted and said (issue 50: nothing was counted or logged)
+            again.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            page = b""
+            while chunk := again.recv(65536):
+                page += chunk
+        refused = re.search(rb"^serve_connections_refused_total (\S+)$", page, re.M)
+        assert refused and float(refused.group(1)) >= 1, page[-2000:]
+        deadline = time.monotonic() + 5
+        while "connection refused: serve.max_connections are open" not in tight.output():
+            assert time.monotonic() < deadline, tight.output()[-3000:]
+            time.sleep(0.1)
     finally:
         for s in held:
             s.close()
