@@ -422,3 +422,35 @@ def test_127_thresholds_and_a_name_that_is_not_utf8(tmp_path):
         json_row(None, np.zeros(0, np.float32))
     with pytest.raises(TypeError):
         json_row([], None)
+
+
+def test_through_the_server_the_answers_are_the_general_paths(tmp_path):
+    """The real server (uvicorn's protocol, a client over a socket): one-row requests'
+    answers, with their HTTP head, are the general path's, counted once each; a request the
+    path does not take (charset in Content-Type) is answered alike."""
+    from tests.test_serve import Server, get, post
+
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = worker.compile_model(booster)
+    path = tmp_path / "m.model"
+    model.save(path)
+    general = _service(tmp_path, model, general=True)
+    rows = M.hostile_rows(40, M.xgboost_thresholds(booster), 31, inf=False)
+    bodies = [json.dumps(_doc(_py(r), rid=f"q{i}")).encode() for i, r in enumerate(rows)]
+    s = Server(path, tmp_path)
+    try:
+        for body in bodies:
+            for ctype in ("application/json", "application/json; charset=utf-8"):
+                status, headers, out = post(s, "/v2/models/m/infer", body,
+                                            {"Content-Type": ctype})
+                want = general.handle(b"POST", PATH, {b"content-type": ctype.encode()}, body)
+                assert (status, out) == (want[0], want[2])
+                assert headers["content-type"] == "application/json"
+                assert headers["model-id"] == model.model_id
+                assert int(headers["content-length"]) == len(out)
+        status, page = get(s, "/metrics")
+        assert f'serve_requests_total{{route="infer",status="200"}} {2 * len(bodies)}.0' \
+            in page.decode()
+        assert f"serve_rows_total {2 * len(bodies)}.0" in page.decode()
+    finally:
+        assert s.stop() == 0
