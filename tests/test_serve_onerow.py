@@ -454,3 +454,25 @@ def test_through_the_server_the_answers_are_the_general_paths(tmp_path):
         assert f"serve_rows_total {2 * len(bodies)}.0" in page.decode()
     finally:
         assert s.stop() == 0
+
+
+def test_the_bounds_at_their_edges(tmp_path):
+    """serve.max_json_bytes: a body of exactly the bound is answered by the path, one byte
+    more is the general path's 413; serve.max_response_bytes: an id that brings the answer's
+    bound to exactly the limit is answered by the path, one character more is 413."""
+    booster = M.xgboost_models()["xgb-binary-logistic"]
+    model = worker.compile_model(booster)
+    row = _py(M.hostile_rows(1, M.xgboost_thresholds(booster), 4, inf=False)[0])
+    body = json.dumps(_doc(row)).encode()
+    fast, general, taken = _pair(tmp_path, model, serve={"max_json_bytes": 1024})
+    at, past = body + b" " * (1024 - len(body)), body + b" " * (1025 - len(body))
+    _same_answers(fast, general, [at, past])
+    assert taken == [True, False]
+    assert fast.handle(b"POST", PATH, JSON_HEADERS, past)[0] == 413
+    bound = fast.current.one_row.bound
+    fast, general, taken = _pair(tmp_path, model, serve={"max_response_bytes": bound + 600})
+    at = json.dumps(_doc(row, rid="x" * 100)).encode()
+    past = json.dumps(_doc(row, rid="x" * 101)).encode()
+    _same_answers(fast, general, [at, past])
+    assert taken == [True, False]
+    assert fast.handle(b"POST", PATH, JSON_HEADERS, past)[0] == 413
