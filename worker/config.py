@@ -534,8 +534,8 @@ class ScoringConfig(_Section):
     threads: int | None = Field(None, ge=1, le=256)
     """Kernel threads (default: all cores)."""
     thresholds: list[float] = Field(default_factory=lambda: [0.5])
-    """Decision thresholds on the score, increasing; decision = how many the score is >= to.
-    At most 127 (a decision is an 8-bit band index). For a model whose scores are
+    """Decision thresholds on the score, strictly increasing, 1 to 127 of them (a decision is
+    an 8-bit band index); decision = how many the score is >= to. For a model whose scores are
     probabilities, each within 0 to 1 (else exit 2)."""
     lazy: LazyConfig = Field(default_factory=LazyConfig)
     audit_fraction: float = Field(0.0, ge=0.0, le=1.0)
