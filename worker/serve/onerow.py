@@ -23,7 +23,6 @@ every tree evaluated (``scoring.lazy.mode: off``), no reason codes asked for eve
 from __future__ import annotations
 
 import bisect
-import math
 
 import numpy as np
 import orjson
@@ -47,9 +46,10 @@ class OneRow:
     def of(cls, model, name: str, scoring, serve, contract: oip.Contract) -> OneRow | None:
         if model.task != "binary" or model._proba_link is None or contract.categories or \
                 scoring.lazy.mode != "off" or scoring.explain is not None or \
-                serve.max_rows < 1 or any(math.isnan(t) for t in scoring.thresholds):
+                serve.max_rows < 1:
             return None
-        return cls(model, name, scoring, serve, contract)
+        one = cls(model, name, scoring, serve, contract)
+        return one if one.bound <= one.max_answer else None  # (every answer 413 there)
 
     def __init__(self, model, name: str, scoring, serve, contract: oip.Contract):
         self.forest = model.forest
@@ -113,8 +113,7 @@ class OneRow:
             if len(data) != 1 or type(data[0]) is not list:
                 return None
             data = data[0]
-        if req_id is not None and self.bound + 6 * len(req_id) > self.max_answer or \
-                self.bound > self.max_answer:
+        if req_id is not None and self.bound + 6 * len(req_id) > self.max_answer:
             return None  # (413 there)
         X = np.empty((1, nf), np.float32)
         missing = json_row(data, X[0])

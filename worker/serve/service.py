@@ -475,7 +475,7 @@ class Service:
         path answers it (the same checks, bytes and counts); None: the general path's."""
         t0 = time.perf_counter()
         m = self._model()
-        if m is None or m.one_row is None or b"inference-header-content-length" in headers \
+        if m is None or m.one_row is None or _HEADER_LENGTH in headers \
                 or b"content-encoding" in headers or \
                 headers.get(b"content-type") != b"application/json":
             return None
@@ -700,6 +700,7 @@ class Service:
         return 200, ARROW, outs[0].value, m.id_header
 
 
+_HEADER_LENGTH = oip.HEADER_LENGTH.encode()
 _NONE_UNSEEN: dict = {}  # (a one-row request's unknown category names: a model without)
 
 
