@@ -33,7 +33,11 @@ from walk cimport (walk1, walk8, sw_prefetch, sw_prefetch_l2,
                   sw_swalk16, sw_swalkp_fn, sw_spwalk_fn_for, sw_stage_cats, sw_scwalk_rows,
                   sw_scwalk_rows_f, sw_scwalk_fixed, sw_scwalk_fixed_f, sw_key_cols,
                   sw_part_best, sw_scwalk_part, SW_PMAX, SW_PART_ROW, SW_PART_AVX512,
-                  SW_PLEAF_SLOT, SW_PLEAF_F32, SW_PLEAF_F64)
+                  SW_PLEAF_SLOT, SW_PLEAF_F32, SW_PLEAF_F64, SW_PAIR_W, sw_pair_f_fn,
+                  sw_pair_d_fn, sw_pair_f_for, sw_pair_d_for)
+
+# eval_planned walks a group of PLAN_WIDE trees as two calls of the pair walk
+assert PLAN_WIDE == 2 * SW_PAIR_W
 
 cdef extern from "<stdlib.h>" nogil:  # C11; libc.stdlib does not declare it
     void* aligned_alloc(size_t alignment, size_t size)
@@ -405,15 +409,41 @@ cdef int64_t eval_planned(const ModelView* m, const acc_t* leaves, const RowPlan
     (fewer than 8 remain: callers finish them with the generic walks)."""
     cdef int64_t slot[WIDE]
     cdef int64_t t = t0, lbase, ni = (<int64_t>1 << m.depth) - 1
-    cdef int32_t r, G = m.n_outputs
+    cdef int32_t r, h, G = m.n_outputs, paired = 0
     cdef bint one = one_sum(m)   # every tree adds one value to acc[0]
+    cdef sw_pair_f_fn pair_f = sw_pair_f_for(m.depth)
+    cdef sw_pair_d_fn pair_d = sw_pair_d_for(m.depth)
+    # the pair walk (walk.h sw_pair_*): the doubled rows, two at a time, for one summed value
+    # a leaf (G is 1); the doubled rows are the plan's first (plan_rows doubles while xx has
+    # room), and a row left without a partner takes the one-row walk below
+    if m.pairs and one and m.qnodes != NULL and pair_f != NULL and pair_d != NULL:
+        while paired + 2 <= n and plan[paired].nodes == m.qnodes and \
+                plan[paired + 1].nodes == m.qnodes:
+            paired += 2
     # 12 trees per row at once: for a row alone its only independent chains are trees
     # (measured: A native p50 0.95 us with 16, 1.28 us with 8); with the four-instruction
     # order-key step 12 chains spill less than 16: +4% rows/s on A, +11% on B, p50 no worse
     # (bench/NOTES.md "Kernel v2"); one call per row measured as fast as a list of rows
     while t + PLAN_WIDE <= t1:
         lbase = t * (ni + 1)
-        for r in range(n):
+        h = 0
+        while h < PLAN_WIDE and paired:
+            # SW_PAIR_W trees over every pair, then the next SW_PAIR_W: each row's adds stay
+            # in tree order, and a pass's nodes and leaves (12 and 6 KB at depth 8) stay in
+            # L1 beside the rows, where 12 trees' (36 KB) did not
+            r = 0
+            while r < paired:
+                if acc_t is float:
+                    pair_f(plan[r].nodes + (t + h) * ni, <const uint32_t*>plan[r].x,
+                           <const uint32_t*>plan[r + 1].x, leaves + lbase + h * (ni + 1),
+                           acc + r, acc + r + 1)
+                else:
+                    pair_d(plan[r].nodes + (t + h) * ni, <const uint32_t*>plan[r].x,
+                           <const uint32_t*>plan[r + 1].x, leaves + lbase + h * (ni + 1),
+                           acc + r, acc + r + 1)
+                r += 2
+            h += SW_PAIR_W
+        for r in range(paired, n):
             plan[r].wide(plan[r].nodes + t * ni, plan[r].x, slot)
             add_leaves(m, leaves, t, PLAN_WIDE, lbase, slot, acc + r * G, one)
         t += PLAN_WIDE
@@ -1018,6 +1048,7 @@ cdef class Forest:
         self.view.n_cat_feat = 0
         self.view.cat_staged = 0
         self.view.trees_walk = 0
+        self.view.pairs = 1
         self.view.steps = NULL
         self.steps = None
         self.view.part = 0
@@ -1655,6 +1686,18 @@ cdef class Forest:
         applies = rows_walk(&self.view)
         self.view.trees_walk = saved
         return (not saved) if applies else None
+
+    def pair_walk(self, object on=None):
+        """Whether a padded model's planned tasks walk their doubled rows two at a time
+        (walk.h sw_pair_*: the default where it applies, one summed value a leaf) or one at a
+        time (tests score both; ``on`` sets it). What is in force; None where it does not
+        apply."""
+        if on is not None:
+            self.view.pairs = 1 if on else 0
+        if self.view.qnodes == NULL or self.view.pnodes == NULL or not one_sum(&self.view) \
+                or sw_pair_f_for(self.view.depth) == NULL:
+            return None
+        return bool(self.view.pairs)
 
     @property
     def compact_node_bytes(self):

@@ -60,6 +60,9 @@ ctypedef struct ModelView:    # borrowed pointers into arrays owned by a kernels
                               # least PART_ROWS_PER_NODE x part_nodes rows: SW_PART_AVX512 or
                               # SW_PART_ROW, or 0: off (kernels.part_walk; Forest.part_walk)
     int64_t part_nodes        # the largest tree's node count (compact 8-byte nodes), else 0
+    int32_t pairs             # 1: planned tasks walk doubled rows two at a time (walk.h
+                              # sw_pair_*; kernels.eval_planned), 0: one at a time
+                              # (Forest.pair_walk, for tests and A/B runs)
     int32_t agg               # AGG_SUM, or AGG_MIN / AGG_MAX (ONNX aggregate_function): the
                               # trees' smallest or largest leaf, then + base (blocks.add_leaf)
 

@@ -129,6 +129,61 @@ static inline sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) {
     return depth >= 1 && depth <= 10 ? sw_walk_tab[3 * wide + rule][depth] : 0;
 }
 
+/* The pair walk: two doubled rows (SPLIT rule) through SW_PAIR_W trees at once, 2 x 6 chains,
+   each row's leaves added to its own sum in tree order (one value a leaf, summed: blocks.pxd
+   one_sum), as add_leaves adds them: the same leaves in the same order, so the scores are the
+   one-row walk's to the bit. A step is SW_QSTEP. Why two rows: the one-row walk's 12 chains
+   all end together and then wait on their row's 12 dependent leaf adds; here two rows' adds
+   run side by side, and the caller (kernels.eval_planned) takes 6 trees a pass over every
+   pair, whose nodes and leaves stay in L1 (a 12-tree group's 36 KB at depth 8 did not).
+   bench/pair_walk.py: model B 1.08-1.18x the one-row walk; bench/walk_variants.c: the other
+   forms tried (bench/NOTES.md "The pair walk"). lv: the first tree's leaves (2^D values a
+   tree, trees one after the other). */
+#define SW_PAIR_W 6
+#define SW_DEF_QPAIR(D, T, NAME)                                                            \
+static void NAME(const void *vbase, const uint32_t *x0, const uint32_t *x1, const T *lv,    \
+                 T *acc0, T *acc1) {                                                        \
+    const sw_qnode *base = (const sw_qnode *)vbase - 1;                                     \
+    const int64_t ni = ((int64_t)1 << D) - 1;                                               \
+    uint64_t q0[SW_PAIR_W], q1[SW_PAIR_W];                                                  \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_PAIR_W; j++) q0[j] = q1[j] = 1;         \
+    _Pragma("GCC unroll 16") for (int d = 0; d < D; d++) {                                  \
+        _Pragma("GCC unroll 16") for (int j = 0; j < SW_PAIR_W; j++) {                      \
+            const sw_qnode *n0 = base + j * ni + q0[j], *n1 = base + j * ni + q1[j];        \
+            SW_QSTEP(q0[j], n0, x0);                                                        \
+            SW_QSTEP(q1[j], n1, x1);                                                        \
+        }                                                                                   \
+    }                                                                                       \
+    T a0 = *acc0, a1 = *acc1;                                                               \
+    _Pragma("GCC unroll 16") for (int j = 0; j < SW_PAIR_W; j++) {                          \
+        a0 += lv[j * (ni + 1) + (int64_t)q0[j] - ni - 1];                                   \
+        a1 += lv[j * (ni + 1) + (int64_t)q1[j] - ni - 1];                                   \
+    }                                                                                       \
+    *acc0 = a0;                                                                             \
+    *acc1 = a1;                                                                             \
+}
+#define SW_DEF_QPAIRS(D) SW_DEF_QPAIR(D, float, sw_pair_f_d##D)                            \
+    SW_DEF_QPAIR(D, double, sw_pair_d_d##D)
+SW_DEF_QPAIRS(1) SW_DEF_QPAIRS(2) SW_DEF_QPAIRS(3) SW_DEF_QPAIRS(4) SW_DEF_QPAIRS(5)
+SW_DEF_QPAIRS(6) SW_DEF_QPAIRS(7) SW_DEF_QPAIRS(8) SW_DEF_QPAIRS(9) SW_DEF_QPAIRS(10)
+typedef void (*sw_pair_f_fn)(const void *, const uint32_t *, const uint32_t *, const float *,
+                             float *, float *);
+typedef void (*sw_pair_d_fn)(const void *, const uint32_t *, const uint32_t *, const double *,
+                             double *, double *);
+static const sw_pair_f_fn sw_pair_f_tab[11] = {0, sw_pair_f_d1, sw_pair_f_d2, sw_pair_f_d3,
+    sw_pair_f_d4, sw_pair_f_d5, sw_pair_f_d6, sw_pair_f_d7, sw_pair_f_d8, sw_pair_f_d9,
+    sw_pair_f_d10};
+static const sw_pair_d_fn sw_pair_d_tab[11] = {0, sw_pair_d_d1, sw_pair_d_d2, sw_pair_d_d3,
+    sw_pair_d_d4, sw_pair_d_d5, sw_pair_d_d6, sw_pair_d_d7, sw_pair_d_d8, sw_pair_d_d9,
+    sw_pair_d_d10};
+/* NULL outside depths 1..10 */
+static inline sw_pair_f_fn sw_pair_f_for(int depth) {
+    return depth >= 1 && depth <= 10 ? sw_pair_f_tab[depth] : 0;
+}
+static inline sw_pair_d_fn sw_pair_d_for(int depth) {
+    return depth >= 1 && depth <= 10 ? sw_pair_d_tab[depth] : 0;
+}
+
 /* Compact walks: SW_CW trees of one row, chains in registers; a leaf steps onto itself
    (threshold +inf, key reads feature 0 and never a NaN slot) until all are done. 16 chains:
    deep forests are memory-latency bound, and more misses in flight pay (bench/NOTES.md). */

@@ -58,6 +58,14 @@ cdef extern from "walk.h":
                        const uint32_t* head, int32_t k) noexcept nogil
     sw_swalkp_fn sw_spwalk_fn_for(int depth) noexcept nogil
     enum: SW_RULE_NAN, SW_RULE_FINITE, SW_RULE_SPLIT
+    # two doubled rows through SW_PAIR_W trees, each row's leaves added to its sum in tree order
+    enum: SW_PAIR_W
+    ctypedef void (*sw_pair_f_fn)(const void* base, const uint32_t* x0, const uint32_t* x1,
+                                  const float* lv, float* acc0, float* acc1) noexcept nogil
+    ctypedef void (*sw_pair_d_fn)(const void* base, const uint32_t* x0, const uint32_t* x1,
+                                  const double* lv, double* acc0, double* acc1) noexcept nogil
+    sw_pair_f_fn sw_pair_f_for(int depth) noexcept nogil   # NULL outside depths 1..10
+    sw_pair_d_fn sw_pair_d_for(int depth) noexcept nogil
 
 
 cdef enum:
