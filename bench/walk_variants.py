@@ -23,7 +23,8 @@ def main() -> int:
     assert int(model.depth) == 8
     q = np.asarray(_kernels.order_key_nodes(model.arrays["pnodes"]), dtype=np.uint32)
     X = M.data(512, seed=7)[0].astype(np.float32)
-    xx = np.stack([np.asarray(_kernels.split_row_keys(np.ascontiguousarray(r)), dtype=np.uint32) for r in X])
+    xx = np.stack([np.asarray(_kernels.split_row_keys(np.ascontiguousarray(r)), dtype=np.uint32)
+                   for r in X])
     here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as d:
         exe = os.path.join(d, "walk_variants")
