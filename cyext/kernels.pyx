@@ -36,8 +36,10 @@ from walk cimport (walk1, walk8, sw_prefetch, sw_prefetch_l2,
                   SW_PLEAF_SLOT, SW_PLEAF_F32, SW_PLEAF_F64, SW_PAIR_W, sw_pair_f_fn,
                   sw_pair_d_fn, sw_pair_f_for, sw_pair_d_for)
 
-# eval_planned walks a group of PLAN_WIDE trees as two calls of the pair walk
-assert PLAN_WIDE == 2 * SW_PAIR_W
+# eval_planned walks a group of PLAN_WIDE trees as two passes of the pair walk (walk.h also
+# asserts it at compile time); a check that python -O keeps
+if PLAN_WIDE != 2 * SW_PAIR_W:
+    raise ImportError(f"PLAN_WIDE {PLAN_WIDE} is not two pair walks of {SW_PAIR_W} trees")
 
 cdef extern from "<stdlib.h>" nogil:  # C11; libc.stdlib does not declare it
     void* aligned_alloc(size_t alignment, size_t size)
@@ -1688,10 +1690,12 @@ cdef class Forest:
         return (not saved) if applies else None
 
     def pair_walk(self, object on=None):
-        """Whether a padded model's planned tasks walk their doubled rows two at a time
-        (walk.h sw_pair_*: the default where it applies, one summed value a leaf) or one at a
-        time (tests score both; ``on`` sets it). What is in force; None where it does not
-        apply."""
+        """Whether a padded model's walks take their doubled rows two at a time (walk.h
+        sw_pair_*: the default where it applies, one summed value a leaf) or one at a time
+        (tests score both; ``on`` sets it). What is set; None where it does not apply. Where
+        another kernel is in force (the lanes, the leaf masks, QuickScorer, the oblivious
+        kernel), the walks score only what it hands them: a block's last rows, the lazy
+        modes' chunks."""
         if on is not None:
             self.view.pairs = 1 if on else 0
         if self.view.qnodes == NULL or self.view.pnodes == NULL or not one_sum(&self.view) \

@@ -140,6 +140,8 @@ static inline sw_walk_fn sw_walk_fn_for(int depth, int wide, int rule) {
    forms tried (bench/NOTES.md "The pair walk"). lv: the first tree's leaves (2^D values a
    tree, trees one after the other). */
 #define SW_PAIR_W 6
+/* kernels.eval_planned: a group of walk.pxd PLAN_WIDE (12) trees is two pair passes */
+_Static_assert(2 * SW_PAIR_W == 12, "PLAN_WIDE is two pair passes");
 #define SW_DEF_QPAIR(D, T, NAME)                                                            \
 static void NAME(const void *vbase, const uint32_t *x0, const uint32_t *x1, const T *lv,    \
                  T *acc0, T *acc1) {                                                        \

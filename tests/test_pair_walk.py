@@ -109,11 +109,39 @@ def test_rows_past_the_doubled_ones_in_a_block():
 
 
 def test_the_pair_walk_is_not_taken_where_it_does_not_apply():
-    # several scores, or special nodes, or the compact layout: None, and off stays off
-    assert worker.compile_model(M.xgboost_models()["xgb-multi-softprob"], layout="padded",
-                                kernel="walk").forest.pair_walk() is None
-    assert worker.compile_model(M.xgboost_models()["xgb-deep"], layout="compact",
-                                kernel="walk").forest.pair_walk() is None
+    # several scores, or the compact layout: None, whatever it is set to
+    for name, layout in (("xgb-multi-softprob", "padded"), ("xgb-deep", "compact")):
+        forest = worker.compile_model(M.xgboost_models()[name], layout=layout,
+                                      kernel="walk").forest
+        assert forest.pair_walk() is None
+        assert forest.pair_walk(True) is None and forest.pair_walk(False) is None
+
+
+@pytest.mark.parametrize("lazy", ["certified", "lazygbm"])
+def test_the_lazy_modes_walk_pairs_to_the_same_bits(lazy):
+    # the lazy modes' chunks of trees go through the same planned walks (cyext/lazy.pyx): the
+    # pair walk on and off give the same results, and the rows that ran every tree the full
+    # model's scores to the bit
+    booster = _xgboost(6, "binary:logistic", 45)
+    model = _walks(booster)
+    thr = _thr32(M.xgboost_thresholds(booster))
+    X = _rows(777, thr, seed=11)
+    full = model.score_batch(X, n_threads=1)
+    cut = [float(np.quantile(full.score, 0.3)), float(np.quantile(full.score, 0.7))]
+    for threads in (1, 2):
+        got = {}
+        for on in (True, False):
+            model.forest.pair_walk(on)
+            try:
+                got[on] = model.score_batch(X, lazy=lazy, thresholds=cut, n_threads=threads)
+            finally:
+                model.forest.pair_walk(True)
+        for field in ("score", "score_lo", "score_hi", "decision", "work_units", "stop_code"):
+            np.testing.assert_array_equal(getattr(got[True], field), getattr(got[False], field),
+                                          err_msg=f"{lazy}, {field}, {threads} threads")
+        ran = got[True].work_units == model.work_total
+        assert ran.any() and not ran.all()
+        np.testing.assert_array_equal(got[True].score[ran], full.score[ran])
 
 
 def _sklearn(name):
