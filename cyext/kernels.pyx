@@ -8,7 +8,7 @@ makes our margins bit-identical to its own; float64 for scikit-learn).
 
 cimport cython
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 from libc.math cimport exp, INFINITY
@@ -80,6 +80,12 @@ cdef extern from "oblivious.h":
         const uint32_t* cats
         int32_t staged
         const uint32_t* halves
+        const uint16_t* quarters
+        const uint8_t* jb
+        int32_t n_used
+        const uint32_t* used
+        const uint32_t* nb
+        const uint32_t* btab
     void sw_obl_cols(const sw_obl* o, const float* X, int64_t ldx, int32_t n,
                      uint32_t* cols) noexcept nogil
     void sw_obl_slots(const sw_obl* o, const uint32_t* cols, int32_t n, int64_t t0, int64_t t1,
@@ -89,7 +95,10 @@ cdef extern from "oblivious.h":
     void sw_obl_sum_f(const sw_obl* o, const uint32_t* cols, int32_t n, const float* leaves,
                       float* acc) noexcept nogil
     int sw_obl_simd_best() noexcept nogil
-    enum: SW_OBL_R, SW_OBL_ROW, SW_OBL_AVX2, SW_OBL_AVX512
+    int sw_obl_bw() noexcept nogil
+    int sw_obl_sum_bins(const sw_obl* o, const uint32_t* cols, int32_t n, uint8_t* bins,
+                        double* acc) noexcept nogil
+    enum: SW_OBL_R, SW_OBL_ROW, SW_OBL_AVX2, SW_OBL_AVX512, SW_OBL_BTAB
 
 cdef extern from "lanes.h":
     ctypedef struct sw_lanes:
@@ -137,6 +146,13 @@ def ort_probit(const double[::1] raw):
 
 cdef enum:
     OBL_HALVES_MAX_BYTES = 64 << 20  # sw_obl.halves: past it the leaves are gathered
+                              # (and sw_obl.quarters: past it the bins are not built)
+    OBL_BINS_TREES_LONG = 8   # the bins are built where the model has at least this many
+    OBL_BINS_TREES_SHORT = 4  # trees for each column the levels read of more than 31
+                              # thresholds (a two-level search), and this many for each of
+                              # 31 or fewer (one level): binning the column costs a block what
+                              # about 8 and 3 trees save (bench/oblivious_words.c)
+    OBL_BINS_MAX_BORDERS = 255  # a bin is a byte (0 .. the column's thresholds)
     OBL_STACK_KEYS = 16384    # eval_oblivious's stack buffer: a block's columns for up to 128
                               # features (64 KB); wider models allocate theirs
     OBL_TREES = 16            # trees whose positions are taken at once (vector leaves)
@@ -688,6 +704,33 @@ cdef void eval_rest(const ModelView* m, const acc_t* leaves, const float* X, int
         t += 1
 
 
+cdef void _obl_set_bins(sw_obl* o, dict arrays):
+    """The bins' tables in arrays (Forest._obl_bins) pointed to by o, quarters last (the switch
+    the kernel reads); none in arrays: o without them."""
+    cdef const uint16_t[:, ::1] qv
+    cdef const uint8_t[:, ::1] jv
+    cdef const uint32_t[::1] uv
+    cdef const uint32_t[::1] nv
+    cdef const uint32_t[:, ::1] bv
+    if "obl_quarters" not in arrays:
+        o.quarters = NULL
+        o.jb = NULL
+        o.n_used = 0
+        o.used = o.nb = o.btab = NULL
+        return
+    qv = arrays["obl_quarters"]
+    jv = arrays["obl_jb"]
+    uv = arrays["obl_used"]
+    nv = arrays["obl_nb"]
+    bv = arrays["obl_btab"]
+    o.jb = &jv[0, 0]
+    o.n_used = <int32_t>uv.shape[0]
+    o.used = &uv[0]
+    o.nb = &nv[0]
+    o.btab = &bv[0, 0]
+    o.quarters = &qv[0, 0]
+
+
 cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X, int32_t n,
                          acc_t* acc) noexcept nogil:
     """Every tree of an oblivious model (oblivious.h) for n row-major rows, added to acc in
@@ -697,6 +740,8 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
     cdef int64_t t0, t1, t, nl = (<int64_t>1) << m.depth
     cdef uint32_t stack_cols[OBL_STACK_KEYS]
     cdef uint32_t* cols = stack_cols
+    cdef uint8_t stack_bins[OBL_STACK_KEYS]  # the bins: a byte for each key of cols
+    cdef uint8_t* bins = NULL
     cdef acc_t blk[SW_OBL_R]
     cdef int32_t slot[OBL_TREES * SW_OBL_R]
     cdef bint one = one_sum(m)
@@ -706,6 +751,12 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
         if cols == NULL:  # no memory for the columns: the walks need none
             eval_trees(m, leaves, X, nf, n, 0, m.n_trees, acc)
             return
+    if o.quarters != NULL and one and acc_t is double:
+        # without memory for them the halves score (sw_obl_sum_bins refuses NULL)
+        if cols == stack_cols:
+            bins = &stack_bins[0]
+        else:
+            bins = <uint8_t*>malloc(n_cols * SW_OBL_R)
     for r in range(SW_OBL_R):
         blk[r] = 0
     cdef const char* nxt
@@ -726,7 +777,8 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
             for r in range(k):
                 blk[r] = acc[r0 + r]
             if acc_t is double:
-                sw_obl_sum_d(o, cols, k, leaves, blk)
+                if not sw_obl_sum_bins(o, cols, k, bins, blk):
+                    sw_obl_sum_d(o, cols, k, leaves, blk)
             else:
                 sw_obl_sum_f(o, cols, k, leaves, blk)
             for r in range(k):
@@ -744,6 +796,7 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
         r0 += k
     if cols != stack_cols:
         free(cols)
+        free(bins)
 
 
 cdef void walk_rows(const ModelView* m, const acc_t* leaves, const float* X, int32_t n,
@@ -1227,6 +1280,9 @@ cdef class Forest:
         halves = self._obl_halves()
         if halves is not None:
             arrays["obl_halves"] = halves
+        bins = self._obl_bins(keys, thr, 2 * nf + len(d_key), True)
+        if bins is not None:
+            arrays.update(bins)
         kv = keys
         tv = thr
         dk = arrays["obl_dkey"]
@@ -1249,6 +1305,8 @@ cdef class Forest:
         if halves is not None:
             hv = halves
             o.halves = &hv[0, 0]
+        o.quarters = NULL
+        _obl_set_bins(o, arrays)
         old = self.obl_tables
         self.obl_arrays = arrays
         self.obl_tables = o
@@ -1278,6 +1336,81 @@ cdef class Forest:
         halves[:, :1 << D] = bits & np.uint64(0xFFFFFFFF)
         halves[:, W:W + (1 << D)] = bits >> np.uint64(32)
         return halves
+
+    def _obl_bins(self, keys, thr, int64_t n_cols, bint pay):
+        """The bins' tables (oblivious.h sw_obl_bins512, sw_obl_sum512_w) for a model of depth
+        6 or less whose trees add one float64 leaf to one score, on a CPU with AVX-512 BW, at
+        most OBL_HALVES_MAX_BYTES of leaves, every column its levels read asked at most
+        OBL_BINS_MAX_BORDERS distinct thresholds, and (pay: when the kernel is built) trees
+        enough to pay for binning those columns (OBL_BINS_TREES_LONG and _SHORT); None
+        otherwise. keys and thr: the levels' columns and threshold keys (n_trees x depth,
+        uint32); n_cols: the block's columns. Built, not installed: the caller swaps them
+        in."""
+        cdef int32_t D = self.view.depth
+        cdef int64_t T = self.view.n_trees
+        if D > 6 or self.float32_acc or sw_obl_simd_best() != SW_OBL_AVX512 \
+                or not sw_obl_bw() or not (self.view.n_outputs == 1
+                                           and self.view.n_leaf_out == 1
+                                           and self.view.agg == AGG_SUM):
+            return None
+        if T * 256 * 2 > OBL_HALVES_MAX_BYTES:
+            return None
+        used = np.unique(keys)
+        if used.size == 0 or int(used[-1]) >= n_cols \
+                or (pay and T < OBL_BINS_TREES_SHORT * used.size):
+            return None
+        jb = np.empty(keys.shape, dtype=np.uint8)
+        nb = np.empty(used.size, dtype=np.uint32)
+        btab = np.full((used.size, SW_OBL_BTAB), 0xFFFFFFFF, dtype=np.uint32)
+        pad = np.empty(256, dtype=np.uint32)
+        for u, c in enumerate(used):
+            at = keys == c
+            borders = np.unique(thr[at])  # ascending, distinct
+            if borders.size > OBL_BINS_MAX_BORDERS:
+                return None
+            jb[at] = np.searchsorted(borders, thr[at]).astype(np.uint8)
+            nb[u] = borders.size
+            pad[:] = 0xFFFFFFFF
+            pad[:borders.size] = borders
+            btab[u, :32] = pad[:32] if borders.size <= 31 else pad[7::8]
+            for j in range(8):
+                btab[u, 32 + 32 * j:64 + 32 * j] = pad[j::8]
+        if pay and T < (OBL_BINS_TREES_SHORT * int((nb <= 31).sum())
+                        + OBL_BINS_TREES_LONG * int((nb > 31).sum())):
+            return None
+        bits = np.asarray(self.arrays["leaves"], dtype=np.float64).reshape(T, 1 << D).view(
+            np.uint64)
+        quarters = np.zeros((T, 256), dtype=np.uint16)
+        for q in range(4):
+            quarters[:, 64 * q:64 * q + (1 << D)] = (bits >> np.uint64(16 * q)) & np.uint64(0xFFFF)
+        return {"obl_quarters": quarters, "obl_jb": jb, "obl_used": used.astype(np.uint32),
+                "obl_nb": nb, "obl_btab": btab}
+
+    def oblivious_bins(self, object on=None):
+        """The oblivious kernel's blocks of more than 16 rows by the bins (True: each column
+        binned once a block, every tree read as byte compares; AVX-512 BW) or by the halves
+        (False), for tests and A/B runs; what is in force (False without the tables, or while
+        oblivious_simd is not "avx512"). Read once a block, as oblivious_halves."""
+        cdef sw_obl* o = <sw_obl*>self.obl_tables
+        cdef const uint16_t[:, ::1] qv
+        if o == NULL:
+            return False
+        a = self.obl_arrays
+        if on and "obl_quarters" not in a:
+            # a model the kernel's build left without them for want of trees a column: built
+            # now (for tests and A/B runs; like _oblivious, not while another thread scores)
+            bins = self._obl_bins(a["obl_key"], a["obl_thr"],
+                                  2 * <int64_t>o.n_features + o.n_derived, False)
+            if bins is None:
+                return False
+            a.update(bins)
+            _obl_set_bins(o, a)
+        if "obl_quarters" not in a:
+            return False
+        if on is not None:
+            qv = a["obl_quarters"]
+            o.quarters = &qv[0, 0] if on else NULL
+        return o.quarters != NULL and o.simd == SW_OBL_AVX512
 
     def oblivious_halves(self, object on=None):
         """The oblivious kernel's float64 leaves picked from registers as 32-bit halves

@@ -15,8 +15,11 @@
    less picked from registers, sw_obl_sum512_h, otherwise gathered 8 or 16 at a time),
    AVX2 (8 rows), and portable C (gcc vectorizes the compare loop with the baseline SSE2).
    x86-64 variants are compiled with target attributes and taken only when the CPU has them
-   (sw_obl_simd_best). Models with more than one value per leaf or several output columns
-   take sw_obl_slots and add their leaves in the caller.
+   (sw_obl_simd_best). With AVX-512 BW, blocks of more than 16 rows of a model with the
+   bins built (Forest._obl_bins: depth 6 or less, one float64 score, at most 255 thresholds a
+   column, enough trees a column to pay for binning) bin their columns once and read every
+   tree as byte compares (sw_obl_sum_bins). Models with more than one value per leaf or
+   several output columns take sw_obl_slots and add their leaves in the caller.
 
    Special nodes (categorical splits, LightGBM's zero band) are oblivious too when every node
    of a level has the same split: such a split becomes a derived column of the block, its
@@ -54,7 +57,21 @@ typedef struct {
                                n_trees * 2W words (W = 64 at depth 6, 32 at 5, 16 below), a
                                tree's leaves' low words then their high words, zero past
                                2^D (sw_obl_sum512_h) */
+    /* the bins (sw_obl_bins512, sw_obl_sum512_w; NULL quarters: not built, or switched off):
+       AVX-512 BW, depth 6 or less, float64 leaves summed to one score */
+    const uint16_t *quarters; /* n_trees * 256 words: word 64q + i of a tree is bits
+                                 16q .. 16q + 15 of its leaf i (zero past 2^D) */
+    const uint8_t *jb;      /* n_trees * depth: level L's threshold as the index j of its key
+                               among its column's sorted borders (key > border j: bin > j) */
+    int32_t n_used;         /* columns the levels read (each binned once a block) */
+    const uint32_t *used;   /* n_used: the column */
+    const uint32_t *nb;     /* n_used: its distinct thresholds, the borders (1..255) */
+    const uint32_t *btab;   /* n_used * SW_OBL_BTAB: the borders, ascending, padded to 256 with
+                               0xFFFFFFFF: 32 pivots (border 8g + 7; the borders themselves
+                               where nb <= 31), then 8 planes of 32 (plane j entry g: border
+                               8g + j) */
 } sw_obl;
+#define SW_OBL_BTAB (32 + 8 * 32)
 
 static int sw_obl_simd = -1;
 static inline int sw_obl_simd_best(void) {
@@ -67,6 +84,16 @@ static inline int sw_obl_simd_best(void) {
     return sw_obl_simd;
 #else
     return SW_OBL_ROW;
+#endif
+}
+
+/* AVX-512 BW (the bins' byte compares and word permutes) */
+static inline int sw_obl_bw(void) {
+#ifdef SW_OBL_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
 #endif
 }
 
@@ -363,6 +390,142 @@ static void NAME(const sw_obl *o, const uint32_t *cols, const uint32_t *halves, 
 SW_OBL_AVX512_H(1, sw_obl_sum512_h1)
 SW_OBL_AVX512_H(4, sw_obl_sum512_h4)
 
+/* The bins (issue 56: CatBoost's own way, binarizing each feature once, then every tree as
+   byte arithmetic). A level asks key > t, t one of its column's sorted distinct thresholds
+   (the borders b_0 < ... < b_(nb-1)), t = b_j; a row's bin in that column is the count of
+   borders below its key, and since the borders it exceeds are a prefix, key > b_j exactly when
+   bin > j. With nb <= 255 a bin is a byte, so a level is one byte compare of the block's 64
+   rows (four 32-bit compares without the bins).
+
+   sw_obl_bins512: the block's bins of every column the levels read, 16 rows at a time, by a
+   binary search in registers among the borders padded with 0xFFFFFFFF (never below a key):
+   5 steps among 32 entries (the borders themselves where nb <= 31; else every 8th border,
+   which finds the row's group g of 8, g <= 31 since the 256th entry is padding), then 3 within
+   the group (border 8g + 7 is known not below the key). bins[c * SW_OBL_R + r]. */
+__attribute__((target("avx512f,avx512bw")))
+static void sw_obl_bins512(const sw_obl *o, const uint32_t *cols, uint8_t *bins) {
+    for (int32_t u = 0; u < o->n_used; u++) {
+        const int64_t c = o->used[u];
+        const uint32_t *tab = o->btab + (int64_t)u * SW_OBL_BTAB;
+        const __m512i P0 = _mm512_loadu_si512(tab), P1 = _mm512_loadu_si512(tab + 16);
+        const uint32_t *col = cols + c * SW_OBL_R;
+        uint8_t *out = bins + c * SW_OBL_R;
+        if (o->nb[u] <= 31) {
+            for (int v = 0; v < 4; v++) {
+                const __m512i x = _mm512_loadu_si512(col + 16 * v);
+                __m512i pos = _mm512_setzero_si512();
+                for (int s = 16; s >= 1; s >>= 1) {
+                    const __m512i b = _mm512_permutex2var_epi32(
+                        P0, _mm512_add_epi32(pos, _mm512_set1_epi32(s - 1)), P1);
+                    pos = _mm512_mask_add_epi32(pos, _mm512_cmpgt_epu32_mask(x, b), pos,
+                                                _mm512_set1_epi32(s));
+                }
+                _mm_storeu_si128((__m128i *)(out + 16 * v), _mm512_cvtepi32_epi8(pos));
+            }
+            continue;
+        }
+        __m512i Q[7][2];
+        for (int j = 0; j < 7; j++) {
+            Q[j][0] = _mm512_loadu_si512(tab + 32 + 32 * j);
+            Q[j][1] = _mm512_loadu_si512(tab + 32 + 32 * j + 16);
+        }
+        for (int v = 0; v < 4; v++) {
+            const __m512i x = _mm512_loadu_si512(col + 16 * v);
+            __m512i g = _mm512_setzero_si512();
+            for (int s = 16; s >= 1; s >>= 1) {
+                const __m512i b = _mm512_permutex2var_epi32(
+                    P0, _mm512_add_epi32(g, _mm512_set1_epi32(s - 1)), P1);
+                g = _mm512_mask_add_epi32(g, _mm512_cmpgt_epu32_mask(x, b), g,
+                                          _mm512_set1_epi32(s));
+            }
+            /* within the group: borders 8g + 0 .. 6, the middle first */
+            const __mmask16 k4 = _mm512_cmpgt_epu32_mask(x, _mm512_permutex2var_epi32(Q[3][0], g, Q[3][1]));
+            const __mmask16 k2 = _mm512_cmpgt_epu32_mask(x, _mm512_mask_blend_epi32(k4,
+                _mm512_permutex2var_epi32(Q[1][0], g, Q[1][1]),
+                _mm512_permutex2var_epi32(Q[5][0], g, Q[5][1])));
+            const __m512i lo = _mm512_mask_blend_epi32(k2,
+                _mm512_permutex2var_epi32(Q[0][0], g, Q[0][1]),
+                _mm512_permutex2var_epi32(Q[2][0], g, Q[2][1]));
+            const __m512i hi = _mm512_mask_blend_epi32(k2,
+                _mm512_permutex2var_epi32(Q[4][0], g, Q[4][1]),
+                _mm512_permutex2var_epi32(Q[6][0], g, Q[6][1]));
+            const __mmask16 k1 = _mm512_cmpgt_epu32_mask(x, _mm512_mask_blend_epi32(k4, lo, hi));
+            __m512i pos = _mm512_slli_epi32(g, 3);
+            pos = _mm512_mask_add_epi32(pos, k4, pos, _mm512_set1_epi32(4));
+            pos = _mm512_mask_add_epi32(pos, k2, pos, _mm512_set1_epi32(2));
+            pos = _mm512_mask_add_epi32(pos, k1, pos, _mm512_set1_epi32(1));
+            _mm_storeu_si128((__m128i *)(out + 16 * v), _mm512_cvtepi32_epi8(pos));
+        }
+    }
+}
+
+/* The trees on the bins, the block's 64 rows at once: each level one byte compare (bin > j)
+   and a masked byte add of its bit, so byte r of p is row r's leaf position (< 64). The leaves
+   are held as 4 planes of 64 16-bit words (o->quarters: plane q is bits 16q .. 16q + 15 of
+   every leaf), two registers a plane, and picked by word permutes (vpermt2w, which reads the
+   low 6 bits of each word index): the word lanes of p itself give the even rows' positions
+   (word i is bytes 2i and 2i + 1; the low one, row 2i, holds the low 6 bits) and p shifted
+   right by 8 the odd rows'. Unpacks of words then dwords put each row's 4 words back together
+   as its float64 leaf: 8 permutes and 16 unpacks for 64 rows, where the halves take 16, 8
+   blends and 8 unpacks after 24 compares (bench/oblivious_bins.c). The bits move unchanged and
+   each row's sum stays in tree order: the other kernels' scores to the bit.
+
+   Accumulator a[4e + j] (e = 0 even rows, 1 odd) holds, in 128-bit lane L, the rows of word
+   lanes 8L + 2j and 8L + 2j + 1: row 2 (8L + 2j + k) + e in its qword 2L + k. */
+__attribute__((target("avx512f,avx512bw")))
+static void sw_obl_sum512_w(const sw_obl *o, const uint8_t *bins, const uint16_t *quarters,
+                            double *acc) {
+    const int32_t D = o->depth;
+    __m512d a[8];
+    double tmp[8];
+    for (int e = 0; e < 2; e++)
+        for (int j = 0; j < 4; j++) {
+            for (int L = 0; L < 4; L++)
+                for (int k = 0; k < 2; k++) tmp[2 * L + k] = acc[2 * (8 * L + 2 * j + k) + e];
+            a[4 * e + j] = _mm512_loadu_pd(tmp);
+        }
+    for (int64_t t = 0; t < o->n_trees; t++) {
+        const uint32_t *key = o->key + t * D;
+        const uint8_t *jb = o->jb + t * D;
+        __m512i p = _mm512_maskz_mov_epi8(
+            _mm512_cmpgt_epu8_mask(_mm512_loadu_si512(bins + (int64_t)key[0] * SW_OBL_R),
+                                   _mm512_set1_epi8((char)jb[0])),
+            _mm512_set1_epi8((char)(1 << (D - 1))));
+        for (int32_t l = 1; l < D; l++) {
+            const __mmask64 m = _mm512_cmpgt_epu8_mask(
+                _mm512_loadu_si512(bins + (int64_t)key[l] * SW_OBL_R), _mm512_set1_epi8((char)jb[l]));
+            p = _mm512_mask_add_epi8(p, m, p, _mm512_set1_epi8((char)(1 << (D - 1 - l))));
+        }
+        const __m512i pe[2] = {p, _mm512_srli_epi16(p, 8)};
+        const uint16_t *q = quarters + t * 256;
+        const __m512i Q0 = _mm512_loadu_si512(q), Q1 = _mm512_loadu_si512(q + 32);
+        const __m512i Q2 = _mm512_loadu_si512(q + 64), Q3 = _mm512_loadu_si512(q + 96);
+        const __m512i Q4 = _mm512_loadu_si512(q + 128), Q5 = _mm512_loadu_si512(q + 160);
+        const __m512i Q6 = _mm512_loadu_si512(q + 192), Q7 = _mm512_loadu_si512(q + 224);
+        for (int e = 0; e < 2; e++) {
+            const __m512i P0 = _mm512_permutex2var_epi16(Q0, pe[e], Q1);
+            const __m512i P1 = _mm512_permutex2var_epi16(Q2, pe[e], Q3);
+            const __m512i P2 = _mm512_permutex2var_epi16(Q4, pe[e], Q5);
+            const __m512i P3 = _mm512_permutex2var_epi16(Q6, pe[e], Q7);
+            const __m512i dl = _mm512_unpacklo_epi16(P0, P1), dh = _mm512_unpackhi_epi16(P0, P1);
+            const __m512i el = _mm512_unpacklo_epi16(P2, P3), eh = _mm512_unpackhi_epi16(P2, P3);
+            a[4 * e] = _mm512_add_pd(a[4 * e], _mm512_castsi512_pd(_mm512_unpacklo_epi32(dl, el)));
+            a[4 * e + 1] = _mm512_add_pd(a[4 * e + 1],
+                                         _mm512_castsi512_pd(_mm512_unpackhi_epi32(dl, el)));
+            a[4 * e + 2] = _mm512_add_pd(a[4 * e + 2],
+                                         _mm512_castsi512_pd(_mm512_unpacklo_epi32(dh, eh)));
+            a[4 * e + 3] = _mm512_add_pd(a[4 * e + 3],
+                                         _mm512_castsi512_pd(_mm512_unpackhi_epi32(dh, eh)));
+        }
+    }
+    for (int e = 0; e < 2; e++)
+        for (int j = 0; j < 4; j++) {
+            _mm512_storeu_pd(tmp, a[4 * e + j]);
+            for (int L = 0; L < 4; L++)
+                for (int k = 0; k < 2; k++) acc[2 * (8 * L + 2 * j + k) + e] = tmp[2 * L + k];
+        }
+}
+
 #define SW_OBL_AVX512_F(V, NAME)                                                            \
 __attribute__((target("avx512f")))                                                          \
 static void NAME(const sw_obl *o, const uint32_t *cols, const float *leaves, float *acc) {   \
@@ -466,6 +629,27 @@ static inline void sw_obl_sum_d(const sw_obl *o, const uint32_t *cols, int32_t n
     }
 #endif
     sw_obl_sum_row_d(o, cols, n, leaves, acc);
+}
+
+/* The block's first n rows by the bins (sw_obl_bins512 into bins, n_columns * SW_OBL_R bytes,
+   then sw_obl_sum512_w): acc[r] += every tree's leaf, as sw_obl_sum_d. 1 if it scored; 0 where
+   the bins do not apply (not AVX-512, not built or switched off, 16 rows or fewer: the halves
+   take those without binning every column), and acc is untouched. */
+static inline int sw_obl_sum_bins(const sw_obl *o, const uint32_t *cols, int32_t n,
+                                  uint8_t *bins, double *acc) {
+#ifdef SW_OBL_X86
+    /* read once: Forest.oblivious_bins may switch it while another thread scores */
+    const uint16_t *quarters = __atomic_load_n(&o->quarters, __ATOMIC_RELAXED);
+    if (o->simd != SW_OBL_AVX512 || quarters == NULL || bins == NULL || n <= 16
+            || o->depth > 6)
+        return 0;
+    sw_obl_bins512(o, cols, bins);
+    sw_obl_sum512_w(o, bins, quarters, acc);
+    return 1;
+#else
+    (void)o; (void)cols; (void)n; (void)bins; (void)acc;
+    return 0;
+#endif
 }
 
 static inline void sw_obl_sum_f(const sw_obl *o, const uint32_t *cols, int32_t n,
