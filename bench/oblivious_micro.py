@@ -5,6 +5,8 @@
 1. bench/oblivious_micro.c (gcc -O3): the kernel's loop over one 64-row block in the ways it
    was tried, ns a tree and row, three rounds; then bench/oblivious_bins.c: the features
    binned once a block (CatBoost's way) against the kernel, at 500 and 100 trees; then
+   bench/oblivious_words.c: the bins as kept (sw_obl_bins512, sw_obl_sum512_w) against the
+   halves and the forms tried on the way, at 500, 200 and 100 trees; then
    bench/oblivious_cols.c: staging a block's columns a value at a time and by tiles.
 2. A few rows from Python: the walks against the oblivious kernel on a CatBoost model of 500
    trees x depth 6 (30 numeric features), p50 of 2,000 ``predict_proba`` calls for 1 to 16
@@ -40,6 +42,14 @@ def main() -> int:
         for trees in ("500", "100"):
             print(f"oblivious_bins, {trees} trees")
             print(subprocess.run([str(bins), trees], check=True, capture_output=True,
+                                 text=True).stdout)
+        # the bins as kept, and the forms tried on the way (bench/oblivious_words.c)
+        words = Path(tmp) / "oblivious_words"
+        subprocess.run(["gcc", "-O3", f"-I{HERE.parent / 'cyext'}",
+                        str(HERE / "oblivious_words.c"), "-o", str(words)], check=True)
+        for trees in ("500", "200", "100"):
+            print(f"oblivious_words, {trees} trees")
+            print(subprocess.run([str(words), trees], check=True, capture_output=True,
                                  text=True).stdout)
         # staging a block's columns (bench/oblivious_cols.c)
         stage = Path(tmp) / "oblivious_cols"

@@ -165,7 +165,8 @@ int main(int argc,char**argv){
     uint32_t *scol=malloc(S*4),*sthr=malloc(S*4),*lvl=malloc((size_t)T*D*4); uint64_t *mk=aligned_alloc(64,((size_t)S*8+63)/64*64);
     for(int s=0;s<S;s++){scol[s]=u[s]>>32;sthr[s]=(uint32_t)u[s];}
     for(int i=0;i<T*D;i++){int lo=0,hi=S-1; while(lo<hi){int m=(lo+hi)/2; if(u[m]<pk[i]) lo=m+1; else hi=m;} lvl[i]=lo;}
-    printf("%d trees, %d columns binned, %d distinct splits of %d levels\n",T,nu,S,T*D);
+    uint32_t lo=255,hi=0; for(int i=0;i<nu;i++){ lo=nb[i]<lo?nb[i]:lo; hi=nb[i]>hi?nb[i]:hi; }
+    printf("%d trees, %d columns binned (%u-%u thresholds), %d distinct splits of %d levels\n",T,nu,lo,hi,S,T*D);
     double a[64]={0},b[64]={0},c[64]={0},d[64]={0},z[64]={0};
     sw_obl_sum512_h4(&o,cols,halves,a);
     sw_obl_bins512(&o,cols,bins); sw_obl_sum512_w(&o,bins,qu,b);
