@@ -740,8 +740,7 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
     cdef int64_t t0, t1, t, nl = (<int64_t>1) << m.depth
     cdef uint32_t stack_cols[OBL_STACK_KEYS]
     cdef uint32_t* cols = stack_cols
-    cdef uint8_t stack_bins[OBL_STACK_KEYS]  # the bins: a byte for each key of cols
-    cdef uint8_t* bins = NULL
+    cdef uint8_t* bins = NULL  # the bins: a byte for each key of cols (heap: see below)
     cdef acc_t blk[SW_OBL_R]
     cdef int32_t slot[OBL_TREES * SW_OBL_R]
     cdef bint one = one_sum(m)
@@ -752,11 +751,10 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
             eval_trees(m, leaves, X, nf, n, 0, m.n_trees, acc)
             return
     if o.quarters != NULL and one and acc_t is double:
-        # without memory for them the halves score (sw_obl_sum_bins refuses NULL)
-        if cols == stack_cols:
-            bins = &stack_bins[0]
-        else:
-            bins = <uint8_t*>malloc(n_cols * SW_OBL_R)
+        # on the heap: 16 KB more of this frame on every thread's stack overflowed threads
+        # of 84-96 KiB that scored before (the hostile review); without memory for them the
+        # halves score (sw_obl_sum_bins refuses NULL)
+        bins = <uint8_t*>malloc(n_cols * SW_OBL_R)
     for r in range(SW_OBL_R):
         blk[r] = 0
     cdef const char* nxt
@@ -796,7 +794,7 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
         r0 += k
     if cols != stack_cols:
         free(cols)
-        free(bins)
+    free(bins)
 
 
 cdef void walk_rows(const ModelView* m, const acc_t* leaves, const float* X, int32_t n,
@@ -1340,7 +1338,8 @@ cdef class Forest:
     def _obl_bins(self, keys, thr, int64_t n_cols, bint pay):
         """The bins' tables (oblivious.h sw_obl_bins512, sw_obl_sum512_w) for a model of depth
         6 or less whose trees add one float64 leaf to one score, on a CPU with AVX-512 BW, at
-        most OBL_HALVES_MAX_BYTES of leaves, every column its levels read asked at most
+        most OBL_HALVES_MAX_BYTES of them (the leaves as words), every column its levels
+        read asked at most
         OBL_BINS_MAX_BORDERS distinct thresholds, and (pay: when the kernel is built) trees
         enough to pay for binning those columns (OBL_BINS_TREES_LONG and _SHORT); None
         otherwise. keys and thr: the levels' columns and threshold keys (n_trees x depth,
@@ -1363,12 +1362,19 @@ cdef class Forest:
         nb = np.empty(used.size, dtype=np.uint32)
         btab = np.full((used.size, SW_OBL_BTAB), 0xFFFFFFFF, dtype=np.uint32)
         pad = np.empty(256, dtype=np.uint32)
+        nf2 = 2 * <int64_t>self.view.n_features
         for u, c in enumerate(used):
             at = keys == c
-            borders = np.unique(thr[at])  # ascending, distinct
+            # a threshold no key of the column exceeds (the largest key: +inf's where missing
+            # values are 0, the even columns, all ones in the odd) is no border: its levels
+            # take j = 255, which no bin exceeds (CatBoost's bias, a tree asking column 0 >
+            # +inf, would otherwise cost a border)
+            top = 0xFF800000 if c < nf2 and c % 2 == 0 else 0xFFFFFFFF
+            live = thr[at] < top
+            borders = np.unique(thr[at][live])  # ascending, distinct
             if borders.size > OBL_BINS_MAX_BORDERS:
                 return None
-            jb[at] = np.searchsorted(borders, thr[at]).astype(np.uint8)
+            jb[at] = np.where(live, np.searchsorted(borders, thr[at]), 255).astype(np.uint8)
             nb[u] = borders.size
             pad[:] = 0xFFFFFFFF
             pad[:borders.size] = borders

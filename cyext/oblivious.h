@@ -65,11 +65,13 @@ typedef struct {
                                among its column's sorted borders (key > border j: bin > j) */
     int32_t n_used;         /* columns the levels read (each binned once a block) */
     const uint32_t *used;   /* n_used: the column */
-    const uint32_t *nb;     /* n_used: its distinct thresholds, the borders (1..255) */
+    const uint32_t *nb;     /* n_used: its distinct thresholds, the borders (0..255: none
+                               where every threshold is past the column's largest key; such
+                               levels take j = 255) */
     const uint32_t *btab;   /* n_used * SW_OBL_BTAB: the borders, ascending, padded to 256 with
                                0xFFFFFFFF: 32 pivots (border 8g + 7; the borders themselves
                                where nb <= 31), then 8 planes of 32 (plane j entry g: border
-                               8g + j) */
+                               8g + j; plane 7, the pivots again, is not read) */
 } sw_obl;
 #define SW_OBL_BTAB (32 + 8 * 32)
 
@@ -88,10 +90,14 @@ static inline int sw_obl_simd_best(void) {
 }
 
 /* AVX-512 BW (the bins' byte compares and word permutes) */
+static int sw_obl_bw_on = -1;
 static inline int sw_obl_bw(void) {
 #ifdef SW_OBL_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (sw_obl_bw_on < 0) {
+        __builtin_cpu_init();
+        sw_obl_bw_on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    }
+    return sw_obl_bw_on;
 #else
     return 0;
 #endif

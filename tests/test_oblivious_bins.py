@@ -233,3 +233,155 @@ def test_models_the_bins_do_not_apply_to_are_refused_and_score_as_before(cb_mode
         m.forest.oblivious_simd(mode)
         assert m.forest.oblivious_bins() is (built and mode == "avx512"), mode
         np.testing.assert_array_equal(m.raw(X), want, err_msg=mode)
+
+
+@needs_bins
+def test_a_wide_model_bins_its_columns_on_the_heap_and_scores_as_catboost():
+    """150 features: the block's columns do not fit eval_oblivious's stack buffer (128
+    features), so the columns and the bins are both allocated."""
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(1500, 150)).astype(np.float32)
+    X[rng.random(X.shape) < 0.05] = np.nan
+    y = (np.nan_to_num(X[:, 0]) + np.nan_to_num(X[:, 149]) > 0).astype(int)
+    model = catboost.CatBoostClassifier(iterations=60, depth=6, verbose=0, thread_count=1,
+                                        random_seed=0, allow_writing_files=False).fit(X, y)
+    m = chosen(to_ir(model), "padded", "oblivious")
+    assert m.forest.oblivious_bins(True) is True
+    borders = _borders(model)
+    for seed, n in enumerate((17, 64, 65, 300)):
+        Xt = _rows(n, borders, seed, 150)
+        np.testing.assert_array_equal(
+            m.raw(Xt, n_threads=2),
+            np.asarray(model.predict(Xt, prediction_type="RawFormulaVal")).reshape(n, 1),
+            err_msg=f"{n} rows")
+
+
+@needs_bins
+def test_a_threshold_no_key_exceeds_is_no_border():
+    """Pass-through levels (a tree shallower than the padded depth, CatBoost's bias tree) ask
+    column 0 > +inf, which no key of a missing-left column exceeds: such a level takes j =
+    255 and costs no border, so 255 thresholds and +inf are binned. On a missing-right column
+    NaN's key exceeds +inf's: there +inf is a border, and 255 and +inf are 256, not binned."""
+    from worker import _kernels
+
+    finite = np.unique(np.random.default_rng(6).normal(size=400).astype(np.float32))[:255]
+    thresholds = np.concatenate([finite, np.float32([np.inf])])
+    near = np.concatenate([finite, np.nextafter(finite, np.float32(np.inf)),
+                           np.float32([np.nan, np.inf, -np.inf, np.finfo(np.float32).max])])
+    for side, built in ((0, True), (1, False)):
+        f, arrays, thr, sides = _stump_forest(thresholds, 800, seed=side, sides=1)
+        arrays["pnodes"][:, 0] = side
+        sides[:] = side
+        f = _kernels.Forest(arrays, "padded", 1, 5, 1, 1.0, "oblivious", "sum")
+        assert f.oblivious_bins(True) is built, side
+        X = np.zeros((300, 5), dtype=np.float32)
+        X[:, 0] = np.random.default_rng(side).choice(near, 300)
+        np.testing.assert_array_equal(f.raw(_kernels.Columns.from_numpy(X), 1)[:, 0],
+                                      _reference(X, thr, sides, arrays["leaves"]),
+                                      err_msg=f"side {side}")
+
+
+@needs_bins
+def test_a_catboost_bias_tree_scores_as_catboost_by_the_bins():
+    """A regressor's bias (a tree of pass-through levels) and border_count 255."""
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(4000, 3)).astype(np.float32)
+    X[rng.random(X.shape) < 0.05] = np.nan
+    y = 3.0 + np.nan_to_num(X[:, 0]) * 2 + rng.normal(scale=0.1, size=4000)
+    model = catboost.CatBoostRegressor(iterations=400, depth=6, border_count=255, verbose=0,
+                                       thread_count=1, random_seed=0,
+                                       allow_writing_files=False).fit(X, y)
+    assert model.get_scale_and_bias()[1] != 0
+    m = chosen(to_ir(model), "padded", "oblivious")
+    assert m.forest.oblivious_bins(True) is True
+    borders = _borders(model)
+    for seed, n in enumerate((17, 64, 300)):
+        Xt = _rows(n, borders, seed, 3)
+        np.testing.assert_array_equal(
+            m.raw(Xt), np.asarray(model.predict(Xt, prediction_type="RawFormulaVal")).reshape(
+                n, 1), err_msg=f"{n} rows")
+
+
+@needs_bins
+def test_switching_the_bins_while_threads_score_never_changes_a_score(cb_models):
+    """oblivious_bins(on) is read once a block: flipped 400 times while two threads score,
+    every score is CatBoost's."""
+    import threading
+
+    width, models = cb_models
+    model = models["d6-Min"]
+    m = chosen(to_ir(model), "padded", "oblivious")
+    assert m.forest.oblivious_bins(True) is True
+    X = _rows(700, _borders(model), 3, width)
+    want = np.asarray(model.predict(X, prediction_type="RawFormulaVal")).reshape(-1, 1)
+    stop, bad, runs = threading.Event(), [], [0]
+
+    def score():
+        while not stop.is_set():
+            got = m.raw(X, n_threads=1)
+            runs[0] += 1
+            if not np.array_equal(got, want):
+                bad.append(np.flatnonzero((got != want).any(axis=1))[:5])
+
+    threads = [threading.Thread(target=score) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(400):
+        m.forest.oblivious_bins(i % 2 == 0)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not bad and runs[0] > 0, bad[:3]
+
+
+_STACK_RUN = """
+import pickle, sys, threading
+import numpy as np
+from worker.model.compile import chosen, to_ir
+model = pickle.load(open(sys.argv[2], "rb"))
+m = chosen(to_ir(model), "padded", "oblivious")
+bins = sys.argv[5] == "1"
+assert m.forest.oblivious_bins(bins) is bins
+X = np.load(sys.argv[3])
+out = {}
+def run():
+    for n in (17, 300, 2055):
+        out[f"n{n}"] = m.raw(X[:n], n_threads=2)[:, 0]
+threading.stack_size(int(sys.argv[1]) * 1024)
+t = threading.Thread(target=run)
+t.start()
+t.join()
+np.savez(sys.argv[4], **out)
+"""
+
+
+@pytest.mark.parametrize("bins", [False, True])
+def test_small_thread_stacks_score_with_the_oblivious_kernel(cb_models, bins, tmp_path):
+    """The bins live on the heap: a Python thread of 92 KiB and OpenMP threads of 88 KiB score
+    as before the bins, with them on or off (before: 16 KB more of eval_oblivious's frame on
+    every thread overflowed stacks of 84-96 KiB, SIGSEGV, the hostile review)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    if bins and not _bins_cpu():
+        pytest.skip("no AVX-512 BW: the bins are never built")
+    width, models = cb_models
+    model = models["d6-Min"]
+    X = _rows(2055, _borders(model), 12, width)
+    (tmp_path / "m.pkl").write_bytes(pickle.dumps(model))
+    np.save(tmp_path / "x.npy", X)
+    (tmp_path / "stack.py").write_text(_STACK_RUN)
+    env = {**os.environ, "OMP_STACKSIZE": "88k", "PYTHONPATH": os.getcwd()}
+    run = subprocess.run([sys.executable, str(tmp_path / "stack.py"), "92",
+                          str(tmp_path / "m.pkl"), str(tmp_path / "x.npy"),
+                          str(tmp_path / "out.npz"), "1" if bins else "0"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    want = np.asarray(model.predict(X, prediction_type="RawFormulaVal"))
+    got = np.load(tmp_path / "out.npz")
+    assert sorted(got) == ["n17", "n2055", "n300"]
+    for name in got:
+        n = int(name[1:])
+        np.testing.assert_array_equal(got[name], want[:n], err_msg=name)

@@ -23,7 +23,7 @@ cdef class Columns:
 cdef class Forest:
     """Packed model arrays and the view the kernels read. The arrays are owned here, and must
     not change after __init__: the kernels' tables (QuickScorer's, the oblivious kernel's
-    halves, the lanes and leaf-mask kernels') are made from them once."""
+    halves and bins, the lanes and leaf-mask kernels') are made from them once."""
     cdef ModelView view            # borrowed pointers into `arrays`
     cdef readonly dict arrays
     cdef object qnodes             # pnodes / cnodes with order-key thresholds (ModelView)
@@ -35,7 +35,8 @@ cdef class Forest:
                                    # visible from Python: qs_tables points into them
     cdef void* obl_tables          # oblivious.h sw_obl over obl_arrays (malloc'd), or NULL
     cdef dict obl_arrays           # each tree's per-level column and threshold, the derived
-                                   # columns' splits ({} without); not visible from Python
+                                   # columns' splits, the halves and the bins' tables ({}
+                                   # without); not visible from Python
     cdef void* lanes_tables        # lanes.h sw_lanes over lanes_arrays (malloc'd), or NULL
     cdef dict lanes_arrays         # each tree's column offsets, threshold keys and leaves in
                                    # 32 entries ({} without); not visible from Python
