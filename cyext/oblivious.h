@@ -408,6 +408,20 @@ SW_OBL_AVX512_H(4, sw_obl_sum512_h4)
    5 steps among 32 entries (the borders themselves where nb <= 31; else every 8th border,
    which finds the row's group g of 8, g <= 31 since the 256th entry is padding), then 3 within
    the group (border 8g + 7 is known not below the key). bins[c * SW_OBL_R + r]. */
+/* how many of the 32 ascending words of (P0, P1) each of x's 16 keys exceeds, when the last
+   word is exceeded by none: 5 steps of a binary search */
+__attribute__((target("avx512f")))
+static inline __m512i sw_obl_search32(__m512i P0, __m512i P1, __m512i x) {
+    __m512i pos = _mm512_setzero_si512();
+    for (int s = 16; s >= 1; s >>= 1) {
+        const __m512i b = _mm512_permutex2var_epi32(
+            P0, _mm512_add_epi32(pos, _mm512_set1_epi32(s - 1)), P1);
+        pos = _mm512_mask_add_epi32(pos, _mm512_cmpgt_epu32_mask(x, b), pos,
+                                    _mm512_set1_epi32(s));
+    }
+    return pos;
+}
+
 __attribute__((target("avx512f,avx512bw")))
 static void sw_obl_bins512(const sw_obl *o, const uint32_t *cols, uint8_t *bins) {
     for (int32_t u = 0; u < o->n_used; u++) {
@@ -418,14 +432,7 @@ static void sw_obl_bins512(const sw_obl *o, const uint32_t *cols, uint8_t *bins)
         uint8_t *out = bins + c * SW_OBL_R;
         if (o->nb[u] <= 31) {
             for (int v = 0; v < 4; v++) {
-                const __m512i x = _mm512_loadu_si512(col + 16 * v);
-                __m512i pos = _mm512_setzero_si512();
-                for (int s = 16; s >= 1; s >>= 1) {
-                    const __m512i b = _mm512_permutex2var_epi32(
-                        P0, _mm512_add_epi32(pos, _mm512_set1_epi32(s - 1)), P1);
-                    pos = _mm512_mask_add_epi32(pos, _mm512_cmpgt_epu32_mask(x, b), pos,
-                                                _mm512_set1_epi32(s));
-                }
+                const __m512i pos = sw_obl_search32(P0, P1, _mm512_loadu_si512(col + 16 * v));
                 _mm_storeu_si128((__m128i *)(out + 16 * v), _mm512_cvtepi32_epi8(pos));
             }
             continue;
@@ -437,13 +444,7 @@ static void sw_obl_bins512(const sw_obl *o, const uint32_t *cols, uint8_t *bins)
         }
         for (int v = 0; v < 4; v++) {
             const __m512i x = _mm512_loadu_si512(col + 16 * v);
-            __m512i g = _mm512_setzero_si512();
-            for (int s = 16; s >= 1; s >>= 1) {
-                const __m512i b = _mm512_permutex2var_epi32(
-                    P0, _mm512_add_epi32(g, _mm512_set1_epi32(s - 1)), P1);
-                g = _mm512_mask_add_epi32(g, _mm512_cmpgt_epu32_mask(x, b), g,
-                                          _mm512_set1_epi32(s));
-            }
+            const __m512i g = sw_obl_search32(P0, P1, x);
             /* within the group: borders 8g + 0 .. 6, the middle first */
             const __mmask16 k4 = _mm512_cmpgt_epu32_mask(x, _mm512_permutex2var_epi32(Q[3][0], g, Q[3][1]));
             const __mmask16 k2 = _mm512_cmpgt_epu32_mask(x, _mm512_mask_blend_epi32(k4,

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests import models as M
+from tests.test_oblivious import _catboost_borders as _borders
 from worker.model.compile import chosen, to_ir
 
 catboost = pytest.importorskip("catboost", reason="pip install catboost (the test extras)")
@@ -46,16 +47,6 @@ def _rows(n: int, borders: np.ndarray, seed: int, width: int) -> np.ndarray:
     X[(pick >= 0.5) & (pick < 0.52)] = np.inf
     X[(pick >= 0.52) & (pick < 0.54)] = -np.inf
     return X
-
-
-def _borders(model) -> np.ndarray:
-    from worker.model.catboost_loader import model_json
-
-    info = model_json(model)["features_info"]["float_features"]
-    b = np.asarray([v for f in info for v in f["borders"]], dtype=np.float32)
-    with np.errstate(over="ignore"):
-        return np.unique(np.concatenate([b, np.nextafter(b, np.float32(np.inf)),
-                                         np.nextafter(b, np.float32(-np.inf))]))
 
 
 @pytest.fixture(scope="module")
