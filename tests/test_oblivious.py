@@ -209,7 +209,8 @@ def test_modes_the_cpu_lacks_are_refused(cb_models):
 
 def test_a_wide_model_takes_the_columns_from_the_heap_and_matches_catboost():
     """Past 128 features a block's columns (2 per feature, 64 rows) outgrow the kernel's
-    stack buffer and are allocated: the same scores in every mode."""
+    stack buffer and are allocated: the same scores in every mode, and by the bins (built on
+    request where the CPU has AVX-512 BW; allocated too)."""
     rng = np.random.default_rng(5)
     X = rng.normal(size=(1500, 150)).astype(np.float32)
     X[rng.random(X.shape) < 0.05] = np.nan
@@ -220,11 +221,15 @@ def test_a_wide_model_takes_the_columns_from_the_heap_and_matches_catboost():
     T = rng.normal(size=(130, 150)).astype(np.float32)
     T[rng.random(T.shape) < 0.1] = np.nan
     want = np.asarray(model.predict(T, prediction_type="RawFormulaVal"), np.float64)
-    for mode in _modes(compiled):
+    ways = [(mode, False) for mode in _modes(compiled)]
+    if ways[-1][0] == "avx512" and compiled.forest.oblivious_bins(True):
+        ways.append(("avx512", True))
+    for mode, bins in ways:
         compiled.forest.oblivious_simd(mode)
-        for n in (1, 64, 130):
+        compiled.forest.oblivious_bins(bins)
+        for n in (1, 17, 64, 65, 130):
             np.testing.assert_array_equal(compiled.raw(T[:n], n_threads=2)[:, 0], want[:n],
-                                          err_msg=f"{mode}, {n} rows")
+                                          err_msg=f"{mode}, bins {bins}, {n} rows")
 
 
 def test_leaf_halves_past_their_bound_are_not_built_and_the_leaves_are_gathered():

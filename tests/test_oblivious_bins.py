@@ -227,27 +227,6 @@ def test_models_the_bins_do_not_apply_to_are_refused_and_score_as_before(cb_mode
 
 
 @needs_bins
-def test_a_wide_model_bins_its_columns_on_the_heap_and_scores_as_catboost():
-    """150 features: the block's columns do not fit eval_oblivious's stack buffer (128
-    features), so the columns and the bins are both allocated."""
-    rng = np.random.default_rng(9)
-    X = rng.normal(size=(1500, 150)).astype(np.float32)
-    X[rng.random(X.shape) < 0.05] = np.nan
-    y = (np.nan_to_num(X[:, 0]) + np.nan_to_num(X[:, 149]) > 0).astype(int)
-    model = catboost.CatBoostClassifier(iterations=60, depth=6, verbose=0, thread_count=1,
-                                        random_seed=0, allow_writing_files=False).fit(X, y)
-    m = chosen(to_ir(model), "padded", "oblivious")
-    assert m.forest.oblivious_bins(True) is True
-    borders = _borders(model)
-    for seed, n in enumerate((17, 64, 65, 300)):
-        Xt = _rows(n, borders, seed, 150)
-        np.testing.assert_array_equal(
-            m.raw(Xt, n_threads=2),
-            np.asarray(model.predict(Xt, prediction_type="RawFormulaVal")).reshape(n, 1),
-            err_msg=f"{n} rows")
-
-
-@needs_bins
 def test_a_threshold_no_key_exceeds_is_no_border():
     """Pass-through levels (a tree shallower than the padded depth, CatBoost's bias tree) ask
     column 0 > +inf, which no key of a missing-left column exceeds: such a level takes j =
