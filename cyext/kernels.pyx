@@ -750,10 +750,11 @@ cdef void eval_oblivious(const ModelView* m, const acc_t* leaves, const float* X
         if cols == NULL:  # no memory for the columns: the walks need none
             eval_trees(m, leaves, X, nf, n, 0, m.n_trees, acc)
             return
-    if o.quarters != NULL and one and acc_t is double:
-        # on the heap: 16 KB more of this frame on every thread's stack overflowed threads
-        # of 84-96 KiB that scored before (the hostile review); without memory for them the
-        # halves score (sw_obl_sum_bins refuses NULL)
+    if o.quarters != NULL and one and acc_t is double and n > 16:
+        # (16 rows or fewer: no block takes the bins, sw_obl_sum_bins) on the heap: 16 KB
+        # more of this frame on every thread's stack overflowed threads of 84-96 KiB that
+        # scored before (the hostile review); without memory for them the halves score
+        # (sw_obl_sum_bins refuses NULL)
         bins = <uint8_t*>malloc(n_cols * SW_OBL_R)
     for r in range(SW_OBL_R):
         blk[r] = 0
