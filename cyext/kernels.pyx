@@ -1340,10 +1340,9 @@ cdef class Forest:
         """The bins' tables (oblivious.h sw_obl_bins512, sw_obl_sum512_w) for a model of depth
         6 or less whose trees add one float64 leaf to one score, on a CPU with AVX-512 BW, at
         most OBL_HALVES_MAX_BYTES of them (the leaves as words), every column its levels
-        read asked at most
-        OBL_BINS_MAX_BORDERS distinct thresholds, and (pay: when the kernel is built) trees
-        enough to pay for binning those columns (OBL_BINS_TREES_LONG and _SHORT); None
-        otherwise. keys and thr: the levels' columns and threshold keys (n_trees x depth,
+        read asked at most OBL_BINS_MAX_BORDERS distinct thresholds (a threshold past the
+        column's largest key is none), and (pay: when the kernel is built) trees enough to
+        pay for binning those columns (OBL_BINS_TREES_LONG and _SHORT); None otherwise. keys and thr: the levels' columns and threshold keys (n_trees x depth,
         uint32); n_cols: the block's columns. Built, not installed: the caller swaps them
         in."""
         cdef int32_t D = self.view.depth
